@@ -1,0 +1,419 @@
+//! One HTTP request through the filter: pins, the prefill hop, the routed decode hop.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, Status};
+use serde_json::value::RawValue;
+
+use super::envoy;
+use crate::policy::error::{Hop, HopFailure, RouteError};
+use crate::policy::headers::{self, DP_RANK_HEADER};
+use crate::policy::json::JsonObject;
+use crate::policy::pins::{self, HeaderHints};
+use crate::policy::registry::Config;
+use crate::policy::resolve::{PrefillPlan, RegistryOnly, Resolver, Target};
+use crate::policy::rewrite::{self, DecodeBody};
+use crate::policy::select::Choice;
+
+/// Paths whose body is read and which take the prefill hop.
+const COMPLETION_PATHS: &[&str] = &["/v1/completions", "/v1/chat/completions"];
+
+/// Client headers never copied onto the prefill hop: the filter sets its own, or they
+/// describe the client's connection rather than the request.
+const NOT_FORWARDED: &[&str] = &[
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "expect",
+    "host",
+    "x-request-id",
+];
+
+pub struct Stream {
+    config: Rc<Config>,
+    turns: Rc<Cell<u64>>,
+    phase: Phase,
+    hints: HeaderHints,
+    path: String,
+    request_id: String,
+    /// Client headers, minus stripped ones, for the prefill hop.
+    forwarded: Vec<(String, String)>,
+    prefill_worker: Option<u64>,
+    decode: Option<(Target, Hop)>,
+    /// A failed decode response being replaced by this typed error.
+    response_error: Option<RouteError>,
+}
+
+enum Phase {
+    Headers,
+    Body,
+    Prefill(Box<Prefilling>),
+    Forwarded,
+    Answered,
+}
+
+/// A prefill hop in flight, and what is needed to retry it or to go on to decode.
+struct Prefilling {
+    token: u32,
+    current: Target,
+    /// Unpinned fallbacks still to try, next last.
+    remaining: Vec<Target>,
+    body: String,
+    decode_body: DecodeBody,
+    decode: Target,
+    decode_hop: Hop,
+    /// Size of the request body Envoy holds.
+    held_body_size: usize,
+}
+
+impl Stream {
+    pub fn new(config: Rc<Config>, turns: Rc<Cell<u64>>) -> Self {
+        Self {
+            config,
+            turns,
+            phase: Phase::Headers,
+            hints: HeaderHints::default(),
+            path: String::new(),
+            request_id: String::new(),
+            forwarded: Vec::new(),
+            prefill_worker: None,
+            decode: None,
+            response_error: None,
+        }
+    }
+
+    fn on_headers(&mut self, end_of_stream: bool) -> Result<Action, RouteError> {
+        let headers = envoy::request_headers().map_err(host_failure)?;
+        let all = || headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+        self.hints = pins::parse_headers(all())?;
+        let upstream_header = self.config.settings.upstream_header.as_str();
+        for (name, _) in headers.iter().filter(|(n, _)| headers::must_strip(n, upstream_header)) {
+            envoy::set_request_header(name, None).map_err(host_failure)?;
+        }
+        self.path = header_text(&headers, ":path").split('?').next().unwrap_or("").to_string();
+        self.request_id = self.request_id(&headers)?;
+        if !COMPLETION_PATHS.contains(&self.path.as_str()) {
+            let (target, hop) = self.resolver().token_hop(&self.hints.pins)?;
+            self.route(target, hop, None, 0)?;
+            return Ok(Action::Continue);
+        }
+        if end_of_stream {
+            return Err(RouteError::InvalidBody("the body is empty".into()));
+        }
+        let limit = self.config.settings.max_body_bytes;
+        if header_text(&headers, "content-length").parse::<u64>().is_ok_and(|n| n > limit as u64) {
+            return Err(RouteError::BodyTooLarge { limit });
+        }
+        self.forwarded = forwarded_headers(&headers, upstream_header);
+        envoy::set_request_header("content-length", None).map_err(host_failure)?;
+        self.phase = Phase::Body;
+        Ok(Action::Pause)
+    }
+
+    fn request_id(&self, headers: &envoy::Headers) -> Result<String, RouteError> {
+        let existing = header_text(headers, "x-request-id");
+        if !existing.is_empty() {
+            return Ok(existing.to_string());
+        }
+        let turn = self.turns.get();
+        let id = format!("pinroute-{:x}-{turn:x}", envoy::now_nanos());
+        envoy::set_request_header("x-request-id", Some(&id)).map_err(host_failure)?;
+        Ok(id)
+    }
+
+    fn on_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
+        let limit = self.config.settings.max_body_bytes;
+        if body_size > limit {
+            return Err(RouteError::BodyTooLarge { limit });
+        }
+        if !end_of_stream {
+            return Ok(Action::Pause);
+        }
+        let body = envoy::request_body(body_size).map_err(host_failure)?;
+        let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
+        let pins = self.hints.pins.clone().or(pins::parse_nvext(&request)?);
+        let route = self.resolver().resolve(&pins)?;
+        let decode_body = DecodeBody::new(&request, body.len());
+        let mut attempts = match route.prefill {
+            PrefillPlan::Skip => {
+                let rewritten = decode_body.dropped_client_kv.then(|| decode_body.finish(None));
+                self.route(route.decode, route.decode_hop, rewritten, body_size)?;
+                return Ok(Action::Continue);
+            }
+            PrefillPlan::Pinned(target) => vec![target],
+            PrefillPlan::Candidates(targets) => targets,
+        };
+        attempts.reverse();
+        let Some(first) = attempts.pop() else {
+            return Err(RouteError::Internal("empty prefill plan"));
+        };
+        let prefilling = Prefilling {
+            token: 0,
+            current: first,
+            remaining: attempts,
+            body: rewrite::prefill_body(&request, body.len()),
+            decode_body,
+            decode: route.decode,
+            decode_hop: route.decode_hop,
+            held_body_size: body_size,
+        };
+        self.dispatch_prefill(prefilling)
+    }
+
+    fn resolver(&self) -> Resolver<'_, RegistryOnly> {
+        let turn = self.turns.get();
+        self.turns.set(turn.wrapping_add(1));
+        let choice = match &self.hints.session {
+            Some(key) => Choice::Session(key),
+            None => Choice::Turn(turn),
+        };
+        Resolver {
+            registry: &self.config.registry,
+            settings: &self.config.settings,
+            availability: &RegistryOnly,
+            choice,
+        }
+    }
+
+    fn dispatch_prefill(&mut self, mut prefill: Prefilling) -> Result<Action, RouteError> {
+        let address = prefill.current.worker.address.to_string();
+        let rank = prefill.current.rank.map(|r| r.to_string());
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", &self.path),
+            (":authority", &address),
+            ("content-type", "application/json"),
+            ("x-request-id", &self.request_id),
+            ("x-envoy-original-dst-host", &address),
+        ];
+        if let Some(rank) = &rank {
+            headers.push((DP_RANK_HEADER, rank));
+        }
+        headers.extend(self.forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        let settings = &self.config.settings;
+        match envoy::dispatch(&settings.prefill_cluster, headers, prefill.body.as_bytes(), settings.prefill_timeout()) {
+            Ok(token) => {
+                log::debug!("pinroute: request {} prefill on worker {}", self.request_id, prefill.current.worker.id);
+                prefill.token = token;
+                self.phase = Phase::Prefill(Box::new(prefill));
+                Ok(Action::Pause)
+            }
+            Err(status) => {
+                log::error!(
+                    "pinroute: cannot dispatch to cluster {:?}: {status:?}; is it in the Envoy configuration?",
+                    settings.prefill_cluster
+                );
+                Err(RouteError::Internal("the prefill hop could not be dispatched"))
+            }
+        }
+    }
+
+    fn on_prefill_response(&mut self, prefill: Prefilling, body_size: usize) -> Result<(), RouteError> {
+        match prefill_outcome(body_size) {
+            Ok(kv_transfer_params) => {
+                self.prefill_worker = Some(prefill.current.worker.id);
+                let body = prefill.decode_body.finish(kv_transfer_params.as_deref());
+                self.route(prefill.decode, prefill.decode_hop, Some(body), prefill.held_body_size)
+            }
+            Err(failure) => self.on_prefill_failure(prefill, failure),
+        }
+    }
+
+    fn on_prefill_failure(&mut self, mut prefill: Prefilling, failure: HopFailure) -> Result<(), RouteError> {
+        let worker = prefill.current.worker.id;
+        log::warn!("pinroute: request {}: prefill worker {worker} failed: {failure}", self.request_id);
+        if prefill.current.pinned {
+            return Err(RouteError::PinnedWorkerFailed { hop: Hop::Prefill, worker, failure });
+        }
+        if let Some(next) = prefill.remaining.pop() {
+            prefill.current = next;
+            return self.dispatch_prefill(prefill).map(|_| ());
+        }
+        if !self.config.settings.aggregated_fallback {
+            return Err(RouteError::UpstreamFailed { hop: Hop::Prefill, worker, failure });
+        }
+        log::info!("pinroute: request {}: no prefill worker left, decode prefills itself", self.request_id);
+        let body = prefill.decode_body.finish(None);
+        self.route(prefill.decode, prefill.decode_hop, Some(body), prefill.held_body_size)
+    }
+
+    /// Sends the request on to its token-generating worker, with `body` replacing the held
+    /// body when given.
+    fn route(&mut self, target: Target, hop: Hop, body: Option<String>, held_body_size: usize) -> Result<(), RouteError> {
+        let address = target.worker.address.to_string();
+        envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
+        let rank = target.rank.map(|r| r.to_string());
+        envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
+        if let Some(body) = &body {
+            envoy::replace_request_body(held_body_size, body.as_bytes()).map_err(host_failure)?;
+        }
+        if matches!(self.phase, Phase::Body | Phase::Prefill(_)) {
+            let length = body.as_ref().map_or(held_body_size, String::len).to_string();
+            envoy::set_request_header("content-length", Some(&length)).map_err(host_failure)?;
+        }
+        log::debug!("pinroute: request {} {hop} on worker {}", self.request_id, target.worker.id);
+        self.decode = Some((target, hop));
+        self.phase = Phase::Forwarded;
+        Ok(())
+    }
+
+    fn answer(&mut self, error: &RouteError) -> Action {
+        log::debug!("pinroute: request {} answered {}: {error}", self.request_id, error.status());
+        self.phase = Phase::Answered;
+        let retry_after = error.retry_after_secs().map(|s| s.to_string());
+        let mut headers = vec![("content-type", "application/json"), ("x-pinroute-error-code", error.code())];
+        if let Some(seconds) = &retry_after {
+            headers.push(("retry-after", seconds));
+        }
+        if let Err(status) = envoy::send_response(error.status(), headers, error.body().as_bytes()) {
+            log::error!("pinroute: could not send the local response: {status:?}");
+        }
+        Action::Pause
+    }
+
+    /// A failed decode hop becomes a typed error; the served workers are named.
+    fn on_response(&mut self) -> Result<(), Status> {
+        if let Some(id) = self.prefill_worker {
+            envoy::set_response_header(headers::PREFILL_WORKER_HEADER, Some(&id.to_string()))?;
+        }
+        let Some((target, hop)) = &self.decode else { return Ok(()) };
+        envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&target.worker.id.to_string()))?;
+        let status = envoy::response_status().unwrap_or(0);
+        let Some(failure) = decode_failure(status, envoy::response_code_details().as_deref()) else {
+            return Ok(());
+        };
+        let (hop, worker) = (*hop, target.worker.id);
+        let error = if target.pinned {
+            RouteError::PinnedWorkerFailed { hop, worker, failure }
+        } else {
+            RouteError::UpstreamFailed { hop, worker, failure }
+        };
+        log::warn!("pinroute: request {}: {error}", self.request_id);
+        envoy::set_response_header(":status", Some(&error.status().to_string()))?;
+        envoy::set_response_header("content-type", Some("application/json"))?;
+        envoy::set_response_header("content-length", None)?;
+        envoy::set_response_header("x-pinroute-error-code", Some(error.code()))?;
+        self.response_error = Some(error);
+        Ok(())
+    }
+}
+
+impl Context for Stream {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let phase = std::mem::replace(&mut self.phase, Phase::Forwarded);
+        let Phase::Prefill(prefill) = phase else {
+            self.phase = phase;
+            return;
+        };
+        if prefill.token != token {
+            self.phase = Phase::Prefill(prefill);
+            return;
+        }
+        let result = self.on_prefill_response(*prefill, body_size);
+        match result {
+            Ok(()) if matches!(self.phase, Phase::Forwarded) => {
+                if let Err(status) = envoy::resume_request() {
+                    log::error!("pinroute: could not resume request {}: {status:?}", self.request_id);
+                }
+            }
+            Ok(()) => {}
+            Err(error) => {
+                self.answer(&error);
+            }
+        }
+    }
+}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.on_headers(end_of_stream).unwrap_or_else(|error| self.answer(&error))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        match self.phase {
+            Phase::Body => self.on_body(body_size, end_of_stream).unwrap_or_else(|error| self.answer(&error)),
+            Phase::Prefill(_) | Phase::Answered => Action::Pause,
+            Phase::Headers | Phase::Forwarded => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if matches!(self.phase, Phase::Forwarded) {
+            if let Err(status) = self.on_response() {
+                log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(error) = &self.response_error else { return Action::Continue };
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        if let Err(status) = envoy::replace_response_body(body_size, error.body().as_bytes()) {
+            log::error!("pinroute: could not replace the response of {}: {status:?}", self.request_id);
+        }
+        Action::Continue
+    }
+}
+
+/// What a finished prefill call produced: its `kv_transfer_params`, or why it failed.
+fn prefill_outcome(body_size: usize) -> Result<Option<Box<RawValue>>, HopFailure> {
+    let headers = envoy::call_response_headers().map_err(|_| HopFailure::Connect)?;
+    let status = header_text(&headers, ":status").parse::<u16>().map_err(|_| HopFailure::Connect)?;
+    let body = envoy::call_response_body(body_size).map_err(|_| HopFailure::BadResponse("unreadable body"))?;
+    match status {
+        200..=299 => rewrite::prefill_kv_transfer_params(&body),
+        504 => Err(HopFailure::Timeout),
+        503 if body.starts_with(b"upstream connect error") => Err(HopFailure::Connect),
+        status => Err(HopFailure::Status(status)),
+    }
+}
+
+/// How a decode response counts as a failure of the hop: any 5xx, whether the worker's own
+/// or Envoy's when the worker could not be reached (`details` tells which).
+fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> {
+    if !(500..=599).contains(&status) {
+        return None;
+    }
+    Some(match details.unwrap_or("via_upstream") {
+        "via_upstream" => HopFailure::Status(status),
+        d if d.contains("timeout") => HopFailure::Timeout,
+        _ if status == 504 => HopFailure::Timeout,
+        _ => HopFailure::Connect,
+    })
+}
+
+fn header_text<'h>(headers: &'h envoy::Headers, name: &str) -> &'h str {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .unwrap_or("")
+}
+
+/// The client headers worth copying onto the prefill hop (authorization, tracing, ...).
+fn forwarded_headers(headers: &envoy::Headers, upstream_header: &str) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !name.starts_with(':')
+                && !NOT_FORWARDED.contains(&name.as_str())
+                && !headers::must_strip(name, upstream_header)
+        })
+        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect()
+}
+
+fn host_failure(status: Status) -> RouteError {
+    log::error!("pinroute: host call failed: {status:?}");
+    RouteError::Internal("a host call failed")
+}

@@ -1,0 +1,31 @@
+//! Request headers a client may not send (SPEC section 7): anything that could choose an
+//! upstream, or speak for the filter.
+
+use super::pins::is_pin_header;
+
+/// Prefix of every header the filter itself sets.
+pub const INTERNAL_PREFIX: &str = "x-pinroute-";
+
+const UPSTREAM_CHOOSING: &[&str] = &["x-envoy-original-dst-host", "x-prefiller-host-port"];
+const UPSTREAM_CHOOSING_PREFIXES: &[&str] = &["x-gateway-destination-endpoint", INTERNAL_PREFIX];
+
+/// The header vLLM reads to choose a data-parallel rank; only the filter sets it.
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// Whether a client's request header must be removed before anything is routed: it could
+/// steer an upstream, it is the filter's own, or it is a pin (consumed by the filter; a
+/// client's rank header must never reach a worker unchanged).
+pub fn must_strip(name: &str, upstream_header: &str) -> bool {
+    name == upstream_header
+        || UPSTREAM_CHOOSING.contains(&name)
+        || UPSTREAM_CHOOSING_PREFIXES.iter().any(|p| name.starts_with(p))
+        || is_pin_header(name)
+}
+
+/// Response headers naming the workers that served.
+pub const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
+pub const DECODE_WORKER_HEADER: &str = "x-pinroute-decode-worker";
+
+#[cfg(test)]
+#[path = "tests/headers.rs"]
+mod tests;

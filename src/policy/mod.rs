@@ -1,0 +1,20 @@
+//! The pure policy core: everything SPEC.md decides, with no proxy-wasm dependency.
+//!
+//! | SPEC section | module |
+//! |---|---|
+//! | 2. Inputs (headers, `nvext`) | [`pins`], [`json`] |
+//! | 3. Per-hop resolution, exact pins | [`resolve`] |
+//! | 3. Errors and their answers | [`error`] |
+//! | 4. The two-hop flow and its bodies | [`rewrite`] |
+//! | 5. Session affinity, unpinned choice | [`select`] |
+//! | 6. Registry and plugin configuration | [`registry`] |
+//! | 7. Headers a client may not send | [`headers`] |
+
+pub mod error;
+pub mod headers;
+pub mod json;
+pub mod pins;
+pub mod registry;
+pub mod resolve;
+pub mod rewrite;
+pub mod select;

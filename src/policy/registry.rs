@@ -1,0 +1,195 @@
+//! The worker registry (SPEC section 6) and the filter's plugin configuration.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::error::ConfigError;
+
+pub type WorkerId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Prefill,
+    Decode,
+    Aggregated,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Aggregated => "aggregated",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Worker {
+    pub id: WorkerId,
+    pub role: Role,
+    pub address: SocketAddr,
+    #[serde(default = "one")]
+    pub dp_size: u32,
+    /// Set by the operator to take a worker out of service without forgetting it:
+    /// pins to it answer 503 `worker_unavailable` instead of 400 `unknown_worker`.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Whether requests take two hops (prefill then decode) or one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deployment {
+    Disaggregated,
+    Aggregated,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    workers: Vec<Worker>,
+    deployment: Deployment,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegistryDoc {
+    workers: Vec<Worker>,
+}
+
+impl Registry {
+    /// Parses and validates a registry document: `{"workers": [...]}`.
+    pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
+        let doc: RegistryDoc = serde_json::from_slice(json).map_err(ConfigError::Json)?;
+        Self::new(doc.workers)
+    }
+
+    pub fn new(workers: Vec<Worker>) -> Result<Self, ConfigError> {
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        for worker in &workers {
+            if !ids.insert(worker.id) {
+                return Err(ConfigError::DuplicateId(worker.id));
+            }
+            if !addresses.insert(worker.address) {
+                return Err(ConfigError::DuplicateAddress(worker.address));
+            }
+            if worker.dp_size == 0 {
+                return Err(ConfigError::ZeroDpSize(worker.id));
+            }
+        }
+        let has = |role| workers.iter().any(|w| w.role == role);
+        let deployment = match (has(Role::Aggregated), has(Role::Prefill) || has(Role::Decode)) {
+            (true, true) => return Err(ConfigError::MixedDeployment),
+            (true, false) => Deployment::Aggregated,
+            (false, _) if !has(Role::Decode) => return Err(ConfigError::NoDecodeWorker),
+            (false, _) => Deployment::Disaggregated,
+        };
+        Ok(Self { workers, deployment })
+    }
+
+    pub fn deployment(&self) -> Deployment {
+        self.deployment
+    }
+
+    pub fn workers(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    pub fn get(&self, id: WorkerId) -> Option<&Worker> {
+        self.workers.iter().find(|w| w.id == id)
+    }
+
+    pub fn pool(&self, role: Role) -> impl Iterator<Item = &Worker> {
+        self.workers.iter().filter(move |w| w.role == role)
+    }
+
+    /// The role of the worker that generates tokens: decode, or aggregated in a one-hop deployment.
+    pub fn token_role(&self) -> Role {
+        match self.deployment {
+            Deployment::Disaggregated => Role::Decode,
+            Deployment::Aggregated => Role::Aggregated,
+        }
+    }
+}
+
+/// The plugin configuration: the registry plus the knobs an operator may turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub registry: Registry,
+    pub settings: Settings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Envoy cluster the prefill hop is dispatched to (ORIGINAL_DST, `x-envoy-original-dst-host`).
+    pub prefill_cluster: String,
+    /// Request header the filter alone sets to steer the decode hop (the decode cluster's
+    /// ORIGINAL_DST `http_header_name`).
+    pub upstream_header: String,
+    pub prefill_timeout_ms: u64,
+    /// How many other prefill workers an unpinned request tries after the first fails.
+    pub prefill_retries: u32,
+    /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
+    pub aggregated_fallback: bool,
+    pub max_body_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            prefill_cluster: "pinroute_prefill".into(),
+            upstream_header: "x-pinroute-upstream".into(),
+            prefill_timeout_ms: 30_000,
+            prefill_retries: 1,
+            aggregated_fallback: true,
+            max_body_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl Settings {
+    pub fn prefill_timeout(&self) -> Duration {
+        Duration::from_millis(self.prefill_timeout_ms)
+    }
+}
+
+impl Config {
+    pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
+        let mut doc: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(json).map_err(ConfigError::Json)?;
+        let workers = doc.remove("workers").ok_or(ConfigError::MissingWorkers)?;
+        let workers: Vec<Worker> = serde_json::from_value(workers).map_err(ConfigError::Json)?;
+        let settings: Settings =
+            serde_json::from_value(serde_json::Value::Object(doc)).map_err(ConfigError::Json)?;
+        if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
+            return Err(ConfigError::Setting("prefill_timeout_ms must be in 1..=4294967295"));
+        }
+        if settings.max_body_bytes == 0 {
+            return Err(ConfigError::Setting("max_body_bytes must be positive"));
+        }
+        if !is_header_name(&settings.upstream_header) {
+            return Err(ConfigError::Setting("upstream_header must be a lowercase header name"));
+        }
+        Ok(Self { registry: Registry::new(workers)?, settings })
+    }
+}
+
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+#[path = "tests/registry.rs"]
+mod tests;

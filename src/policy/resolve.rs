@@ -1,0 +1,155 @@
+//! Per-hop resolution of pins against the registry (SPEC section 3).
+//!
+//! | hop | worker pin | rank pin |
+//! |---|---|---|
+//! | prefill | P only | pr only |
+//! | decode | D, else B | r |
+//! | aggregated | D, else B | r |
+
+use super::error::{Hop, RouteError, Unavailability};
+use super::pins::Pins;
+use super::registry::{Deployment, Registry, Role, Settings, Worker, WorkerId};
+use super::select::{Choice, rank_candidates};
+
+/// A worker chosen for a hop, with the rank to send it as `X-data-parallel-rank`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub worker: Worker,
+    /// `None`: no rank header, the worker balances over its own ranks.
+    pub rank: Option<u32>,
+    pub pinned: bool,
+}
+
+/// What happens before the token-generating hop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefillPlan {
+    /// One hop: an aggregated deployment, or no healthy prefill worker (decode prefills).
+    Skip,
+    Pinned(Target),
+    /// Unpinned: the workers to try in order, the first plus at most `prefill_retries` more.
+    Candidates(Vec<Target>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub prefill: PrefillPlan,
+    /// The decode hop, or the single hop of an aggregated deployment.
+    pub decode: Target,
+    pub decode_hop: Hop,
+}
+
+/// Whether a worker can take requests now. Draining comes from the registry; health from
+/// the host's observations.
+pub trait Availability {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability>;
+}
+
+/// Only the registry's own `draining` flag.
+pub struct RegistryOnly;
+
+impl Availability for RegistryOnly {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        worker.draining.then_some(Unavailability::Draining)
+    }
+}
+
+/// The inputs of one resolution.
+pub struct Resolver<'a, A: Availability> {
+    pub registry: &'a Registry,
+    pub settings: &'a Settings,
+    pub availability: &'a A,
+    pub choice: Choice<'a>,
+}
+
+impl<A: Availability> Resolver<'_, A> {
+    /// Resolves each hop from its own pins only. Pins are exact: an unusable pin is an
+    /// error, never silently replaced by another worker.
+    pub fn resolve(&self, pins: &Pins) -> Result<Route, RouteError> {
+        let prefill = self.prefill(pins)?;
+        let (decode, decode_hop) = self.token_hop(pins)?;
+        Ok(Route { prefill, decode, decode_hop })
+    }
+
+    /// The token-generating hop alone: for paths that take no prefill hop (`/v1/models`, ...).
+    pub fn token_hop(&self, pins: &Pins) -> Result<(Target, Hop), RouteError> {
+        let hop = match self.registry.deployment() {
+            Deployment::Disaggregated => Hop::Decode,
+            Deployment::Aggregated => Hop::Aggregated,
+        };
+        let worker_pin = pins.decode_worker_id.or(pins.backend_instance_id);
+        let role = self.registry.token_role();
+        let target = match self.pinned(hop, role, worker_pin, pins.dp_rank)? {
+            Some(target) => target,
+            None => self
+                .candidates(role)
+                .into_iter()
+                .next()
+                .ok_or(RouteError::NoWorkerAvailable { hop, role })?,
+        };
+        Ok((target, hop))
+    }
+
+    fn prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
+        let pinned =
+            self.pinned(Hop::Prefill, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)?;
+        if let Some(target) = pinned {
+            return Ok(PrefillPlan::Pinned(target));
+        }
+        if self.registry.deployment() == Deployment::Aggregated {
+            return Ok(PrefillPlan::Skip);
+        }
+        let mut candidates = self.candidates(Role::Prefill);
+        let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
+        candidates.truncate(attempts.saturating_add(1));
+        match (candidates.is_empty(), self.settings.aggregated_fallback) {
+            (false, _) => Ok(PrefillPlan::Candidates(candidates)),
+            (true, true) => Ok(PrefillPlan::Skip),
+            (true, false) => Err(RouteError::NoWorkerAvailable { hop: Hop::Prefill, role: Role::Prefill }),
+        }
+    }
+
+    /// The pinned worker of a hop, checked against the registry; `None` when not pinned.
+    fn pinned(
+        &self,
+        hop: Hop,
+        role: Role,
+        worker: Option<WorkerId>,
+        rank: Option<u32>,
+    ) -> Result<Option<Target>, RouteError> {
+        let Some(id) = worker else {
+            return match rank {
+                Some(_) => Err(RouteError::RankWithoutWorker { hop }),
+                None => Ok(None),
+            };
+        };
+        let worker = self.registry.get(id).ok_or(RouteError::UnknownWorker { hop, worker: id })?;
+        if worker.role != role {
+            return Err(RouteError::WrongRole { hop, worker: id, actual: worker.role, expected: role });
+        }
+        if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
+            return Err(RouteError::RankOutOfRange { hop, worker: id, rank, dp_size: worker.dp_size });
+        }
+        if let Some(why) = self.availability.unavailability(worker) {
+            return Err(RouteError::WorkerUnavailable { hop, worker: id, why });
+        }
+        let rank = rank.or((worker.dp_size == 1).then_some(0));
+        Ok(Some(Target { worker: worker.clone(), rank, pinned: true }))
+    }
+
+    /// The available workers of a pool, best first.
+    fn candidates(&self, role: Role) -> Vec<Target> {
+        let pool = self
+            .registry
+            .pool(role)
+            .filter(|w| self.availability.unavailability(w).is_none())
+            .collect();
+        rank_candidates(pool, self.choice)
+            .into_iter()
+            .map(|worker| Target { worker: worker.clone(), rank: None, pinned: false })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/resolve.rs"]
+mod tests;

@@ -1,0 +1,115 @@
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use serde_json::{Value, json};
+
+use super::*;
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
+}
+
+fn prefill(request: &str) -> Value {
+    parse(&prefill_body(&JsonObject::parse(request.as_bytes()).unwrap(), request.len()))
+}
+
+#[test]
+fn the_prefill_body_asks_for_one_token_for_a_remote_decode() {
+    let body = prefill(
+        r#"{"model": "m", "prompt": "hi", "stream": true, "max_tokens": 100,
+            "stream_options": {"include_usage": true}, "min_tokens": 5, "temperature": 0.7,
+            "nvext": {"backend_instance_id": 201}}"#,
+    );
+    assert_eq!(
+        body,
+        json!({
+            "model": "m", "prompt": "hi", "stream": false, "max_tokens": 1, "temperature": 0.7,
+            "nvext": {"backend_instance_id": 201},
+            "kv_transfer_params": {
+                "do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                "remote_block_ids": null, "remote_host": null, "remote_port": null
+            }
+        })
+    );
+}
+
+#[test]
+fn the_prefill_body_adds_the_limits_a_client_left_out() {
+    let body = prefill(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#);
+    assert_eq!(body["stream"], false);
+    assert_eq!(body["max_tokens"], 1);
+    assert!(body.get("max_completion_tokens").is_none());
+}
+
+#[test]
+fn max_completion_tokens_is_capped_only_when_present() {
+    let body = prefill(r#"{"messages": [], "max_completion_tokens": 50, "min_completion_tokens": 3}"#);
+    assert_eq!(body["max_completion_tokens"], 1);
+    assert_eq!(body["max_tokens"], 1);
+    assert!(body.get("min_completion_tokens").is_none());
+}
+
+#[test]
+fn a_clients_kv_transfer_params_never_reach_a_worker() {
+    let request = r#"{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": true, "remote_host": "10.0.0.1"}}"#;
+    let object = JsonObject::parse(request.as_bytes()).unwrap();
+    let prefill = parse(&prefill_body(&object, request.len()));
+    assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
+    assert_eq!(prefill["kv_transfer_params"]["remote_host"], Value::Null);
+    let decode = DecodeBody::new(&object, request.len());
+    assert!(decode.dropped_client_kv);
+    assert_eq!(parse(&decode.clone().finish(None)), json!({"prompt": "x"}));
+    let from_prefill = RawValue::from_string(r#"{"remote_engine_id":"e1"}"#.into()).unwrap();
+    assert_eq!(
+        parse(&decode.finish(Some(&from_prefill))),
+        json!({"prompt": "x", "kv_transfer_params": {"remote_engine_id": "e1"}})
+    );
+}
+
+#[test]
+fn the_decode_body_keeps_the_clients_bytes() {
+    let request = r#"{"prompt":"caf\u00e9 \ud83d\ude00","stream":true,"max_tokens":100,"n":123456789012345678901234567890,"t":1.50}"#;
+    let object = JsonObject::parse(request.as_bytes()).unwrap();
+    let decode = DecodeBody::new(&object, request.len());
+    assert!(!decode.dropped_client_kv);
+    assert_eq!(decode.clone().finish(None), request);
+    let params = RawValue::from_string(r#"{"a":1}"#.into()).unwrap();
+    let with_params = decode.finish(Some(&params));
+    assert_eq!(with_params, format!("{},\"kv_transfer_params\":{{\"a\":1}}}}", &request[..request.len() - 1]));
+}
+
+#[test]
+fn the_prefill_body_keeps_every_other_field_byte_for_byte() {
+    let request = r#"{"prompt":"\u0000\"x","n":123456789012345678901234567890,"logit_bias":{"50256":-100},"stream":true}"#;
+    let text = prefill_body(&JsonObject::parse(request.as_bytes()).unwrap(), request.len());
+    assert!(text.contains(r#""prompt":"\u0000\"x""#), "{text}");
+    assert!(text.contains(r#""n":123456789012345678901234567890"#), "{text}");
+    assert!(text.contains(r#""logit_bias":{"50256":-100}"#), "{text}");
+}
+
+#[test]
+fn an_empty_object_stays_valid() {
+    let object = JsonObject::parse(b"{}").unwrap();
+    assert_eq!(DecodeBody::new(&object, 2).finish(None), "{}");
+    assert_eq!(prefill_body(&object, 2).chars().next(), Some('{'));
+    parse(&prefill_body(&object, 2));
+}
+
+#[test]
+fn the_prefill_answer_gives_its_kv_transfer_params() {
+    let response = br#"{"id": "x", "choices": [], "kv_transfer_params": {"remote_engine_id": "e", "remote_block_ids": [1, 2]}}"#;
+    let params = prefill_kv_transfer_params(response).unwrap().unwrap();
+    assert_eq!(params.get(), r#"{"remote_engine_id": "e", "remote_block_ids": [1, 2]}"#);
+    assert!(prefill_kv_transfer_params(br#"{"kv_transfer_params": null}"#).unwrap().is_none());
+    assert!(prefill_kv_transfer_params(br#"{"choices": []}"#).unwrap().is_none());
+}
+
+#[test]
+fn an_unusable_prefill_answer_is_a_failure_of_the_hop() {
+    for response in [b"not json".as_slice(), b"[]", br#"{"kv_transfer_params": "x"}"#, br#"{"kv_transfer_params": [1]}"#] {
+        assert!(
+            matches!(prefill_kv_transfer_params(response), Err(HopFailure::BadResponse(_))),
+            "{}",
+            String::from_utf8_lossy(response)
+        );
+    }
+}
