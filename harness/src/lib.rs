@@ -1,0 +1,5 @@
+//! The native side of pinroute: Envoy and worker management, scenarios, benchmarks.
+pub mod envoy;
+pub mod sim;
+pub mod stack;
+pub mod wasm;

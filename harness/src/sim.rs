@@ -1,0 +1,224 @@
+//! A vLLM-compatible worker simulator for end-to-end tests and `pinroute-harness up`.
+//!
+//! A [`SimWorker`] speaks the subset of vLLM's OpenAI server pinroute relies on, plays
+//! one role of a prefill/decode deployment, and proves KV hand-over: a prefill hop
+//! (`kv_transfer_params.do_remote_decode: true`, `max_tokens: 1`, `stream: false`)
+//! stores a KV entry and answers NIXL-like `kv_transfer_params`; a decode hop carrying
+//! them takes that entry from the prefill worker (`GET /sim/kv/{id}`) and checks that
+//! it was computed for the same prompt. Every response names the worker and rank in
+//! `x-sim-worker-id` / `x-sim-dp-rank` and (JSON bodies, last SSE chunk) in a
+//! top-level `sim` object: `{"worker_id", "role", "dp_rank", "kv_from", "prompt_tokens"}`.
+//!
+//! HTTP endpoints:
+//! - `GET /health`, `GET /v1/models`, `GET /metrics` (Prometheus text: `sim_requests_total`,
+//!   `sim_kv_produced_total`, `sim_kv_loaded_total`, `sim_generated_tokens_total`,
+//!   `sim_kv_pending`, `sim_dp_rank_requests_total{dp_rank}`).
+//! - `POST /v1/completions`, `POST /v1/chat/completions` (recorded, subject to faults).
+//!   Response ids are `cmpl-<x-request-id>` (`chatcmpl-<x-request-id>` for chat, as vLLM).
+//!   The `model` field of requests is not checked.
+//! - Control, for workers running in another process:
+//!   - `GET /sim/requests`: JSON array of [`RecordedRequest`]
+//!     (`[{"path": "/v1/completions", "headers": [["x-request-id", "r1"], ...], "body": {...}}]`);
+//!   - `DELETE /sim/requests`: forget them (204);
+//!   - `POST /sim/fault` with `{"fault": "none" | "hang" | "close" | {"status": 503}}`,
+//!     `GET /sim/fault` answers the same shape;
+//!   - `GET /sim/info`: `{"id", "role", "dp_size", "model", "address", ...}`;
+//!   - `GET /sim/kv/{id}`: takes a KV entry (prefill workers; 404 when absent).
+//!
+//! [`SimClient`] wraps the control endpoints.
+
+mod completion;
+mod config;
+mod kv;
+mod openai;
+mod routes;
+mod server;
+mod state;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::{Fault, RecordedRequest, SimConfig, SimRole};
+pub use kv::{KvEntry, prompt_hash};
+pub use routes::FaultRequest;
+
+use state::SimState;
+
+/// A running simulated worker. Dropping it stops the server without waiting;
+/// [`SimWorker::stop`] waits until the port is free.
+pub struct SimWorker {
+    state: Arc<SimState>,
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl SimWorker {
+    /// Binds `listen` (port 0 picks a free port) and serves on the current tokio runtime.
+    pub async fn start(config: SimConfig, listen: SocketAddr) -> anyhow::Result<SimWorker> {
+        config.validate()?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("sim worker {}: cannot listen on {listen}", config.id))?;
+        let addr = listener
+            .local_addr()
+            .context("sim worker: no local address")?;
+        let (shutdown, shutdown_signal) = watch::channel(false);
+        let state = Arc::new(SimState::new(config, addr, shutdown_signal.clone())?);
+        let router = routes::router(state.clone());
+        let server = tokio::spawn(server::serve(listener, router, shutdown_signal));
+        let config = &state.config;
+        log::info!(
+            "sim worker {} ({}, dp_size {}) listening on {addr}",
+            config.id,
+            config.role,
+            config.dp_size
+        );
+        Ok(SimWorker {
+            state,
+            addr,
+            shutdown,
+            server: Some(server),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.state.config
+    }
+
+    /// Every request received on the completion paths, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state.requests()
+    }
+
+    pub fn clear_requests(&self) {
+        self.state.clear_requests();
+    }
+
+    pub fn fault(&self) -> Fault {
+        self.state.fault()
+    }
+
+    pub fn set_fault(&self, fault: Fault) {
+        self.state.set_fault(fault);
+    }
+
+    /// KV entries produced and not yet taken by a decode worker.
+    pub fn pending_kv(&self) -> usize {
+        self.state.kv.len()
+    }
+
+    /// Stops accepting, lets open requests finish (hung ones are cut, others get a
+    /// short grace period) and returns once the port is free.
+    pub async fn stop(mut self) {
+        self.shutdown.send_replace(true);
+        if let Some(server) = self.server.take()
+            && let Err(error) = server.await
+        {
+            log::warn!(
+                "sim worker {}: server task failed: {error}",
+                self.state.config.id
+            );
+        }
+        log::info!(
+            "sim worker {} on {} stopped",
+            self.state.config.id,
+            self.addr
+        );
+    }
+}
+
+impl Drop for SimWorker {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+/// Client for the control endpoints of a simulator running elsewhere.
+#[derive(Debug, Clone)]
+pub struct SimClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl SimClient {
+    pub fn new(addr: SocketAddr) -> anyhow::Result<SimClient> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(10))
+            .build()?;
+        Ok(SimClient {
+            base: format!("http://{addr}"),
+            http,
+        })
+    }
+
+    pub async fn requests(&self) -> anyhow::Result<Vec<RecordedRequest>> {
+        let response = self
+            .http
+            .get(format!("{}/sim/requests", self.base))
+            .send()
+            .await?;
+        Ok(response.error_for_status()?.json().await?)
+    }
+
+    pub async fn clear_requests(&self) -> anyhow::Result<()> {
+        self.http
+            .delete(format!("{}/sim/requests", self.base))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    pub async fn set_fault(&self, fault: Fault) -> anyhow::Result<()> {
+        let url = format!("{}/sim/fault", self.base);
+        self.http
+            .post(url)
+            .json(&FaultRequest { fault })
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    pub async fn fault(&self) -> anyhow::Result<Fault> {
+        let response = self
+            .http
+            .get(format!("{}/sim/fault", self.base))
+            .send()
+            .await?;
+        Ok(response
+            .error_for_status()?
+            .json::<FaultRequest>()
+            .await?
+            .fault)
+    }
+
+    /// `GET /sim/info`.
+    pub async fn info(&self) -> anyhow::Result<serde_json::Value> {
+        let response = self
+            .http
+            .get(format!("{}/sim/info", self.base))
+            .send()
+            .await?;
+        Ok(response.error_for_status()?.json().await?)
+    }
+}

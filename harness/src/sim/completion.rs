@@ -1,0 +1,410 @@
+//! `/v1/completions` and `/v1/chat/completions`: faults, rank choice, KV transfer
+//! checks and (streamed) fake generation.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::config::{Fault, SimRole};
+use super::kv::{KvEntry, fetch_remote_kv};
+use super::openai::{
+    ApiError, Endpoint, Generation, GenerationRequest, KvRequest, RemotePrefill, sim_object,
+};
+use super::server::close_connection;
+use super::state::{RankSelection, SimState, bump, unix_seconds};
+
+pub(crate) const WORKER_ID_HEADER: &str = "x-sim-worker-id";
+pub(crate) const DP_RANK_RESPONSE_HEADER: &str = "x-sim-dp-rank";
+const REQUEST_ID_HEADER: &str = "x-request-id";
+const KV_MISMATCH: &str = "kv_transfer_params do not match any prefill";
+
+/// Serves one generation request, whatever the outcome.
+pub(crate) async fn handle_completion(
+    state: &SimState,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    raw: &Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    state.record(endpoint.path(), headers, body.clone());
+    let selection = state.select_rank(headers);
+    if let Some(response) = apply_fault(state, selection.label()).await {
+        return response;
+    }
+    let rank = match selection {
+        RankSelection::Rank(rank) => rank,
+        RankSelection::OutOfRange(requested) => {
+            let message = format!(
+                "data_parallel_rank {requested} is out of range [0, {}).",
+                state.config.dp_size
+            );
+            return error_response(state, requested, &ApiError::bad_request(message));
+        }
+    };
+    state.count_rank_request(rank);
+    match generate(state, endpoint, headers, &body, rank).await {
+        Ok(response) => response,
+        Err(error) => {
+            log::debug!(
+                "sim worker {}: {} -> {}: {}",
+                state.config.id,
+                endpoint.path(),
+                error.status,
+                error.message
+            );
+            error_response(state, i64::from(rank), &error)
+        }
+    }
+}
+
+async fn apply_fault(state: &SimState, rank_label: i64) -> Option<Response> {
+    match state.fault() {
+        Fault::None => None,
+        Fault::Status(code) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let message = format!(
+                "simulated fault: worker {} answers {}",
+                state.config.id,
+                status.as_u16()
+            );
+            Some(error_response(
+                state,
+                rank_label,
+                &ApiError::new(status, message),
+            ))
+        }
+        Fault::Hang => {
+            state.stopped().await;
+            Some(close_connection())
+        }
+        Fault::Close => Some(close_connection()),
+    }
+}
+
+/// An OpenAI-style error with the `sim` object and identity headers.
+pub(crate) fn error_response(state: &SimState, rank_label: i64, error: &ApiError) -> Response {
+    let mut body = error.body();
+    if let Some(object) = body.as_object_mut() {
+        let sim = sim_object(
+            state.config.id,
+            state.config.role.as_str(),
+            rank_label,
+            None,
+            0,
+        );
+        object.insert("sim".into(), sim);
+    }
+    json_response(state, rank_label, error.status, &body)
+}
+
+fn json_response(state: &SimState, rank_label: i64, status: StatusCode, body: &Value) -> Response {
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    add_identity_headers(response.headers_mut(), state.config.id, rank_label);
+    response
+}
+
+pub(crate) fn add_identity_headers(headers: &mut HeaderMap, worker_id: u64, rank_label: i64) {
+    headers.insert(WORKER_ID_HEADER, HeaderValue::from(worker_id));
+    headers.insert(DP_RANK_RESPONSE_HEADER, HeaderValue::from(rank_label));
+}
+
+/// What the KV transfer part of a request decided.
+#[derive(Debug, Default)]
+struct KvPlan {
+    /// The prefill worker whose KV was loaded.
+    kv_from: Option<u64>,
+    /// `kv_transfer_params` of the response (a prefill hop's handle for decode).
+    response_params: Value,
+}
+
+async fn generate(
+    state: &SimState,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Value,
+    rank: u32,
+) -> Result<Response, ApiError> {
+    let request = GenerationRequest::parse(endpoint, body)?;
+    let plan = plan_kv(state, &request, rank).await?;
+    let first_token_delay = match plan.kv_from {
+        Some(_) => Duration::ZERO,
+        None => state.config.prefill_latency,
+    };
+    let generation = build_generation(state, &request, headers, rank, plan);
+    bump(
+        &state.counters.generated_tokens,
+        u64::from(generation.tokens),
+    );
+    if request.stream {
+        Ok(stream_response(state, rank, generation, first_token_delay))
+    } else {
+        let latency =
+            first_token_delay + state.config.token_latency.saturating_mul(generation.tokens);
+        sleep_unless_zero(latency).await;
+        Ok(json_response(
+            state,
+            i64::from(rank),
+            StatusCode::OK,
+            &generation.full_response(),
+        ))
+    }
+}
+
+async fn plan_kv(
+    state: &SimState,
+    request: &GenerationRequest,
+    rank: u32,
+) -> Result<KvPlan, ApiError> {
+    let id = state.config.id;
+    match (state.config.role, &request.kv) {
+        (_, KvRequest::Absent) => Ok(KvPlan::default()),
+        (SimRole::Aggregated, _) => Err(ApiError::bad_request(format!(
+            "aggregated worker {id} does not take part in KV transfer: kv_transfer_params must not be sent to it"
+        ))),
+        (SimRole::Prefill, KvRequest::RemoteDecode) => produce_kv(state, request, rank),
+        (SimRole::Prefill, KvRequest::RemotePrefill(_)) => Err(ApiError::bad_request(format!(
+            "prefill worker {id} only produces KV: kv_transfer_params with do_remote_prefill=true belong on a decode worker"
+        ))),
+        (SimRole::Prefill, KvRequest::Invalid(reason)) => Err(ApiError::bad_request(format!(
+            "prefill worker {id}: invalid kv_transfer_params: {reason} (a prefill hop sets do_remote_decode=true)"
+        ))),
+        (SimRole::Decode, KvRequest::RemotePrefill(remote)) => {
+            load_kv(state, request, remote).await
+        }
+        (SimRole::Decode, KvRequest::RemoteDecode) => Err(ApiError::bad_request(format!(
+            "decode worker {id} got a prefill hop (kv_transfer_params.do_remote_decode=true): it belongs on a prefill worker"
+        ))),
+        (SimRole::Decode, KvRequest::Invalid(reason)) => Err(ApiError::bad_request(format!(
+            "{KV_MISMATCH}: {reason} (decode worker {id})"
+        ))),
+    }
+}
+
+/// A prefill hop must be length-capped to one token and not streamed, else a real
+/// prefill would waste work (and free its KV blocks before decode reads them).
+fn check_prefill_hop(request: &GenerationRequest) -> Result<(), ApiError> {
+    if request.stream {
+        return Err(ApiError::bad_request(
+            "prefill hop (kv_transfer_params.do_remote_decode=true) must not stream: send stream=false",
+        ));
+    }
+    let over_limit = request.limits_present.iter().find(|(_, value)| *value != 1);
+    if let Some((field, value)) = over_limit {
+        return Err(ApiError::bad_request(format!(
+            "prefill hop (kv_transfer_params.do_remote_decode=true) must be capped to 1 token, but `{field}` is {value}: a real prefill would waste work generating tokens"
+        )));
+    }
+    if request.max_tokens != 1 {
+        return Err(ApiError::bad_request(format!(
+            "prefill hop (kv_transfer_params.do_remote_decode=true) must set max_tokens to 1 (it would generate {} tokens)",
+            request.max_tokens
+        )));
+    }
+    Ok(())
+}
+
+fn produce_kv(
+    state: &SimState,
+    request: &GenerationRequest,
+    rank: u32,
+) -> Result<KvPlan, ApiError> {
+    check_prefill_hop(request)?;
+    let (sequence, request_id) = state.fresh_id("kv");
+    let engine_id = format!("sim-{}-{rank}", state.config.id);
+    let block_count = request.prompt_tokens.div_ceil(16).clamp(1, 8);
+    let block_ids: Vec<u64> = (0..block_count).map(|block| sequence * 8 + block).collect();
+    state.kv.insert(KvEntry {
+        request_id: request_id.clone(),
+        prompt_hash: request.prompt_hash.clone(),
+        worker_id: state.config.id,
+        dp_rank: rank,
+        engine_id: engine_id.clone(),
+        prompt_tokens: request.prompt_tokens,
+    });
+    bump(&state.counters.kv_produced, 1);
+    let response_params = json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_engine_id": engine_id,
+        "remote_block_ids": block_ids,
+        "remote_request_id": request_id,
+        "remote_host": state.advertised.ip().to_string(),
+        "remote_port": state.advertised.port(),
+        "tp_size": 1,
+    });
+    Ok(KvPlan {
+        kv_from: None,
+        response_params,
+    })
+}
+
+async fn load_kv(
+    state: &SimState,
+    request: &GenerationRequest,
+    remote: &RemotePrefill,
+) -> Result<KvPlan, ApiError> {
+    let location = format!("{}:{}", remote.host, remote.port);
+    let fetched = fetch_remote_kv(&state.http, &remote.host, remote.port, &remote.request_id).await;
+    let entry = match fetched {
+        Ok(Some(entry)) => entry,
+        Ok(None) => {
+            return Err(ApiError::bad_request(format!(
+                "{KV_MISMATCH}: the prefill worker at {location} has no KV for remote_request_id {:?} (never produced, expired or already consumed)",
+                remote.request_id
+            )));
+        }
+        Err(error) => {
+            return Err(ApiError::bad_request(format!(
+                "{KV_MISMATCH}: could not fetch KV {:?} from the prefill worker at {location}: {error:#}",
+                remote.request_id
+            )));
+        }
+    };
+    verify_kv_entry(&entry, request, remote)?;
+    bump(&state.counters.kv_loaded, 1);
+    log::debug!(
+        "sim worker {}: loaded KV {} from worker {}",
+        state.config.id,
+        entry.request_id,
+        entry.worker_id
+    );
+    Ok(KvPlan {
+        kv_from: Some(entry.worker_id),
+        response_params: Value::Null,
+    })
+}
+
+fn verify_kv_entry(
+    entry: &KvEntry,
+    request: &GenerationRequest,
+    remote: &RemotePrefill,
+) -> Result<(), ApiError> {
+    if let Some(engine_id) = &remote.engine_id
+        && *engine_id != entry.engine_id
+    {
+        return Err(ApiError::bad_request(format!(
+            "{KV_MISMATCH}: remote_engine_id {engine_id:?} differs from {:?}, the engine that computed KV {:?}",
+            entry.engine_id, entry.request_id
+        )));
+    }
+    if entry.prompt_hash != request.prompt_hash {
+        return Err(ApiError::bad_request(format!(
+            "{KV_MISMATCH}: the prompt differs from the one prefilled by worker {} (KV {:?})",
+            entry.worker_id, entry.request_id
+        )));
+    }
+    Ok(())
+}
+
+fn build_generation(
+    state: &SimState,
+    request: &GenerationRequest,
+    headers: &HeaderMap,
+    rank: u32,
+    plan: KvPlan,
+) -> Generation {
+    let role = state.config.role.as_str();
+    Generation {
+        endpoint: request.endpoint,
+        id: response_id(state, request.endpoint, headers),
+        created: unix_seconds(),
+        model: state.config.model.clone(),
+        tokens: request.max_tokens,
+        prompt_tokens: request.prompt_tokens,
+        include_usage: request.include_usage,
+        sim: sim_object(
+            state.config.id,
+            role,
+            i64::from(rank),
+            plan.kv_from,
+            request.prompt_tokens,
+        ),
+        kv_transfer_params: plan.response_params,
+    }
+}
+
+/// `cmpl-<x-request-id>` (`chatcmpl-` for chat), as vLLM does; a fresh id without one.
+fn response_id(state: &SimState, endpoint: Endpoint, headers: &HeaderMap) -> String {
+    let request_id = headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| !value.is_empty());
+    match request_id {
+        Some(request_id) => format!("{}-{request_id}", endpoint.id_prefix()),
+        None => state.fresh_id(endpoint.id_prefix()).1,
+    }
+}
+
+async fn sleep_unless_zero(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+fn sse_event(payload: &str) -> String {
+    format!("data: {payload}\n\n")
+}
+
+/// One SSE event per token (each after `token_latency`), the final chunk, the usage
+/// chunk when asked for, then `data: [DONE]`.
+fn sse_events(
+    generation: &Generation,
+    first_token_delay: Duration,
+    token_latency: Duration,
+) -> Vec<(Duration, String)> {
+    let mut events: Vec<(Duration, String)> = (0..generation.tokens)
+        .map(|index| {
+            let delay = if index == 0 {
+                first_token_delay + token_latency
+            } else {
+                token_latency
+            };
+            (delay, sse_event(&generation.token_chunk(index).to_string()))
+        })
+        .collect();
+    events.push((
+        Duration::ZERO,
+        sse_event(&generation.final_chunk().to_string()),
+    ));
+    if generation.include_usage {
+        events.push((
+            Duration::ZERO,
+            sse_event(&generation.usage_chunk().to_string()),
+        ));
+    }
+    events.push((Duration::ZERO, sse_event("[DONE]")));
+    events
+}
+
+fn stream_response(
+    state: &SimState,
+    rank: u32,
+    generation: Generation,
+    first_token_delay: Duration,
+) -> Response {
+    let events = sse_events(&generation, first_token_delay, state.config.token_latency);
+    let stream = futures_util::stream::iter(events).then(|(delay, event)| async move {
+        sleep_unless_zero(delay).await;
+        Ok::<Bytes, Infallible>(Bytes::from(event))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    add_identity_headers(headers, state.config.id, i64::from(rank));
+    response
+}

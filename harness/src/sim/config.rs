@@ -1,0 +1,164 @@
+//! Configuration and plain data types of the worker simulator.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What a simulated worker does in a prefill/decode deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SimRole {
+    /// KV producer (`kv_role: kv_producer`): answers prefill hops.
+    Prefill,
+    /// KV consumer (`kv_role: kv_consumer`): answers decode hops.
+    Decode,
+    /// A plain vLLM server without KV transfer.
+    Aggregated,
+}
+
+impl SimRole {
+    /// The lowercase name used in configuration and in the `sim` object.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimRole::Prefill => "prefill",
+            SimRole::Decode => "decode",
+            SimRole::Aggregated => "aggregated",
+        }
+    }
+}
+
+impl fmt::Display for SimRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SimRole {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> anyhow::Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "prefill" => Ok(SimRole::Prefill),
+            "decode" => Ok(SimRole::Decode),
+            "aggregated" => Ok(SimRole::Aggregated),
+            other => anyhow::bail!(
+                "unknown worker role {other:?}: expected prefill, decode or aggregated"
+            ),
+        }
+    }
+}
+
+/// Everything that defines one simulated worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    pub id: u64,
+    pub role: SimRole,
+    /// Number of data-parallel ranks (at least 1).
+    pub dp_size: u32,
+    /// The served model name (`/v1/models`, `model` of responses).
+    pub model: String,
+    /// Sleep per generated token.
+    pub token_latency: Duration,
+    /// Fixed sleep before the first token when the worker computes the prompt itself
+    /// (skipped when a decode worker loads the KV from a prefill worker).
+    pub prefill_latency: Duration,
+}
+
+impl SimConfig {
+    pub const DEFAULT_MODEL: &'static str = "sim-model";
+    pub const DEFAULT_TOKEN_LATENCY: Duration = Duration::from_millis(2);
+
+    /// A worker with one rank and default model and latencies.
+    pub fn new(id: u64, role: SimRole) -> Self {
+        SimConfig {
+            id,
+            role,
+            dp_size: 1,
+            model: Self::DEFAULT_MODEL.to_string(),
+            token_latency: Self::DEFAULT_TOKEN_LATENCY,
+            prefill_latency: Duration::ZERO,
+        }
+    }
+
+    pub fn with_dp_size(mut self, dp_size: u32) -> Self {
+        self.dp_size = dp_size;
+        self
+    }
+
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    pub fn with_token_latency(mut self, latency: Duration) -> Self {
+        self.token_latency = latency;
+        self
+    }
+
+    pub fn with_prefill_latency(mut self, latency: Duration) -> Self {
+        self.prefill_latency = latency;
+        self
+    }
+
+    /// Refuses a configuration the simulator cannot serve.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.dp_size >= 1,
+            "worker {}: dp_size must be at least 1",
+            self.id
+        );
+        anyhow::ensure!(
+            !self.model.is_empty(),
+            "worker {}: model name is empty",
+            self.id
+        );
+        Ok(())
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig::new(0, SimRole::Aggregated)
+    }
+}
+
+/// A failure injected into the completion endpoints (`/v1/completions`,
+/// `/v1/chat/completions`). Requests are still recorded before the fault applies.
+///
+/// JSON shape (as used by `POST /sim/fault`, wrapped in `{"fault": ...}`):
+/// `"none"`, `"hang"`, `"close"` or `{"status": 503}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// Serve normally.
+    #[default]
+    None,
+    /// Answer this HTTP status with an OpenAI-style JSON error.
+    Status(u16),
+    /// Never answer (until the worker stops).
+    Hang,
+    /// Drop the connection without writing a response.
+    Close,
+}
+
+/// One request received on a completion path, as recorded by the simulator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    pub path: String,
+    /// Header names in lowercase, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// The parsed JSON body, `Null` when the body was not JSON.
+    pub body: serde_json::Value,
+}
+
+impl RecordedRequest {
+    /// The first value of a header (the name is matched case-insensitively).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}

@@ -1,0 +1,239 @@
+//! The simulator's HTTP routes.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::completion::{
+    DP_RANK_RESPONSE_HEADER, WORKER_ID_HEADER, add_identity_headers, handle_completion,
+};
+use super::config::Fault;
+use super::openai::{ApiError, Endpoint};
+use super::state::{SimState, read};
+
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+type SharedState = State<Arc<SimState>>;
+
+/// Body of `POST /sim/fault` and answer of `GET /sim/fault`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultRequest {
+    pub fault: Fault,
+}
+
+pub(crate) fn router(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/sim/info", get(info))
+        .route("/sim/requests", get(list_requests).delete(clear_requests))
+        .route("/sim/fault", get(get_fault).post(set_fault))
+        .route("/sim/kv/{id}", get(take_kv))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            identity_headers,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Adds `x-sim-worker-id` / `x-sim-dp-rank` to responses that lack them (non-completion
+/// paths report the rank named by `X-data-parallel-rank` when valid, else 0).
+async fn identity_headers(State(state): SharedState, request: Request, next: Next) -> Response {
+    let rank = state.header_rank_or_zero(request.headers());
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key(WORKER_ID_HEADER) || !headers.contains_key(DP_RANK_RESPONSE_HEADER) {
+        add_identity_headers(headers, state.config.id, i64::from(rank));
+    }
+    response
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+fn json_ok(body: &Value) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn json_error(error: &ApiError) -> Response {
+    let headers = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )];
+    (error.status, headers, error.body().to_string()).into_response()
+}
+
+async fn models(State(state): SharedState) -> Response {
+    json_ok(&json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model,
+            "object": "model",
+            "created": super::state::unix_seconds(),
+            "owned_by": "pinroute-sim",
+            "root": state.config.model,
+            "max_model_len": super::openai::MAX_MODEL_LEN,
+        }],
+    }))
+}
+
+async fn completions(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    handle_completion(&state, Endpoint::Completions, &headers, &body).await
+}
+
+async fn chat_completions(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    handle_completion(&state, Endpoint::Chat, &headers, &body).await
+}
+
+async fn info(State(state): SharedState) -> Response {
+    let config = &state.config;
+    json_ok(&json!({
+        "id": config.id,
+        "role": config.role,
+        "dp_size": config.dp_size,
+        "model": config.model,
+        "address": state.advertised.to_string(),
+        "token_latency_ms": config.token_latency.as_secs_f64() * 1000.0,
+        "prefill_latency_ms": config.prefill_latency.as_secs_f64() * 1000.0,
+    }))
+}
+
+async fn list_requests(State(state): SharedState) -> Response {
+    match serde_json::to_value(state.requests()) {
+        Ok(requests) => json_ok(&requests),
+        Err(error) => json_error(&ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error.to_string(),
+        )),
+    }
+}
+
+async fn clear_requests(State(state): SharedState) -> StatusCode {
+    state.clear_requests();
+    StatusCode::NO_CONTENT
+}
+
+async fn get_fault(State(state): SharedState) -> Response {
+    json_ok(&json!(FaultRequest {
+        fault: state.fault()
+    }))
+}
+
+async fn set_fault(State(state): SharedState, body: Bytes) -> Response {
+    match serde_json::from_slice::<FaultRequest>(&body) {
+        Ok(request) => {
+            state.set_fault(request.fault);
+            json_ok(&json!(request))
+        }
+        Err(error) => json_error(&ApiError::bad_request(format!(
+            "expected {{\"fault\": \"none\" | \"hang\" | \"close\" | {{\"status\": 500}}}}: {error}"
+        ))),
+    }
+}
+
+async fn take_kv(State(state): SharedState, Path(id): Path<String>) -> Response {
+    match state.kv.take(&id) {
+        Some(entry) => match serde_json::to_value(entry) {
+            Ok(entry) => json_ok(&entry),
+            Err(error) => json_error(&ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                error.to_string(),
+            )),
+        },
+        None => json_error(&ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "worker {} has no KV entry {id:?} (never produced, expired or already taken)",
+                state.config.id
+            ),
+        )),
+    }
+}
+
+async fn metrics(State(state): SharedState) -> Response {
+    let headers = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    )];
+    (headers, metrics_text(&state)).into_response()
+}
+
+fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    let _ = write!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+    );
+}
+
+fn metrics_text(state: &SimState) -> String {
+    let counters = &state.counters;
+    let mut out = String::new();
+    write_metric(
+        &mut out,
+        "sim_requests_total",
+        "counter",
+        "Completion requests received.",
+        read(&counters.requests),
+    );
+    write_metric(
+        &mut out,
+        "sim_kv_produced_total",
+        "counter",
+        "KV entries produced by prefill hops.",
+        read(&counters.kv_produced),
+    );
+    write_metric(
+        &mut out,
+        "sim_kv_loaded_total",
+        "counter",
+        "KV entries loaded from prefill workers.",
+        read(&counters.kv_loaded),
+    );
+    write_metric(
+        &mut out,
+        "sim_generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        read(&counters.generated_tokens),
+    );
+    write_metric(
+        &mut out,
+        "sim_kv_pending",
+        "gauge",
+        "KV entries waiting for a decode worker.",
+        state.kv.len() as u64,
+    );
+    out.push_str(
+        "# HELP sim_dp_rank_requests_total Completion requests served per data-parallel rank.\n",
+    );
+    out.push_str("# TYPE sim_dp_rank_requests_total counter\n");
+    for (rank, counter) in state.rank_requests.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "sim_dp_rank_requests_total{{dp_rank=\"{rank}\"}} {}",
+            read(counter)
+        );
+    }
+    out
+}

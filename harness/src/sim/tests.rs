@@ -1,0 +1,761 @@
+//! End-to-end tests of the simulator over real HTTP on 127.0.0.1.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+
+use super::{Fault, SimClient, SimConfig, SimRole, SimWorker};
+
+const PROMPT: &str = "the quick brown fox jumps over the lazy dog";
+
+async fn start(id: u64, role: SimRole, dp_size: u32) -> SimWorker {
+    let config = SimConfig::new(id, role)
+        .with_dp_size(dp_size)
+        .with_token_latency(Duration::from_millis(1));
+    SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.text))
+    }
+
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    fn error_message(&self) -> String {
+        self.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+async fn send(request: reqwest::RequestBuilder) -> Reply {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    Reply {
+        status,
+        headers,
+        text,
+    }
+}
+
+async fn post(worker: &SimWorker, path: &str, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut request = client().post(format!("{}{path}", worker.url())).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send(request).await
+}
+
+async fn get(worker: &SimWorker, path: &str) -> Reply {
+    send(client().get(format!("{}{path}", worker.url()))).await
+}
+
+fn prefill_hop_params() -> Value {
+    json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+           "remote_block_ids": null, "remote_host": null, "remote_port": null})
+}
+
+fn prefill_hop(prompt: &str) -> Value {
+    json!({"model": "sim-model", "prompt": prompt, "max_tokens": 1, "stream": false,
+           "kv_transfer_params": prefill_hop_params()})
+}
+
+/// Runs a prefill hop on `prefill` and returns the `kv_transfer_params` it answered.
+async fn prefill_kv(prefill: &SimWorker, prompt: &str) -> Value {
+    let reply = post(
+        prefill,
+        "/v1/completions",
+        &[("x-request-id", "r1")],
+        &prefill_hop(prompt),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.json()["kv_transfer_params"].clone()
+}
+
+fn sse_payloads(text: &str) -> Vec<String> {
+    assert!(
+        text.ends_with("\n\n"),
+        "stream does not end with a blank line: {text:?}"
+    );
+    text.split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| {
+            event
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {event:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn prefill_then_decode_loads_the_kv() {
+    let prefill = start(101, SimRole::Prefill, 1).await;
+    let decode = start(201, SimRole::Decode, 1).await;
+
+    let reply = post(
+        &prefill,
+        "/v1/completions",
+        &[("x-request-id", "r1")],
+        &prefill_hop(PROMPT),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("x-sim-worker-id"), "101");
+    assert_eq!(reply.header("x-sim-dp-rank"), "0");
+    let body = reply.json();
+    assert_eq!(body["id"], "cmpl-r1");
+    assert_eq!(body["choices"][0]["text"], "tok0");
+    assert_eq!(body["usage"]["completion_tokens"], 1);
+    assert_eq!(
+        body["sim"],
+        json!({"worker_id": 101, "role": "prefill", "dp_rank": 0, "kv_from": null, "prompt_tokens": 9})
+    );
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["do_remote_prefill"], true);
+    assert_eq!(kv["do_remote_decode"], false);
+    assert_eq!(kv["remote_engine_id"], "sim-101-0");
+    assert_eq!(kv["remote_host"], "127.0.0.1");
+    assert_eq!(kv["remote_port"], prefill.addr().port());
+    assert_eq!(kv["tp_size"], 1);
+    assert!(!kv["remote_block_ids"].as_array().unwrap().is_empty());
+    assert!(kv["remote_request_id"].is_string());
+    assert_eq!(prefill.pending_kv(), 1);
+
+    let decode_body = json!({"prompt": PROMPT, "max_tokens": 4, "kv_transfer_params": kv});
+    let reply = post(
+        &decode,
+        "/v1/completions",
+        &[("x-request-id", "r1")],
+        &decode_body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["choices"][0]["text"], "tok0 tok1 tok2 tok3");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["sim"]["worker_id"], 201);
+    assert_eq!(body["sim"]["kv_from"], 101);
+    assert_eq!(body["kv_transfer_params"], Value::Null);
+    assert_eq!(prefill.pending_kv(), 0);
+
+    let replay = post(&decode, "/v1/completions", &[], &decode_body).await;
+    assert_eq!(replay.status, StatusCode::BAD_REQUEST);
+    assert!(
+        replay.error_message().contains("do not match any prefill"),
+        "{}",
+        replay.text
+    );
+
+    let prefill_metrics = get(&prefill, "/metrics").await.text;
+    let decode_metrics = get(&decode, "/metrics").await.text;
+    assert_eq!(metric(&prefill_metrics, "sim_kv_produced_total"), 1);
+    assert_eq!(metric(&decode_metrics, "sim_kv_loaded_total"), 1);
+    assert_eq!(metric(&decode_metrics, "sim_requests_total"), 2);
+    prefill.stop().await;
+    decode.stop().await;
+}
+
+#[tokio::test]
+async fn chat_decode_streams_after_remote_prefill() {
+    let prefill = start(102, SimRole::Prefill, 1).await;
+    let decode = start(202, SimRole::Decode, 1).await;
+    let messages = json!([{"role": "user", "content": PROMPT}]);
+    let hop = json!({"messages": messages, "max_tokens": 1, "max_completion_tokens": 1, "stream": false,
+                     "kv_transfer_params": prefill_hop_params()});
+    let reply = post(
+        &prefill,
+        "/v1/chat/completions",
+        &[("x-request-id", "c1")],
+        &hop,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["id"], "chatcmpl-c1");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["content"], "tok0");
+
+    let decode_body = json!({"messages": messages, "max_completion_tokens": 3, "stream": true,
+                             "kv_transfer_params": body["kv_transfer_params"]});
+    let reply = post(&decode, "/v1/chat/completions", &[], &decode_body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let payloads = sse_payloads(&reply.text);
+    assert_eq!(payloads.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 4);
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "tok0 tok1 tok2");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    let last = &chunks[3];
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(last["sim"]["kv_from"], 102);
+    assert_eq!(last["sim"]["role"], "decode");
+}
+
+#[tokio::test]
+async fn forged_or_misrouted_kv_transfer_params_are_rejected() {
+    let prefill = start(103, SimRole::Prefill, 1).await;
+    let decode = start(203, SimRole::Decode, 1).await;
+    let aggregated = start(303, SimRole::Aggregated, 1).await;
+    let port = prefill.addr().port();
+    let forged = [
+        json!({"do_remote_prefill": false, "remote_request_id": "x"}),
+        json!("garbage"),
+        json!({"do_remote_prefill": true, "remote_host": "127.0.0.1", "remote_port": port,
+               "remote_request_id": "never-produced", "remote_engine_id": "sim-103-0"}),
+        json!({"do_remote_prefill": true, "remote_host": "127.0.0.1", "remote_port": port}),
+    ];
+    for params in forged {
+        let body = json!({"prompt": PROMPT, "kv_transfer_params": params});
+        let reply = post(&decode, "/v1/completions", &[], &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{params}: {}",
+            reply.text
+        );
+        assert!(
+            reply
+                .error_message()
+                .contains("kv_transfer_params do not match any prefill"),
+            "{}",
+            reply.text
+        );
+        assert_eq!(reply.json()["error"]["type"], "BadRequestError");
+        assert_eq!(reply.header("x-sim-worker-id"), "203");
+    }
+
+    // A real handle sent to the wrong places.
+    let kv = prefill_kv(&prefill, PROMPT).await;
+    let body = json!({"prompt": PROMPT, "kv_transfer_params": kv});
+    let reply = post(&aggregated, "/v1/completions", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("aggregated worker 303"),
+        "{}",
+        reply.text
+    );
+    let reply = post(&prefill, "/v1/completions", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let reply = post(&decode, "/v1/completions", &[], &prefill_hop(PROMPT)).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("prefill hop"),
+        "{}",
+        reply.text
+    );
+
+    // A handle naming a worker that is gone.
+    let stopped = start(104, SimRole::Prefill, 1).await;
+    let kv = prefill_kv(&stopped, PROMPT).await;
+    stopped.stop().await;
+    let reply = post(
+        &decode,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": PROMPT, "kv_transfer_params": kv}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("could not fetch KV"),
+        "{}",
+        reply.text
+    );
+}
+
+#[tokio::test]
+async fn prompt_or_engine_mismatch_is_rejected() {
+    let prefill = start(105, SimRole::Prefill, 1).await;
+    let decode = start(205, SimRole::Decode, 1).await;
+    let kv = prefill_kv(&prefill, PROMPT).await;
+    let body = json!({"prompt": "a different prompt entirely", "kv_transfer_params": kv});
+    let reply = post(&decode, "/v1/completions", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let message = reply.error_message();
+    assert!(
+        message.contains("kv_transfer_params do not match any prefill"),
+        "{message}"
+    );
+    assert!(
+        message.contains("prompt differs") && message.contains("105"),
+        "{message}"
+    );
+
+    let mut kv = prefill_kv(&prefill, PROMPT).await;
+    kv["remote_engine_id"] = json!("sim-999-0");
+    let reply = post(
+        &decode,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": PROMPT, "kv_transfer_params": kv}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("remote_engine_id"),
+        "{}",
+        reply.text
+    );
+}
+
+#[tokio::test]
+async fn prefill_hop_must_be_capped_and_not_streamed() {
+    let prefill = start(106, SimRole::Prefill, 1).await;
+    let mut uncapped = prefill_hop(PROMPT);
+    uncapped["max_tokens"] = json!(16);
+    let mut absent = prefill_hop(PROMPT);
+    absent.as_object_mut().unwrap().remove("max_tokens");
+    let mut streamed = prefill_hop(PROMPT);
+    streamed["stream"] = json!(true);
+    let chat = json!({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                      "max_completion_tokens": 5, "kv_transfer_params": prefill_hop_params()});
+    let cases = [
+        ("/v1/completions", uncapped, "max_tokens"),
+        ("/v1/completions", absent, "max_tokens"),
+        ("/v1/completions", streamed, "stream"),
+        ("/v1/chat/completions", chat, "max_completion_tokens"),
+    ];
+    for (path, body, expected) in cases {
+        let reply = post(&prefill, path, &[], &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.text
+        );
+        let message = reply.error_message();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+    }
+    assert_eq!(prefill.pending_kv(), 0);
+    // Without kv_transfer_params a prefill worker is an ordinary server.
+    let reply = post(
+        &prefill,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": PROMPT, "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.json()["kv_transfer_params"], Value::Null);
+}
+
+#[tokio::test]
+async fn dp_rank_header_selects_the_rank() {
+    let decode = start(207, SimRole::Decode, 2).await;
+    let body = json!({"prompt": PROMPT, "max_tokens": 2});
+
+    let reply = post(
+        &decode,
+        "/v1/completions",
+        &[("X-data-parallel-rank", "1")],
+        &body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("x-sim-dp-rank"), "1");
+    assert_eq!(reply.json()["sim"]["dp_rank"], 1);
+
+    for bad in ["2", "-1", "4294967296"] {
+        let reply = post(
+            &decode,
+            "/v1/completions",
+            &[("X-data-parallel-rank", bad)],
+            &body,
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {}",
+            reply.text
+        );
+        assert!(
+            reply.error_message().contains("out of range [0, 2)"),
+            "{}",
+            reply.text
+        );
+        assert_eq!(reply.json()["error"]["code"], 400);
+        assert_eq!(reply.header("x-sim-dp-rank"), bad);
+    }
+
+    let reply = post(
+        &decode,
+        "/v1/completions",
+        &[("X-data-parallel-rank", "abc")],
+        &body,
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "non-numeric rank must be ignored: {}",
+        reply.text
+    );
+
+    let mut ranks = Vec::new();
+    for _ in 0..4 {
+        let reply = post(&decode, "/v1/completions", &[], &body).await;
+        ranks.push(reply.header("x-sim-dp-rank").to_string());
+    }
+    assert_eq!(
+        ranks.iter().filter(|rank| *rank == "0").count(),
+        2,
+        "{ranks:?}"
+    );
+    assert_eq!(
+        ranks.iter().filter(|rank| *rank == "1").count(),
+        2,
+        "{ranks:?}"
+    );
+    assert_ne!(ranks[0], ranks[1], "{ranks:?}");
+
+    let recorded = decode.requests();
+    assert_eq!(recorded[0].header("x-data-parallel-rank"), Some("1"));
+    let metrics = get(&decode, "/metrics").await.text;
+    assert!(
+        metrics.contains("sim_dp_rank_requests_total{dp_rank=\"1\"} 3"),
+        "{metrics}"
+    );
+
+    let prefill = start(107, SimRole::Prefill, 2).await;
+    let reply = post(
+        &prefill,
+        "/v1/completions",
+        &[("x-data-parallel-rank", "1")],
+        &prefill_hop(PROMPT),
+    )
+    .await;
+    assert_eq!(
+        reply.json()["kv_transfer_params"]["remote_engine_id"],
+        "sim-107-1"
+    );
+}
+
+#[tokio::test]
+async fn completion_stream_is_openai_sse_ending_in_done() {
+    let worker = start(308, SimRole::Aggregated, 1).await;
+    let body = json!({"prompt": PROMPT, "max_tokens": 5, "stream": true, "stream_options": {"include_usage": true}});
+    let reply = post(&worker, "/v1/completions", &[("x-request-id", "s1")], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    assert_eq!(reply.header("x-sim-worker-id"), "308");
+    let payloads = sse_payloads(&reply.text);
+    assert_eq!(payloads.len(), 5 + 1 + 1 + 1, "{payloads:?}");
+    assert_eq!(payloads.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = payloads[..7]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    for chunk in &chunks[..5] {
+        assert_eq!(chunk["id"], "cmpl-s1");
+        assert_eq!(chunk["object"], "text_completion");
+        assert_eq!(chunk["choices"][0]["finish_reason"], Value::Null);
+        assert!(chunk.get("sim").is_none());
+    }
+    let text: String = chunks[..5]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2 tok3 tok4");
+    assert_eq!(chunks[5]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[5]["sim"]["worker_id"], 308);
+    assert_eq!(chunks[5]["sim"]["kv_from"], Value::Null);
+    assert_eq!(chunks[6]["choices"], json!([]));
+    assert_eq!(chunks[6]["usage"]["completion_tokens"], 5);
+}
+
+#[tokio::test]
+async fn token_latency_paces_generation() {
+    let config =
+        SimConfig::new(309, SimRole::Aggregated).with_token_latency(Duration::from_millis(20));
+    let worker = SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let reply = post(
+        &worker,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": "x", "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn invalid_bodies_get_openai_errors() {
+    let worker = start(310, SimRole::Aggregated, 1).await;
+    let reply = send(
+        client()
+            .post(format!("{}/v1/completions", worker.url()))
+            .body("not json"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let body = reply.json();
+    assert_eq!(body["error"]["type"], "BadRequestError");
+    assert_eq!(body["error"]["code"], 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("JSON object")
+    );
+    assert_eq!(reply.header("x-sim-worker-id"), "310");
+    assert_eq!(reply.header("x-sim-dp-rank"), "0");
+    let reply = post(&worker, "/v1/chat/completions", &[], &json!([1, 2])).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let recorded = worker.requests();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0].body, Value::Null);
+    assert_eq!(recorded[1].path, "/v1/chat/completions");
+    assert_eq!(recorded[1].body, json!([1, 2]));
+}
+
+#[tokio::test]
+async fn requests_are_recorded_and_served_over_http() {
+    let worker = start(311, SimRole::Aggregated, 1).await;
+    let control = SimClient::new(worker.addr()).unwrap();
+    assert_eq!(get(&worker, "/health").await.status, StatusCode::OK);
+    let models = get(&worker, "/v1/models").await.json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "sim-model");
+    assert_eq!(models["data"][0]["owned_by"], "pinroute-sim");
+    let body = json!({"prompt": PROMPT, "max_tokens": 1});
+    post(
+        &worker,
+        "/v1/completions",
+        &[("X-Request-Id", "rec-1"), ("X-Custom", "Value")],
+        &body,
+    )
+    .await;
+
+    let local = worker.requests();
+    assert_eq!(
+        local.len(),
+        1,
+        "only completion paths are recorded: {local:?}"
+    );
+    assert_eq!(local[0].path, "/v1/completions");
+    assert_eq!(local[0].body, body);
+    assert!(
+        local[0]
+            .headers
+            .contains(&("x-request-id".to_string(), "rec-1".to_string()))
+    );
+    assert_eq!(local[0].header("X-CUSTOM"), Some("Value"));
+    assert_eq!(control.requests().await.unwrap(), local);
+
+    control.clear_requests().await.unwrap();
+    assert!(worker.requests().is_empty());
+    post(&worker, "/v1/completions", &[], &body).await;
+    worker.clear_requests();
+    assert!(control.requests().await.unwrap().is_empty());
+    let info = control.info().await.unwrap();
+    assert_eq!(
+        (info["id"].as_u64(), info["role"].as_str()),
+        (Some(311), Some("aggregated"))
+    );
+}
+
+#[tokio::test]
+async fn status_fault_answers_a_json_error() {
+    let worker = start(312, SimRole::Decode, 1).await;
+    let body = json!({"prompt": PROMPT});
+    worker.set_fault(Fault::Status(503));
+    let reply = post(&worker, "/v1/completions", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.json()["error"]["code"], 503);
+    assert_eq!(reply.header("x-sim-worker-id"), "312");
+    assert_eq!(
+        worker.requests().len(),
+        1,
+        "faulted requests are still recorded"
+    );
+
+    let control = SimClient::new(worker.addr()).unwrap();
+    control.set_fault(Fault::None).await.unwrap();
+    assert_eq!(worker.fault(), Fault::None);
+    assert_eq!(
+        post(&worker, "/v1/completions", &[], &body).await.status,
+        StatusCode::OK
+    );
+
+    let raw = send(
+        client()
+            .post(format!("{}/sim/fault", worker.url()))
+            .body(r#"{"fault":{"status":500}}"#),
+    )
+    .await;
+    assert_eq!(raw.status, StatusCode::OK, "{}", raw.text);
+    assert_eq!(control.fault().await.unwrap(), Fault::Status(500));
+    assert_eq!(
+        post(
+            &worker,
+            "/v1/chat/completions",
+            &[],
+            &json!({"messages": []})
+        )
+        .await
+        .status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let raw = send(
+        client()
+            .post(format!("{}/sim/fault", worker.url()))
+            .body(r#"{"fault":"explode"}"#),
+    )
+    .await;
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        worker.fault(),
+        Fault::Status(500),
+        "an invalid fault request changes nothing"
+    );
+}
+
+#[tokio::test]
+async fn hang_fault_never_answers_and_stop_still_returns() {
+    let worker = start(313, SimRole::Aggregated, 1).await;
+    worker.set_fault(Fault::Hang);
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/completions", worker.url());
+    let pending = tokio::spawn(
+        client()
+            .post(url.clone())
+            .json(&json!({"prompt": "x"}))
+            .send(),
+    );
+    let error = impatient
+        .post(url)
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(error.is_timeout(), "{error:?}");
+    assert_eq!(worker.requests().len(), 2);
+
+    let started = Instant::now();
+    worker.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "stop took {:?}",
+        started.elapsed()
+    );
+    let outcome = pending.await.unwrap();
+    assert!(
+        outcome.is_err(),
+        "a hung request must not get an answer: {outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn close_fault_drops_the_connection() {
+    let worker = start(314, SimRole::Aggregated, 1).await;
+    worker.set_fault(Fault::Close);
+    let started = Instant::now();
+    let error = client()
+        .post(format!("{}/v1/completions", worker.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(!error.is_timeout(), "{error:?}");
+    assert!(
+        error.status().is_none(),
+        "no HTTP answer expected: {error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(worker.requests().len(), 1);
+    worker.set_fault(Fault::None);
+    let reply = post(&worker, "/v1/completions", &[], &json!({"prompt": "x"})).await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn stop_frees_the_port() {
+    let worker = start(315, SimRole::Aggregated, 1).await;
+    let addr = worker.addr();
+    assert_eq!(get(&worker, "/health").await.status, StatusCode::OK);
+    worker.stop().await;
+    let listener = tokio::net::TcpListener::bind(addr).await;
+    assert!(listener.is_ok(), "port {addr} still taken: {listener:?}");
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused() {
+    let config = SimConfig::new(316, SimRole::Decode).with_dp_size(0);
+    assert!(
+        SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+            .await
+            .is_err()
+    );
+    assert_eq!("Prefill".parse::<SimRole>().unwrap(), SimRole::Prefill);
+    assert_eq!(SimRole::Aggregated.to_string(), "aggregated");
+    assert!("leader".parse::<SimRole>().is_err());
+}

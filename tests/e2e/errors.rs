@@ -1,0 +1,128 @@
+//! Every error of SPEC section 3, through the real Envoy.
+
+use pinroute_harness::sim::{Fault, SimRole};
+use pinroute_harness::stack::StackSpec;
+use serde_json::json;
+
+use crate::client::{complete, prompt, send};
+use crate::{disaggregated, disaggregated_spec, start, wasm, worker};
+
+#[tokio::test]
+async fn bad_pins_are_typed_400s_naming_worker_hop_and_reason() {
+    let deployment = disaggregated().await;
+    let cases: &[(&[(&str, &str)], &str, &[&str])] = &[
+        (&[("x-dynamo-worker-instance-id", "999")], "unknown_worker", &["999", "decode hop", "unknown"]),
+        (&[("x-dynamo-prefill-instance-id", "999")], "unknown_worker", &["999", "prefill hop"]),
+        (&[("x-dynamo-worker-instance-id", "101")], "wrong_worker_role", &["101", "decode hop", "prefill worker"]),
+        (&[("x-dynamo-prefill-instance-id", "201")], "wrong_worker_role", &["201", "prefill hop", "decode worker"]),
+        (
+            &[("x-dynamo-worker-instance-id", "202"), ("x-dynamo-dp-rank", "2")],
+            "dp_rank_out_of_range",
+            &["202", "decode hop", "[0, 2)"],
+        ),
+        (
+            &[("x-dynamo-prefill-instance-id", "101"), ("x-dynamo-prefill-dp-rank", "1")],
+            "dp_rank_out_of_range",
+            &["101", "prefill hop", "[0, 1)"],
+        ),
+        (&[("x-dynamo-dp-rank", "0")], "rank_without_worker", &["decode hop"]),
+        (&[("x-dynamo-prefill-dp-rank", "0"), ("x-dynamo-worker-instance-id", "201")], "rank_without_worker", &["prefill hop"]),
+        (&[("x-dynamo-worker-instance-id", "abc")], "invalid_header", &["x-dynamo-worker-instance-id", "not a decimal integer"]),
+        (&[("x-dynamo-worker-instance-id", "-3")], "invalid_header", &["negative"]),
+        (&[("x-dynamo-dp-rank", "99999999999")], "invalid_header", &["x-dynamo-dp-rank", "32 bits"]),
+        (&[("x-dp-rank", "1"), ("x-data-parallel-rank", "0")], "invalid_header", &["conflicts"]),
+    ];
+    for (headers, code, words) in cases {
+        let reply = complete(&deployment, headers, &prompt()).await;
+        let message = reply.error(400, code);
+        for word in *words {
+            assert!(message.contains(word), "{headers:?}: {message:?} lacks {word:?}");
+        }
+    }
+    for id in [101, 102, 201, 202, 203] {
+        assert!(deployment.worker(id).unwrap().requests().is_empty(), "a refused request reached worker {id}");
+    }
+}
+
+#[tokio::test]
+async fn bad_bodies_are_typed_400s() {
+    let deployment = disaggregated().await;
+    let cases = [
+        ("not json", "invalid_body"),
+        ("[1, 2]", "invalid_body"),
+        (r#"{"prompt": "x", "prompt": "y"}"#, "invalid_body"),
+        (r#"{"prompt": "x", "nvext": {"decode_worker_id": "201"}}"#, "invalid_field"),
+        (r#"{"prompt": "x", "nvext": {"dp_rank": -1, "decode_worker_id": 201}}"#, "invalid_field"),
+        (r#"{"prompt": "x", "nvext": 7}"#, "invalid_field"),
+    ];
+    for (body, code) in cases {
+        let reply = send(&deployment, reqwest::Method::POST, "/v1/completions", &[], Some(body.to_string())).await;
+        reply.error(400, code);
+    }
+    let empty = send(&deployment, reqwest::Method::POST, "/v1/chat/completions", &[], None).await;
+    empty.error(400, "invalid_body");
+}
+
+#[tokio::test]
+async fn a_draining_pinned_worker_is_503_with_retry_after() {
+    let deployment = disaggregated().await;
+    let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "203")], &prompt()).await;
+    let message = reply.error(503, "worker_unavailable");
+    assert!(message.contains("203") && message.contains("draining"), "{message}");
+    assert_eq!(reply.header("retry-after"), Some("5"));
+}
+
+#[tokio::test]
+async fn a_pinned_prefill_worker_that_fails_is_502_without_a_retry_elsewhere() {
+    let mut spec = disaggregated_spec();
+    spec.dead = vec![(109, SimRole::Prefill, 1)];
+    let deployment = start(spec).await;
+    let reply = complete(&deployment, &[("x-dynamo-prefill-instance-id", "109")], &prompt()).await;
+    let message = reply.error(502, "pinned_worker_failed");
+    assert!(message.contains("109") && message.contains("prefill hop"), "{message}");
+
+    deployment.worker(101).unwrap().set_fault(Fault::Status(500));
+    let reply = complete(&deployment, &[("x-dynamo-prefill-instance-id", "101")], &prompt()).await;
+    let message = reply.error(502, "pinned_worker_failed");
+    assert!(message.contains("HTTP 500"), "{message}");
+    for id in [102, 201, 202] {
+        assert!(deployment.worker(id).unwrap().requests().is_empty(), "worker {id} was tried instead");
+    }
+}
+
+#[tokio::test]
+async fn a_pinned_prefill_worker_that_hangs_is_504() {
+    let mut spec = disaggregated_spec();
+    spec.settings = json!({"prefill_timeout_ms": 300});
+    let deployment = start(spec).await;
+    deployment.worker(102).unwrap().set_fault(Fault::Hang);
+    let reply = complete(&deployment, &[("x-dynamo-prefill-instance-id", "102")], &prompt()).await;
+    let message = reply.error(504, "pinned_worker_failed");
+    assert!(message.contains("timed out"), "{message}");
+}
+
+#[tokio::test]
+async fn a_pinned_decode_worker_that_fails_is_a_typed_502() {
+    let mut spec = disaggregated_spec();
+    spec.dead = vec![(209, SimRole::Decode, 1)];
+    let deployment = start(spec).await;
+    let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "209")], &prompt()).await;
+    let message = reply.error(502, "pinned_worker_failed");
+    assert!(message.contains("209") && message.contains("decode hop"), "{message}");
+
+    deployment.worker(201).unwrap().set_fault(Fault::Status(500));
+    let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "201")], &prompt()).await;
+    let message = reply.error(502, "pinned_worker_failed");
+    assert!(message.contains("201") && message.contains("HTTP 500"), "{message}");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413() {
+    let mut spec = StackSpec::new(vec![worker(201, SimRole::Decode, 1)], wasm());
+    spec.settings = json!({"max_body_bytes": 4096});
+    let deployment = start(spec).await;
+    let body = json!({"prompt": "x".repeat(10_000)});
+    complete(&deployment, &[], &body).await.error(413, "body_too_large");
+    let small = complete(&deployment, &[], &prompt()).await;
+    assert_eq!(small.status, 200, "{}", small.text);
+}

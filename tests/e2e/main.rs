@@ -1,0 +1,65 @@
+//! End-to-end: a real Envoy with the compiled filter in front of sim workers.
+//!
+//! Needs the release `pinroute.wasm` (`PINROUTE_WASM`, else the default target path) and an
+//! Envoy (`ENVOY_BIN`, else the project venv); `pinroute-harness test` provides both.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod client;
+mod errors;
+mod routing;
+mod security;
+
+use std::path::PathBuf;
+
+use pinroute_harness::envoy::default_wasm_path;
+use pinroute_harness::sim::{SimConfig, SimRole};
+use pinroute_harness::stack::{Stack, StackSpec};
+use tempfile::TempDir;
+
+/// A running stack and the folder holding its Envoy's files.
+pub struct Deployment {
+    pub stack: Stack,
+    _dir: TempDir,
+}
+
+impl std::ops::Deref for Deployment {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+pub fn wasm() -> PathBuf {
+    let path = std::env::var_os("PINROUTE_WASM").map_or_else(default_wasm_path, PathBuf::from);
+    assert!(path.exists(), "{} is missing: run `pinroute-harness test` (or build the wasm)", path.display());
+    path
+}
+
+pub async fn start(spec: StackSpec) -> Deployment {
+    let dir = TempDir::new().unwrap();
+    let stack = Stack::start(&spec, dir.path()).await.expect("starting the stack");
+    Deployment { stack, _dir: dir }
+}
+
+pub fn worker(id: u64, role: SimRole, dp_size: u32) -> SimConfig {
+    SimConfig::new(id, role).with_dp_size(dp_size)
+}
+
+/// Prefill 101 (dp 1) and 102 (dp 2); decode 201 (dp 1), 202 (dp 2) and 203 (draining).
+pub fn disaggregated_spec() -> StackSpec {
+    let workers = vec![
+        worker(101, SimRole::Prefill, 1),
+        worker(102, SimRole::Prefill, 2),
+        worker(201, SimRole::Decode, 1),
+        worker(202, SimRole::Decode, 2),
+        worker(203, SimRole::Decode, 1),
+    ];
+    let mut spec = StackSpec::new(workers, wasm());
+    spec.draining = vec![203];
+    spec
+}
+
+pub async fn disaggregated() -> Deployment {
+    start(disaggregated_spec()).await
+}

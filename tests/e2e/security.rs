@@ -1,0 +1,67 @@
+//! SPEC section 7: only registry addresses are ever dialled.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::net::TcpListener;
+
+use crate::client::{complete, prompt, send};
+use crate::disaggregated;
+
+/// A listener that counts the connections it is offered.
+async fn canary() -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (address, hits)
+}
+
+#[tokio::test]
+async fn forged_routing_headers_never_reach_another_address() {
+    let deployment = disaggregated().await;
+    let (target, hits) = canary().await;
+    let forged = [
+        "x-envoy-original-dst-host",
+        "x-pinroute-upstream",
+        "x-gateway-destination-endpoint",
+        "x-gateway-destination-endpoint-fallback",
+        "x-prefiller-host-port",
+    ];
+    for name in forged {
+        for pinned in [false, true] {
+            let mut headers = vec![(name, target.as_str())];
+            if pinned {
+                headers.push(("x-dynamo-worker-instance-id", "201"));
+            }
+            let reply = complete(&deployment, &headers, &prompt()).await;
+            assert_eq!(reply.status, 200, "{name}: {}", reply.text);
+            assert!([201, 202].contains(&reply.number("x-pinroute-decode-worker").unwrap()));
+            let models = send(&deployment, reqwest::Method::GET, "/v1/models", &headers, None).await;
+            assert_eq!(models.status, 200, "{name}");
+        }
+    }
+    // All forged headers at once, as a body field too.
+    let mut headers: Vec<(&str, &str)> = forged.iter().map(|n| (*n, target.as_str())).collect();
+    headers.push(("x-pinroute-prefill-worker", "666"));
+    let mut body = prompt();
+    body["kv_transfer_params"] = serde_json::json!({"remote_host": "127.0.0.1", "remote_port": 1});
+    let reply = complete(&deployment, &headers, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_ne!(reply.header("x-pinroute-prefill-worker"), Some("666"));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "a forged header made Envoy dial {target}");
+
+    for id in [101, 102, 201, 202] {
+        for request in deployment.worker(id).unwrap().requests() {
+            for name in forged.iter().chain(&["x-dynamo-worker-instance-id"]) {
+                assert_eq!(request.header(name), None, "worker {id} received {name}");
+            }
+        }
+    }
+}
