@@ -16,14 +16,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Build the filter, start Envoy with sim workers (1 prefill, 2 decode) and send a request.
+    Up(commands::up::Args),
+    /// Run every test suite (builds the filter and installs Envoy first).
+    Test(commands::test::Args),
     /// Print the Envoy bootstrap that runs the pinroute filter for a worker registry.
     EnvoyConfig(commands::envoy_config::Args),
+    /// Run one simulated vLLM worker until Ctrl-C.
+    SimWorker(commands::sim_worker::Args),
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let result = match Cli::parse().command {
+        Command::Up(args) => runtime().and_then(|rt| rt.block_on(commands::up::run(&args))),
+        Command::Test(args) => commands::test::run_all(&args),
         Command::EnvoyConfig(args) => commands::envoy_config::run(&args),
+        Command::SimWorker(args) => runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -32,4 +41,8 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }

@@ -68,6 +68,7 @@ fn load_module(path: &Path) -> Result<Module> {
     let bytes = std::fs::read(path)
         .with_context(|| format!("cannot read the filter module {}", path.display()))?;
     let module = Module::new(&engine, &bytes)
+        .map_err(anyhow::Error::from)
         .with_context(|| format!("cannot compile {}", path.display()))?;
     cache
         .modules
@@ -103,6 +104,7 @@ impl Host {
             hostcalls::define_missing_as_traps(&mut linker, &mut store, &module)?;
         let instance = linker
             .instantiate(&mut store, &module)
+            .map_err(anyhow::Error::from)
             .with_context(|| format!("cannot instantiate {}", wasm_path.display()))?;
         let memory = instance.get_memory(&mut store, "memory");
         // Envoy prefers `malloc` and falls back on `proxy_on_memory_allocate`.
@@ -587,6 +589,7 @@ impl Host {
         };
         let typed = func
             .typed::<P, R>(&self.store)
+            .map_err(anyhow::Error::from)
             .with_context(|| format!("the export {name} has an unexpected signature"))?;
         let state = self.store.data_mut();
         let log_mark = state.logs.len();

@@ -38,15 +38,14 @@
 //!   calls.
 //! - Unknown imports are linked as functions that trap naming themselves.
 //!
-//! Module map: [`memory`] (guest memory and allocation), [`pairs`] (the header-pairs wire
-//! format), [`headers`] (Envoy-like header map), [`hostcalls`] (the `env.proxy_*`
-//! functions), `wasi` (preview1 stubs), [`host`] (the driver), [`state`] (what the host
-//! records).
+//! Module map: `memory` (guest memory and allocation), [`pairs`] (the header-pairs wire
+//! format), [`headers`] (Envoy-like header map), `hostcalls` (the `env.proxy_*` functions),
+//! `wasi` (preview1 stubs), [`host`] (the driver), [`state`] (what the host records).
 
 pub mod headers;
 pub mod host;
-pub mod hostcalls;
-pub mod memory;
+mod hostcalls;
+mod memory;
 pub mod pairs;
 pub mod state;
 pub mod types;

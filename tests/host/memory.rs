@@ -57,16 +57,6 @@ pub(crate) fn read_bytes(
     Ok(buf)
 }
 
-/// Reads a UTF-8 string argument; invalid UTF-8 is `BadArgument`.
-pub(crate) fn read_string(
-    caller: &mut Caller<'_, HostState>,
-    ptr: u32,
-    len: u32,
-) -> HostResult<String> {
-    let bytes = read_bytes(caller, ptr, len)?;
-    String::from_utf8(bytes).map_err(|_| HostError::Status(Status::BadArgument))
-}
-
 /// Writes bytes into guest memory.
 pub(crate) fn write_bytes(
     caller: &mut Caller<'_, HostState>,

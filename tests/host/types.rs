@@ -61,7 +61,6 @@ pub(crate) enum Status {
     Ok = 0,
     NotFound = 1,
     BadArgument = 2,
-    SerializationFailure = 3,
     InvalidMemoryAccess = 6,
     CasMismatch = 8,
     InternalFailure = 10,

@@ -1,0 +1,54 @@
+//! `test`: every test suite, with everything they need set up first.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use pinroute_harness::envoy::{envoy_binary, repo_root};
+use pinroute_harness::wasm::{TARGET, build_filter, run};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Also run the end-to-end suite against a real vLLM prefill/decode pair (CPU).
+    #[arg(long, env = "PINROUTE_VLLM", value_parser = clap::builder::BoolishValueParser::new())]
+    vllm: bool,
+}
+
+pub fn run_all(args: &Args) -> Result<()> {
+    let root = repo_root();
+    let wasm = build_filter()?;
+    let envoy = envoy_binary(&root)?;
+    let mut steps: Vec<(&str, f64)> = Vec::new();
+    let mut step = |name, command: &mut Command| -> Result<()> {
+        let started = Instant::now();
+        println!("\n==> {name}");
+        run(command.current_dir(&root).env("PINROUTE_WASM", &wasm).env("ENVOY_BIN", &envoy))
+            .with_context(|| format!("{name} failed"))?;
+        steps.push((name, started.elapsed().as_secs_f64()));
+        Ok(())
+    };
+    step("native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy", cargo().args(["test", "--workspace"]))?;
+    step("policy core tests compiled to wasm32-wasip1 (Node WASI runner)", &mut wasm_core_tests(&root)?)?;
+    if args.vllm {
+        step("end-to-end against a real vLLM prefill/decode pair", cargo().args(["test", "-p", "pinroute-tests", "--test", "vllm"]).env("PINROUTE_VLLM", "1"))?;
+    }
+    println!("\nAll suites passed:");
+    for (name, seconds) in steps {
+        println!("  {seconds:>7.1} s  {name}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn wasm_core_tests(root: &Path) -> Result<Command> {
+    let node = Command::new("node").arg("--version").output();
+    anyhow::ensure!(node.is_ok_and(|o| o.status.success()), "Node.js is needed to run the wasm32-wasip1 tests (apt-get install nodejs)");
+    let runner = format!("node --no-warnings {}", root.join("tests/wasi-runner.mjs").display());
+    let mut command = cargo();
+    command.args(["test", "-p", "pinroute", "--lib", "--target", TARGET]).env("CARGO_TARGET_WASM32_WASIP1_RUNNER", runner);
+    Ok(command)
+}
