@@ -345,10 +345,10 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if matches!(self.phase, Phase::Forwarded) {
-            if let Err(status) = self.on_response() {
-                log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
-            }
+        if matches!(self.phase, Phase::Forwarded)
+            && let Err(status) = self.on_response()
+        {
+            log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
         }
         Action::Continue
     }

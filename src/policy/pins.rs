@@ -148,13 +148,13 @@ where
     found.sort_by_key(|(strength, _)| *strength);
     let mut by_strength = found.into_iter();
     let Some((strength, value)) = by_strength.next() else { return Ok(None) };
-    if strength > 0 {
-        if let Some((other, _)) = by_strength.find(|(_, other)| *other != value) {
-            let name = header.names.get(strength).copied().unwrap_or("pin header");
-            let other = header.names.get(other).copied().unwrap_or("another alias");
-            let reason = format!("conflicts with {other}, another alias of the same pin");
-            return Err(RouteError::InvalidHeader { name, reason });
-        }
+    if strength > 0
+        && let Some((other, _)) = by_strength.find(|(_, other)| *other != value)
+    {
+        let name = header.names.get(strength).copied().unwrap_or("pin header");
+        let other = header.names.get(other).copied().unwrap_or("another alias");
+        let reason = format!("conflicts with {other}, another alias of the same pin");
+        return Err(RouteError::InvalidHeader { name, reason });
     }
     Ok(Some(value))
 }

@@ -10,7 +10,8 @@ use crate::{disaggregated, disaggregated_spec, start, wasm, worker};
 #[tokio::test]
 async fn bad_pins_are_typed_400s_naming_worker_hop_and_reason() {
     let deployment = disaggregated().await;
-    let cases: &[(&[(&str, &str)], &str, &[&str])] = &[
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a [&'a str]);
+    let cases: &[Case] = &[
         (&[("x-dynamo-worker-instance-id", "999")], "unknown_worker", &["999", "decode hop", "unknown"]),
         (&[("x-dynamo-prefill-instance-id", "999")], "unknown_worker", &["999", "prefill hop"]),
         (&[("x-dynamo-worker-instance-id", "101")], "wrong_worker_role", &["101", "decode hop", "prefill worker"]),

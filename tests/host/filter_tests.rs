@@ -397,16 +397,3 @@ fn driver_misuse_is_reported() {
     let _ = SystemTime::now();
 }
 
-#[test]
-fn zz_print_messages() {
-    let mut host = host!("", allow_stop());
-    let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("late-header"), false).unwrap();
-    host.request_body(ctx, b"a", false).unwrap();
-    let t0 = std::time::Instant::now();
-    eprintln!("=====\n{:?}\n=====", host.request_body(ctx, b"b", true).unwrap_err());
-    let mut host = host!("");
-    let ctx = host.new_http_stream().unwrap();
-    eprintln!("=====\n{:?}\n=====", host.request_headers(ctx, &request("panic"), true).unwrap_err());
-    eprintln!("{:?}", t0.elapsed());
-}

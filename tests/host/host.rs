@@ -604,7 +604,9 @@ impl Host {
         match result {
             Ok(r) => Ok(Some(r)),
             Err(trap) => {
-                let mut report = format!("{name}(context {context}) trapped: {trap:?}");
+                // The cause first, then what the filter said (the SDK logs a panic's message
+                // at critical level), the host's notes, and the wasm backtrace.
+                let mut report = format!("{name}(context {context}) trapped: {}", trap.root_cause());
                 report.push_str(&self.recent_logs(log_mark));
                 let notes = self.store.data().diagnostics.get(diag_mark..).unwrap_or_default();
                 if !notes.is_empty() {
@@ -613,6 +615,7 @@ impl Host {
                         report.push_str(&format!("\n  {note}"));
                     }
                 }
+                report.push_str(&format!("\n{trap:?}"));
                 self.failure = Some(format!("{name}(context {context}) trapped"));
                 Err(anyhow!(report))
             }

@@ -334,7 +334,7 @@ fn set_buffer_bytes(
     let kind = BufferType::from_abi(kind).ok_or(Status::BadArgument)?;
     let data = read_bytes(c, ptr, len)?;
     let state = c.data_mut();
-    let callback = state.callback();
+    let callback = state.phase();
     let outcome = match kind {
         BufferType::RequestBody | BufferType::ResponseBody => {
             let request = kind == BufferType::RequestBody;
@@ -350,7 +350,7 @@ fn set_buffer_bytes(
                     };
                     if !(dir.buffering || dir.chunk_ptr) {
                         Err(format!(
-                            "set_buffer_bytes({kind:?}) in {callback:?}: Envoy has no body buffer \
+                            "set_buffer_bytes({kind:?}) in {callback}: Envoy has no body buffer \
                              for the filter here (BadArgument)"
                         ))
                     } else {
@@ -428,9 +428,9 @@ fn get_header_map_value(
         if in_log_phase(state) {
             return Err(Status::NotFound.into());
         }
-        let callback = state.callback();
+        let callback = state.phase();
         state.diagnose(format!(
-            "get_header_map_value({kind:?}, {key:?}) in {callback:?}: the map is not available \
+            "get_header_map_value({kind:?}, {key:?}) in {callback}: the map is not available \
              in this phase (Envoy: BadArgument, the SDK panics)"
         ));
         return Err(Status::BadArgument.into());
@@ -453,7 +453,7 @@ fn with_writable_map(
     what: &str,
     edit: impl FnOnce(&mut HeaderMap),
 ) -> HostResult<()> {
-    let callback = state.callback();
+    let callback = state.phase();
     let refusal = match state.current_stream() {
         None => Some(format!("{what} from the root context: no header map (BadArgument)")),
         Some(s) => {
@@ -469,11 +469,11 @@ fn with_writable_map(
             match target {
                 None => Some(format!("{what} on {kind:?}: not writable (BadArgument)")),
                 Some((dir, _, _)) if s.log_phase || !dir.headers_ptr => Some(format!(
-                    "{what} on {kind:?} in {callback:?}: the map is not available in this phase \
+                    "{what} on {kind:?} in {callback}: the map is not available in this phase \
                      (Envoy: BadArgument, the SDK panics)"
                 )),
                 Some((_, true, _)) => Some(format!(
-                    "{what} on {kind:?} in {callback:?}: the headers already went on (Envoy keeps \
+                    "{what} on {kind:?} in {callback}: the headers already went on (Envoy keeps \
                      the map reachable but the change is lost; this host refuses: BadArgument)"
                 )),
                 Some((_, false, map)) => {

@@ -198,6 +198,27 @@ pub(crate) enum Callback {
     Delete,
 }
 
+impl Callback {
+    /// The SDK-level name of the callback, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Callback::Initialize => "_initialize",
+            Callback::ContextCreate => "on_context_create",
+            Callback::VmStart => "on_vm_start",
+            Callback::Configure => "on_configure",
+            Callback::Tick => "on_tick",
+            Callback::RequestHeaders => "on_http_request_headers",
+            Callback::RequestBody => "on_http_request_body",
+            Callback::ResponseHeaders => "on_http_response_headers",
+            Callback::ResponseBody => "on_http_response_body",
+            Callback::HttpCallResponse => "on_http_call_response",
+            Callback::Log => "on_log",
+            Callback::Done => "on_done",
+            Callback::Delete => "on_delete",
+        }
+    }
+}
+
 /// The guest call in progress.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Frame {
@@ -312,6 +333,11 @@ impl HostState {
 
     pub fn callback(&self) -> Option<Callback> {
         self.frame.map(|f| f.callback)
+    }
+
+    /// The running callback's name, for messages.
+    pub fn phase(&self) -> &'static str {
+        self.callback().map_or("no callback", Callback::name)
     }
 
     /// The stream of the current context; `None` for the root context.

@@ -27,7 +27,8 @@ fn worker_instance_id_sets_backend_and_decode() {
 
 #[test]
 fn every_canonical_header_and_alias_sets_its_field() {
-    let cases: &[(&str, fn(&Pins) -> Option<u64>)] = &[
+    type Getter = fn(&Pins) -> Option<u64>;
+    let cases: &[(&str, Getter)] = &[
         ("x-dynamo-worker-instance-id", |p| p.decode_worker_id),
         ("x-worker-instance-id", |p| p.backend_instance_id),
         ("x-dynamo-prefill-instance-id", |p| p.prefill_worker_id),
