@@ -127,3 +127,34 @@ async fn a_body_over_the_limit_is_413() {
     let small = complete(&deployment, &[], &prompt()).await;
     assert_eq!(small.status, 200, "{}", small.text);
 }
+
+#[tokio::test]
+async fn a_pinned_decode_worker_that_hangs_is_504() {
+    let mut spec = disaggregated_spec();
+    spec.route_timeout = std::time::Duration::from_secs(1);
+    let deployment = start(spec).await;
+    deployment.worker(202).unwrap().set_fault(Fault::Hang);
+    let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "202")], &prompt()).await;
+    let message = reply.error(504, "pinned_worker_failed");
+    assert!(message.contains("202") && message.contains("timed out"), "{message}");
+}
+
+#[tokio::test]
+async fn no_available_worker_is_503_and_failed_prefill_without_fallback_is_502() {
+    let mut spec = StackSpec::new(vec![worker(201, SimRole::Decode, 1)], wasm());
+    spec.draining = vec![201];
+    let deployment = start(spec).await;
+    let reply = complete(&deployment, &[], &prompt()).await;
+    let message = reply.error(503, "no_worker_available");
+    assert!(message.contains("decode hop"), "{message}");
+    assert_eq!(reply.header("retry-after"), Some("5"));
+
+    let mut spec = StackSpec::new(vec![worker(201, SimRole::Decode, 1)], wasm());
+    spec.dead = vec![(109, SimRole::Prefill, 1)];
+    spec.settings = json!({"aggregated_fallback": false, "prefill_retries": 0});
+    let deployment = start(spec).await;
+    let reply = complete(&deployment, &[], &prompt()).await;
+    let message = reply.error(502, "upstream_failed");
+    assert!(message.contains("prefill hop") && message.contains("109"), "{message}");
+    assert!(deployment.worker(201).unwrap().requests().is_empty());
+}

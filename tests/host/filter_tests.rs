@@ -2,7 +2,12 @@
 //! is not part of this repository: see the report of the task that wrote this host). The
 //! path of the compiled filter comes from `PW_TEST_FILTER`; without it each test prints
 //! that it is skipped and passes.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -59,7 +64,10 @@ fn starts_like_envoy() {
     assert_eq!(host.counter("test_requests"), Some(0));
     assert_eq!(host.root_context_id(), 1);
     let missing = host.unimplemented_imports();
-    assert!(missing.contains(&"env.proxy_grpc_call".to_string()), "{missing:?}");
+    assert!(
+        missing.contains(&"env.proxy_grpc_call".to_string()),
+        "{missing:?}"
+    );
     assert!(!missing.iter().any(|m| m == "env.proxy_log"));
     assert!(host.tick_period().is_none());
 }
@@ -76,7 +84,10 @@ fn configure_false_is_an_error() {
 fn panic_in_configure_is_a_trap_with_the_message() {
     let Some(path) = filter_path() else { return };
     let err = format!("{:?}", Host::new(&path, "panic").err().unwrap());
-    assert!(err.contains("proxy_on_configure(context 1) trapped"), "{err}");
+    assert!(
+        err.contains("proxy_on_configure(context 1) trapped"),
+        "{err}"
+    );
     assert!(err.contains("configuration panic"), "{err}");
 }
 
@@ -101,7 +112,10 @@ fn header_edits_time_and_properties() {
     assert_eq!(action, Action::Continue);
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.request_header("x-added"), Some("yes"));
-    assert_eq!(s.request_headers.get_all("x-multi"), vec![&b"a"[..], &b"b"[..]]);
+    assert_eq!(
+        s.request_headers.get_all("x-multi"),
+        vec![&b"a"[..], &b"b"[..]]
+    );
     assert_eq!(s.request_header("x-remove-me"), None);
     assert_eq!(s.request_header("x-absent-was"), Some("None"));
     assert_eq!(s.request_header("x-time"), Some("1700000000"));
@@ -111,8 +125,15 @@ fn header_edits_time_and_properties() {
     assert_eq!(host.counter("test_requests"), Some(1));
     assert_eq!(host.gauge("test_inflight"), Some(1));
 
-    assert_eq!(host.response_headers(ctx, &[(":status", "200")], false).unwrap(), Action::Continue);
-    assert_eq!(host.response_body(ctx, b"ok", true).unwrap(), Action::Continue);
+    assert_eq!(
+        host.response_headers(ctx, &[(":status", "200")], false)
+            .unwrap(),
+        Action::Continue
+    );
+    assert_eq!(
+        host.response_body(ctx, b"ok", true).unwrap(),
+        Action::Continue
+    );
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.response_header("x-filter-saw-status"), Some("200"));
     assert_eq!(s.response_body(), b"ok");
@@ -126,7 +147,8 @@ fn header_edits_time_and_properties() {
 fn set_all_headers() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("replace-all"), true).unwrap();
+    host.request_headers(ctx, &request("replace-all"), true)
+        .unwrap();
     let strings = host.stream(ctx).unwrap().request_headers.to_strings();
     let names: Vec<&str> = strings.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, vec![":path", ":method", "x-only"]);
@@ -138,11 +160,20 @@ fn body_buffered_while_paused_then_rewritten() {
     let ctx = host.new_http_stream().unwrap();
     let mut headers = request("pause-headers");
     headers.push(("content-length", "11".to_string()));
-    assert_eq!(host.request_headers(ctx, &headers, false).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_headers(ctx, &headers, false).unwrap(),
+        Action::Pause
+    );
     assert!(host.stream(ctx).unwrap().request_paused());
-    assert_eq!(host.request_body(ctx, b"hello", false).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_body(ctx, b"hello", false).unwrap(),
+        Action::Pause
+    );
     assert_eq!(host.stream(ctx).unwrap().request_body_buffered, b"hello");
-    assert_eq!(host.request_body(ctx, b" world", true).unwrap(), Action::Continue);
+    assert_eq!(
+        host.request_body(ctx, b" world", true).unwrap(),
+        Action::Continue
+    );
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.request_body_sent, b"rewritten:hello world");
     assert!(s.request_body_buffered.is_empty());
@@ -157,11 +188,21 @@ fn body_buffered_while_paused_then_rewritten() {
 fn pause_then_continue_releases_headers_with_the_body() {
     let mut host = host!("", allow_stop());
     let ctx = host.new_http_stream().unwrap();
-    assert_eq!(host.request_headers(ctx, &request("body-pause-continue"), false).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_headers(ctx, &request("body-pause-continue"), false)
+            .unwrap(),
+        Action::Pause
+    );
     assert_eq!(host.request_body(ctx, b"ab", false).unwrap(), Action::Pause);
-    assert_eq!(host.request_body(ctx, b"cd", false).unwrap(), Action::Continue);
+    assert_eq!(
+        host.request_body(ctx, b"cd", false).unwrap(),
+        Action::Continue
+    );
     assert_eq!(host.stream(ctx).unwrap().request_body_sent, b"abcd");
-    assert_eq!(host.request_body(ctx, b"e", true).unwrap(), Action::Continue);
+    assert_eq!(
+        host.request_body(ctx, b"e", true).unwrap(),
+        Action::Continue
+    );
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.request_body_sent, b"abcde");
     assert!(s.request_forwarded);
@@ -171,13 +212,26 @@ fn pause_then_continue_releases_headers_with_the_body() {
 fn without_allow_on_headers_stop_iteration_the_body_is_held_back() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    assert_eq!(host.request_headers(ctx, &request("pause-headers"), false).unwrap(), Action::Pause);
-    assert_eq!(host.request_body(ctx, b"hello", true).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_headers(ctx, &request("pause-headers"), false)
+            .unwrap(),
+        Action::Pause
+    );
+    assert_eq!(
+        host.request_body(ctx, b"hello", true).unwrap(),
+        Action::Pause
+    );
     assert!(!has_log(&host, LogLevel::Debug, "request body"));
-    assert!(host.diagnostics().iter().any(|d| d.contains("allow_on_headers_stop_iteration")));
+    assert!(
+        host.diagnostics()
+            .iter()
+            .any(|d| d.contains("allow_on_headers_stop_iteration"))
+    );
     let s = host.stream(ctx).unwrap();
     assert!(s.request_paused());
-    let err = host.response_headers(ctx, &[(":status", "200")], true).unwrap_err();
+    let err = host
+        .response_headers(ctx, &[(":status", "200")], true)
+        .unwrap_err();
     assert!(err.to_string().contains("never went upstream"), "{err}");
 }
 
@@ -185,10 +239,17 @@ fn without_allow_on_headers_stop_iteration_the_body_is_held_back() {
 fn header_write_after_the_headers_went_upstream_traps() {
     let mut host = host!("", allow_stop());
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("late-header"), false).unwrap();
-    assert_eq!(host.request_body(ctx, b"a", false).unwrap(), Action::Continue);
+    host.request_headers(ctx, &request("late-header"), false)
+        .unwrap();
+    assert_eq!(
+        host.request_body(ctx, b"a", false).unwrap(),
+        Action::Continue
+    );
     let err = format!("{:?}", host.request_body(ctx, b"b", true).unwrap_err());
-    assert!(err.contains("proxy_on_request_body(context 2) trapped"), "{err}");
+    assert!(
+        err.contains("proxy_on_request_body(context 2) trapped"),
+        "{err}"
+    );
     assert!(err.contains("unexpected status: 2"), "{err}");
     assert!(err.contains("already went on"), "{err}");
     assert!(host.failure().is_some());
@@ -200,7 +261,11 @@ fn header_write_after_the_headers_went_upstream_traps() {
 fn header_write_in_body_phase_after_continue_traps() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    assert_eq!(host.request_headers(ctx, &request("body-header"), false).unwrap(), Action::Continue);
+    assert_eq!(
+        host.request_headers(ctx, &request("body-header"), false)
+            .unwrap(),
+        Action::Continue
+    );
     let err = format!("{:?}", host.request_body(ctx, b"x", true).unwrap_err());
     assert!(err.contains("not available in this phase"), "{err}");
 }
@@ -209,7 +274,11 @@ fn header_write_in_body_phase_after_continue_traps() {
 fn response_headers_are_not_reachable_in_the_request_path() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    let err = format!("{:?}", host.request_headers(ctx, &request("read-response-early"), true).unwrap_err());
+    let err = format!(
+        "{:?}",
+        host.request_headers(ctx, &request("read-response-early"), true)
+            .unwrap_err()
+    );
     assert!(err.contains("ResponseHeaders"), "{err}");
 }
 
@@ -217,7 +286,10 @@ fn response_headers_are_not_reachable_in_the_request_path() {
 fn http_call_round_trip() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    assert_eq!(host.request_headers(ctx, &request("call"), true).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_headers(ctx, &request("call"), true).unwrap(),
+        Action::Pause
+    );
     let calls = host.take_http_calls();
     assert_eq!(calls.len(), 1);
     let call = &calls[0];
@@ -230,18 +302,26 @@ fn http_call_round_trip() {
     assert_eq!(call.headers.get_str("content-length"), Some("8"));
     assert_eq!(host.pending_http_calls(), vec![call.token]);
     let s = host.stream(ctx).unwrap();
-    assert_eq!(s.request_header("x-token"), Some(call.token.to_string().as_str()));
+    assert_eq!(
+        s.request_header("x-token"),
+        Some(call.token.to_string().as_str())
+    );
     assert!(s.request_paused());
 
-    host.http_call_response(call.token, &[(":status", "200")], b"answer").unwrap();
+    host.http_call_response(call.token, &[(":status", "200")], b"answer")
+        .unwrap();
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.request_header("x-lookup"), Some("answer"));
     assert_eq!(s.request_header("x-lookup-status"), Some("200"));
     assert!(s.request_resumed);
     assert!(s.request_forwarded);
     assert!(host.pending_http_calls().is_empty());
-    assert!(host.http_call_response(call.token, &[(":status", "200")], b"").is_err());
-    host.response_headers(ctx, &[(":status", "204")], true).unwrap();
+    assert!(
+        host.http_call_response(call.token, &[(":status", "200")], b"")
+            .is_err()
+    );
+    host.response_headers(ctx, &[(":status", "204")], true)
+        .unwrap();
     host.done(ctx).unwrap();
 }
 
@@ -249,21 +329,31 @@ fn http_call_round_trip() {
 fn missing_header_of_a_call_response_is_not_found() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("call-read-missing"), true).unwrap();
+    host.request_headers(ctx, &request("call-read-missing"), true)
+        .unwrap();
     let token = host.take_http_calls()[0].token;
-    host.http_call_response(token, &[(":status", "200")], b"").unwrap();
+    host.http_call_response(token, &[(":status", "200")], b"")
+        .unwrap();
     assert!(has_log(&host, LogLevel::Info, "missing header: None"));
     // An empty body reads as None, which the filter turns into "".
-    assert_eq!(host.stream(ctx).unwrap().request_header("x-lookup"), Some(""));
+    assert_eq!(
+        host.stream(ctx).unwrap().request_header("x-lookup"),
+        Some("")
+    );
 }
 
 #[test]
 fn request_map_is_gone_right_after_resume() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("call-touch-after-resume"), true).unwrap();
+    host.request_headers(ctx, &request("call-touch-after-resume"), true)
+        .unwrap();
     let token = host.take_http_calls()[0].token;
-    let err = format!("{:?}", host.http_call_response(token, &[(":status", "200")], b"x").unwrap_err());
+    let err = format!(
+        "{:?}",
+        host.http_call_response(token, &[(":status", "200")], b"x")
+            .unwrap_err()
+    );
     assert!(err.contains("proxy_on_http_call_response"), "{err}");
     assert!(err.contains("not available in this phase"), "{err}");
 }
@@ -288,14 +378,20 @@ fn failed_call_and_local_reply_through_the_filter() {
     assert_eq!(s.response_header("content-length"), Some("11"));
     assert_eq!(s.response_body(), b"call failed");
     assert!(s.response_forwarded);
-    assert!(host.response_headers(ctx, &[(":status", "200")], true).is_err());
+    assert!(
+        host.response_headers(ctx, &[(":status", "200")], true)
+            .is_err()
+    );
 }
 
 #[test]
 fn local_reply_from_request_headers() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    assert_eq!(host.request_headers(ctx, &request("reply"), false).unwrap(), Action::Pause);
+    assert_eq!(
+        host.request_headers(ctx, &request("reply"), false).unwrap(),
+        Action::Pause
+    );
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.local_reply.as_ref().unwrap().status, 403);
     assert_eq!(s.response_header("x-reason"), Some("denied"));
@@ -312,14 +408,24 @@ fn unknown_cluster_and_incomplete_call_headers_are_bad_arguments() {
     };
     let mut host = host!("", options);
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("call-bad"), true).unwrap();
+    host.request_headers(ctx, &request("call-bad"), true)
+        .unwrap();
     let s = host.stream(ctx).unwrap();
     let reply = s.local_reply.as_ref().unwrap();
-    assert_eq!(reply.headers.get_str("x-r"), Some("Err(BadArgument) Err(BadArgument)"));
+    assert_eq!(
+        reply.headers.get_str("x-r"),
+        Some("Err(BadArgument) Err(BadArgument)")
+    );
     assert!(host.take_http_calls().is_empty());
     let notes = host.diagnostics();
-    assert!(notes.iter().any(|d| d.contains("unknown cluster")), "{notes:?}");
-    assert!(notes.iter().any(|d| d.contains("no :authority")), "{notes:?}");
+    assert!(
+        notes.iter().any(|d| d.contains("unknown cluster")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|d| d.contains("no :authority")),
+        "{notes:?}"
+    );
 }
 
 #[test]
@@ -329,20 +435,31 @@ fn done_cancels_pending_calls() {
     host.request_headers(ctx, &request("call"), true).unwrap();
     let token = host.take_http_calls()[0].token;
     host.done(ctx).unwrap();
-    assert!(host.http_call_response(token, &[(":status", "200")], b"").is_err());
+    assert!(
+        host.http_call_response(token, &[(":status", "200")], b"")
+            .is_err()
+    );
 }
 
 #[test]
 fn panics_and_unreachable_surface_as_errors() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    let err = format!("{:?}", host.request_headers(ctx, &request("panic"), true).unwrap_err());
+    let err = format!(
+        "{:?}",
+        host.request_headers(ctx, &request("panic"), true)
+            .unwrap_err()
+    );
     assert!(err.contains("boom in request headers"), "{err}");
     assert!(err.contains("Critical"), "{err}");
 
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    let err = format!("{:?}", host.request_headers(ctx, &request("unreachable"), true).unwrap_err());
+    let err = format!(
+        "{:?}",
+        host.request_headers(ctx, &request("unreachable"), true)
+            .unwrap_err()
+    );
     assert!(err.contains("unreachable"), "{err}");
 }
 
@@ -353,7 +470,10 @@ fn shared_data_with_cas() {
     host.request_headers(ctx, &request("shared"), true).unwrap();
     let s = host.stream(ctx).unwrap();
     assert_eq!(s.request_header("x-shared-before"), Some("None None"));
-    assert_eq!(s.request_header("x-shared-cas"), Some("Ok(()) Err(CasMismatch)"));
+    assert_eq!(
+        s.request_header("x-shared-cas"),
+        Some("Ok(()) Err(CasMismatch)")
+    );
     assert_eq!(host.shared_data("k").unwrap().0, b"v2");
 }
 
@@ -361,11 +481,22 @@ fn shared_data_with_cas() {
 fn response_body_buffering_and_rewrite() {
     let mut host = host!("");
     let ctx = host.new_http_stream().unwrap();
-    host.request_headers(ctx, &request("rewrite-response"), true).unwrap();
-    host.response_headers(ctx, &[(":status", "200"), ("content-length", "6")], false).unwrap();
-    assert_eq!(host.stream(ctx).unwrap().response_header("content-length"), None);
-    assert_eq!(host.response_body(ctx, b"abc", false).unwrap(), Action::Pause);
-    assert_eq!(host.response_body(ctx, b"def", true).unwrap(), Action::Continue);
+    host.request_headers(ctx, &request("rewrite-response"), true)
+        .unwrap();
+    host.response_headers(ctx, &[(":status", "200"), ("content-length", "6")], false)
+        .unwrap();
+    assert_eq!(
+        host.stream(ctx).unwrap().response_header("content-length"),
+        None
+    );
+    assert_eq!(
+        host.response_body(ctx, b"abc", false).unwrap(),
+        Action::Pause
+    );
+    assert_eq!(
+        host.response_body(ctx, b"def", true).unwrap(),
+        Action::Continue
+    );
     assert_eq!(host.stream(ctx).unwrap().response_body_sent, b"ABCDEF");
 }
 
@@ -378,7 +509,10 @@ fn ticks_metrics_and_shared_data() {
     host.tick().unwrap();
     assert_eq!(host.counter("test_ticks"), Some(2));
     assert_eq!(host.shared_data("ticks").unwrap().0, b"11");
-    assert!(matches!(host.metrics().get("test_ticks"), Some(Metric::Counter(2))));
+    assert!(matches!(
+        host.metrics().get("test_ticks"),
+        Some(Metric::Counter(2))
+    ));
 
     let mut quiet = host!("");
     assert!(quiet.tick().is_err());
@@ -396,4 +530,3 @@ fn driver_misuse_is_reported() {
     assert!(host.response_body(ctx, b"x", true).is_err());
     let _ = SystemTime::now();
 }
-

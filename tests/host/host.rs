@@ -12,7 +12,9 @@ use wasmtime::{Config, Engine, Instance, Linker, Module, Store, WasmParams, Wasm
 
 use crate::headers::HeaderMap;
 use crate::hostcalls;
-use crate::state::{Callback, CallResponse, Frame, HostOptions, HostState, HttpCall, Metric, StreamState};
+use crate::state::{
+    CallResponse, Callback, Frame, HostOptions, HostState, HttpCall, Metric, StreamState,
+};
 use crate::types::{Action, LogLevel, MetricType};
 use crate::wasi;
 
@@ -45,7 +47,10 @@ fn cache() -> &'static Mutex<Cache> {
 fn load_module(path: &Path) -> Result<Module> {
     let meta = std::fs::metadata(path)
         .with_context(|| format!("cannot read the filter module {}", path.display()))?;
-    let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+    let stamp = (
+        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        meta.len(),
+    );
     let mut cache = cache()
         .lock()
         .map_err(|_| anyhow!("the module cache lock is poisoned"))?;
@@ -85,11 +90,18 @@ impl Host {
     }
 
     /// [`Host::new`] with explicit options.
-    pub fn with_options(wasm_path: &Path, plugin_config: &str, options: HostOptions) -> Result<Host> {
+    pub fn with_options(
+        wasm_path: &Path,
+        plugin_config: &str,
+        options: HostOptions,
+    ) -> Result<Host> {
         let module = load_module(wasm_path)?;
-        let abi = module
-            .exports()
-            .any(|e| matches!(e.name(), "proxy_abi_version_0_2_1" | "proxy_abi_version_0_2_0"));
+        let abi = module.exports().any(|e| {
+            matches!(
+                e.name(),
+                "proxy_abi_version_0_2_1" | "proxy_abi_version_0_2_0"
+            )
+        });
         ensure!(
             abi,
             "{} exports no proxy_abi_version_0_2_1 (or 0_2_0): Envoy would refuse it",
@@ -110,7 +122,9 @@ impl Host {
         // Envoy prefers `malloc` and falls back on `proxy_on_memory_allocate`.
         let allocator = instance
             .get_typed_func::<u32, u32>(&mut store, "malloc")
-            .or_else(|_| instance.get_typed_func::<u32, u32>(&mut store, "proxy_on_memory_allocate"))
+            .or_else(|_| {
+                instance.get_typed_func::<u32, u32>(&mut store, "proxy_on_memory_allocate")
+            })
             .ok();
         ensure!(memory.is_some(), "the module exports no `memory`");
         ensure!(
@@ -126,7 +140,11 @@ impl Host {
             unimplemented_imports,
             failure: None,
         };
-        let start = if host.instance.get_func(&mut host.store, "_initialize").is_some() {
+        let start = if host
+            .instance
+            .get_func(&mut host.store, "_initialize")
+            .is_some()
+        {
             "_initialize"
         } else {
             "_start"
@@ -135,10 +153,20 @@ impl Host {
 
         let root = host.next_context_id();
         host.store.data_mut().root_id = root;
-        host.call::<(u32, u32), ()>("proxy_on_context_create", root, Callback::ContextCreate, (root, 0))?;
+        host.call::<(u32, u32), ()>(
+            "proxy_on_context_create",
+            root,
+            Callback::ContextCreate,
+            (root, 0),
+        )?;
         let vm_config_len = len_u32(host.store.data().options.vm_configuration.len());
         let started = host
-            .call::<(u32, u32), u32>("proxy_on_vm_start", root, Callback::VmStart, (root, vm_config_len))?
+            .call::<(u32, u32), u32>(
+                "proxy_on_vm_start",
+                root,
+                Callback::VmStart,
+                (root, vm_config_len),
+            )?
             .unwrap_or(1);
         if started == 0 {
             bail!("proxy_on_vm_start returned false{}", host.recent_logs(0));
@@ -176,7 +204,12 @@ impl Host {
                 ..StreamState::default()
             },
         );
-        self.call::<(u32, u32), ()>("proxy_on_context_create", id, Callback::ContextCreate, (id, root))?;
+        self.call::<(u32, u32), ()>(
+            "proxy_on_context_create",
+            id,
+            Callback::ContextCreate,
+            (id, root),
+        )?;
         Ok(id)
     }
 
@@ -195,7 +228,10 @@ impl Host {
         self.check_usable("proxy_on_request_headers")?;
         let s = self.stream_mut(ctx)?;
         ensure!(!s.done, "stream {ctx} is done");
-        ensure!(!s.req.headers_received, "stream {ctx}: request headers were already delivered");
+        ensure!(
+            !s.req.headers_received,
+            "stream {ctx}: request headers were already delivered"
+        );
         s.request_headers = HeaderMap::from_pairs(headers);
         s.req.headers_received = true;
         s.req.headers_ptr = true;
@@ -234,7 +270,10 @@ impl Host {
         self.check_usable("proxy_on_request_body")?;
         let s = self.stream_mut(ctx)?;
         ensure!(!s.done, "stream {ctx} is done");
-        ensure!(s.req.headers_received, "stream {ctx}: request body before request headers");
+        ensure!(
+            s.req.headers_received,
+            "stream {ctx}: request body before request headers"
+        );
         ensure!(
             !s.req.body_eos,
             "stream {ctx}: the request already ended (end_of_stream was delivered)"
@@ -294,7 +333,10 @@ impl Host {
         self.check_usable("proxy_on_response_body")?;
         let s = self.stream_mut(ctx)?;
         ensure!(!s.done, "stream {ctx} is done");
-        ensure!(s.resp.headers_received, "stream {ctx}: response body before response headers");
+        ensure!(
+            s.resp.headers_received,
+            "stream {ctx}: response body before response headers"
+        );
         ensure!(!s.resp.body_eos, "stream {ctx}: the response already ended");
         ensure!(!s.reset, "stream {ctx}: the stream was reset");
         ensure!(
@@ -512,7 +554,11 @@ impl Host {
     }
 
     fn metric_of(&self, kind: MetricType, name: &str) -> Option<&Metric> {
-        self.store.data().metrics.values.get(&(kind, name.to_string()))
+        self.store
+            .data()
+            .metrics
+            .values
+            .get(&(kind, name.to_string()))
     }
 
     /// A shared-data entry and its CAS.
@@ -524,7 +570,9 @@ impl Host {
     pub fn set_shared_data(&mut self, key: &str, value: &[u8]) {
         let state = self.store.data_mut();
         let cas = state.next_cas();
-        state.shared_data.insert(key.to_string(), (value.to_vec(), cas));
+        state
+            .shared_data
+            .insert(key.to_string(), (value.to_vec(), cas));
     }
 
     // -----------------------------------------------------------------------------------
@@ -606,9 +654,15 @@ impl Host {
             Err(trap) => {
                 // The cause first, then what the filter said (the SDK logs a panic's message
                 // at critical level), the host's notes, and the wasm backtrace.
-                let mut report = format!("{name}(context {context}) trapped: {}", trap.root_cause());
+                let mut report =
+                    format!("{name}(context {context}) trapped: {}", trap.root_cause());
                 report.push_str(&self.recent_logs(log_mark));
-                let notes = self.store.data().diagnostics.get(diag_mark..).unwrap_or_default();
+                let notes = self
+                    .store
+                    .data()
+                    .diagnostics
+                    .get(diag_mark..)
+                    .unwrap_or_default();
                 if !notes.is_empty() {
                     report.push_str("\nhost notes:");
                     for note in notes {
@@ -638,12 +692,17 @@ impl Host {
 
     fn answer_call(&mut self, token: u32, response: Option<CallResponse>) -> Result<()> {
         self.check_usable("proxy_on_http_call_response")?;
-        let ctx = self.store.data_mut().pending_calls.remove(&token).ok_or_else(|| {
-            anyhow!(
-                "no pending http call with token {token} (never dispatched, already answered, \
+        let ctx = self
+            .store
+            .data_mut()
+            .pending_calls
+            .remove(&token)
+            .ok_or_else(|| {
+                anyhow!(
+                    "no pending http call with token {token} (never dispatched, already answered, \
                  or cancelled when its stream ended)"
-            )
-        })?;
+                )
+            })?;
         let (headers, body) = response
             .as_ref()
             .map(|r| (len_u32(r.headers.len()), len_u32(r.body.len())))
@@ -701,7 +760,12 @@ impl Host {
         Ok(action)
     }
 
-    fn deliver_response_headers(&mut self, ctx: u32, headers: HeaderMap, eos: bool) -> Result<Action> {
+    fn deliver_response_headers(
+        &mut self,
+        ctx: u32,
+        headers: HeaderMap,
+        eos: bool,
+    ) -> Result<Action> {
         let s = self.stream_mut(ctx)?;
         let n = len_u32(headers.len());
         s.response_headers = headers;
@@ -763,7 +827,11 @@ impl Host {
     /// Envoy's `continueDecoding` / `continueEncoding` after `proxy_continue_stream`.
     fn resume(&mut self, ctx: u32, request: bool) -> Result<()> {
         let s = self.stream_mut(ctx)?;
-        let started = if request { s.req.headers_received } else { s.resp.headers_received };
+        let started = if request {
+            s.req.headers_received
+        } else {
+            s.resp.headers_received
+        };
         let answered_locally = request && s.local_reply.is_some();
         if s.reset || answered_locally || !started {
             return Ok(());

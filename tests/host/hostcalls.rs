@@ -10,9 +10,7 @@
 use wasmtime::{Caller, ExternType, Linker, Module, Store};
 
 use crate::headers::HeaderMap;
-use crate::memory::{
-    HostError, HostResult, copy_out, finish, read_bytes, write_u32, write_u64,
-};
+use crate::memory::{HostError, HostResult, copy_out, finish, read_bytes, write_u32, write_u64};
 use crate::pairs;
 use crate::state::{Callback, HostState, HttpCall, LocalReply, Metric};
 use crate::types::{BufferType, LogLevel, MapType, MetricType, Status, StreamType};
@@ -25,9 +23,11 @@ fn lossy(bytes: &[u8]) -> String {
 
 /// Defines the implemented `env.proxy_*` functions.
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    linker.func_wrap("env", "proxy_log", |mut c: C<'_>, level: u32, ptr: u32, len: u32| {
-        finish(log(&mut c, level, ptr, len))
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_log",
+        |mut c: C<'_>, level: u32, ptr: u32, len: u32| finish(log(&mut c, level, ptr, len)),
+    )?;
     linker.func_wrap("env", "proxy_get_log_level", |mut c: C<'_>, ret: u32| {
         let level = c.data().options.log_level.to_abi();
         finish(write_u32(&mut c, ret, level))
@@ -52,7 +52,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         "env",
         "proxy_get_buffer_bytes",
         |mut c: C<'_>, kind: u32, start: u32, max: u32, ptr_ptr: u32, size_ptr: u32| {
-            finish(get_buffer_bytes(&mut c, kind, start, max, ptr_ptr, size_ptr))
+            finish(get_buffer_bytes(
+                &mut c, kind, start, max, ptr_ptr, size_ptr,
+            ))
         },
     )?;
     linker.func_wrap(
@@ -80,21 +82,37 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         "env",
         "proxy_get_header_map_value",
         |mut c: C<'_>, kind: u32, kptr: u32, klen: u32, ptr_ptr: u32, size_ptr: u32| {
-            finish(get_header_map_value(&mut c, kind, kptr, klen, ptr_ptr, size_ptr))
+            finish(get_header_map_value(
+                &mut c, kind, kptr, klen, ptr_ptr, size_ptr,
+            ))
         },
     )?;
     linker.func_wrap(
         "env",
         "proxy_add_header_map_value",
         |mut c: C<'_>, kind: u32, kptr: u32, klen: u32, vptr: u32, vlen: u32| {
-            finish(edit_header(&mut c, Edit::Add, kind, kptr, klen, Some((vptr, vlen))))
+            finish(edit_header(
+                &mut c,
+                Edit::Add,
+                kind,
+                kptr,
+                klen,
+                Some((vptr, vlen)),
+            ))
         },
     )?;
     linker.func_wrap(
         "env",
         "proxy_replace_header_map_value",
         |mut c: C<'_>, kind: u32, kptr: u32, klen: u32, vptr: u32, vlen: u32| {
-            finish(edit_header(&mut c, Edit::Replace, kind, kptr, klen, Some((vptr, vlen))))
+            finish(edit_header(
+                &mut c,
+                Edit::Replace,
+                kind,
+                kptr,
+                klen,
+                Some((vptr, vlen)),
+            ))
         },
     )?;
     linker.func_wrap(
@@ -122,7 +140,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         "env",
         "proxy_get_shared_data",
         |mut c: C<'_>, kptr: u32, klen: u32, ptr_ptr: u32, size_ptr: u32, cas_ptr: u32| {
-            finish(get_shared_data(&mut c, kptr, klen, ptr_ptr, size_ptr, cas_ptr))
+            finish(get_shared_data(
+                &mut c, kptr, klen, ptr_ptr, size_ptr, cas_ptr,
+            ))
         },
     )?;
     linker.func_wrap(
@@ -150,7 +170,16 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
          hptr: u32,
          hlen: u32,
          grpc: i32| {
-            let args = LocalReplyArgs { status, dptr, dlen, bptr, blen, hptr, hlen, grpc };
+            let args = LocalReplyArgs {
+                status,
+                dptr,
+                dlen,
+                bptr,
+                blen,
+                hptr,
+                hlen,
+                grpc,
+            };
             finish(send_local_response(&mut c, args))
         },
     )?;
@@ -183,9 +212,11 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
             finish(http_call(&mut c, args))
         },
     )?;
-    linker.func_wrap("env", "proxy_set_effective_context", |mut c: C<'_>, id: u32| {
-        finish(set_effective_context(&mut c, id))
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_set_effective_context",
+        |mut c: C<'_>, id: u32| finish(set_effective_context(&mut c, id)),
+    )?;
     linker.func_wrap(
         "env",
         "proxy_define_metric",
@@ -310,7 +341,12 @@ fn get_buffer_bytes(
 /// Envoy's `Buffer::copyFrom` on a mutable body: `start == 0` drains `size` bytes and
 /// prepends the data (so `(0, whole_len, new)` replaces the body); `start >= len` appends;
 /// anything else is `BadArgument`.
-fn apply_body_write(buf: &mut Vec<u8>, start: usize, size: usize, data: &[u8]) -> Result<(), Status> {
+fn apply_body_write(
+    buf: &mut Vec<u8>,
+    start: usize,
+    size: usize,
+    data: &[u8],
+) -> Result<(), Status> {
     if start == 0 {
         let drained = size.min(buf.len());
         buf.splice(0..drained, data.iter().copied());
@@ -366,7 +402,9 @@ fn set_buffer_bytes(
                 }
             }
         }
-        _ => Err(format!("set_buffer_bytes({kind:?}): that buffer is read-only (BadArgument)")),
+        _ => Err(format!(
+            "set_buffer_bytes({kind:?}): that buffer is read-only (BadArgument)"
+        )),
     };
     outcome.map_err(|message| {
         state.diagnose(message);
@@ -455,7 +493,9 @@ fn with_writable_map(
 ) -> HostResult<()> {
     let callback = state.phase();
     let refusal = match state.current_stream() {
-        None => Some(format!("{what} from the root context: no header map (BadArgument)")),
+        None => Some(format!(
+            "{what} from the root context: no header map (BadArgument)"
+        )),
         Some(s) => {
             let target = match kind {
                 MapType::RequestHeaders => {
@@ -503,7 +543,9 @@ fn set_header_map_pairs(c: &mut C<'_>, kind: u32, ptr: u32, len: u32) -> HostRes
             return Err(Status::BadArgument.into());
         }
     };
-    with_writable_map(state, kind, "set_header_map_pairs", |map| map.set_all(&pairs))
+    with_writable_map(state, kind, "set_header_map_pairs", |map| {
+        map.set_all(&pairs)
+    })
 }
 
 fn edit_header(
@@ -531,7 +573,13 @@ fn edit_header(
 // ---------------------------------------------------------------------------------------
 // Properties and shared data
 
-fn get_property(c: &mut C<'_>, pptr: u32, plen: u32, ptr_ptr: u32, size_ptr: u32) -> HostResult<()> {
+fn get_property(
+    c: &mut C<'_>,
+    pptr: u32,
+    plen: u32,
+    ptr_ptr: u32,
+    size_ptr: u32,
+) -> HostResult<()> {
     let path = read_bytes(c, pptr, plen)?;
     let state = c.data_mut();
     let from_stream = state

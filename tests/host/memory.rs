@@ -70,12 +70,20 @@ pub(crate) fn write_bytes(
 }
 
 /// Writes a little-endian u32 (a wasm32 pointer or size).
-pub(crate) fn write_u32(caller: &mut Caller<'_, HostState>, ptr: u32, value: u32) -> HostResult<()> {
+pub(crate) fn write_u32(
+    caller: &mut Caller<'_, HostState>,
+    ptr: u32,
+    value: u32,
+) -> HostResult<()> {
     write_bytes(caller, ptr, &value.to_le_bytes())
 }
 
 /// Writes a little-endian u64.
-pub(crate) fn write_u64(caller: &mut Caller<'_, HostState>, ptr: u32, value: u64) -> HostResult<()> {
+pub(crate) fn write_u64(
+    caller: &mut Caller<'_, HostState>,
+    ptr: u32,
+    value: u64,
+) -> HostResult<()> {
     write_bytes(caller, ptr, &value.to_le_bytes())
 }
 

@@ -136,7 +136,13 @@ mod tests {
         ];
         assert_eq!(bytes, expected);
         let back = deserialize(&bytes).unwrap();
-        assert_eq!(back, vec![(":method".to_string(), b"GET".to_vec()), ("a".to_string(), vec![])]);
+        assert_eq!(
+            back,
+            vec![
+                (":method".to_string(), b"GET".to_vec()),
+                ("a".to_string(), vec![])
+            ]
+        );
     }
 
     #[test]

@@ -37,16 +37,28 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
             errno(fd_write(&mut c, fd, iovs, iovs_len, nwritten))
         },
     )?;
-    linker.func_wrap(MODULE, "environ_sizes_get", |mut c: C<'_>, count: u32, size: u32| {
-        errno(write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0)))
-    })?;
-    linker.func_wrap(MODULE, "environ_get", |_: C<'_>, _environ: u32, _buf: u32| {
+    linker.func_wrap(
+        MODULE,
+        "environ_sizes_get",
+        |mut c: C<'_>, count: u32, size: u32| {
+            errno(write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0)))
+        },
+    )?;
+    linker.func_wrap(
+        MODULE,
+        "environ_get",
+        |_: C<'_>, _environ: u32, _buf: u32| Ok(ERRNO_SUCCESS),
+    )?;
+    linker.func_wrap(
+        MODULE,
+        "args_sizes_get",
+        |mut c: C<'_>, count: u32, size: u32| {
+            errno(write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0)))
+        },
+    )?;
+    linker.func_wrap(MODULE, "args_get", |_: C<'_>, _argv: u32, _buf: u32| {
         Ok(ERRNO_SUCCESS)
     })?;
-    linker.func_wrap(MODULE, "args_sizes_get", |mut c: C<'_>, count: u32, size: u32| {
-        errno(write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0)))
-    })?;
-    linker.func_wrap(MODULE, "args_get", |_: C<'_>, _argv: u32, _buf: u32| Ok(ERRNO_SUCCESS))?;
     linker.func_wrap(
         MODULE,
         "clock_time_get",
@@ -60,11 +72,15 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         errno(write_bytes(&mut c, buf, &bytes))
     })?;
     linker.func_wrap(MODULE, "sched_yield", |_: C<'_>| Ok(ERRNO_SUCCESS))?;
-    linker.func_wrap(MODULE, "proc_exit", |_: C<'_>, code: u32| -> wasmtime::Result<()> {
-        Err(wasmtime::Error::msg(format!(
-            "the filter called proc_exit({code}): the VM is gone"
-        )))
-    })?;
+    linker.func_wrap(
+        MODULE,
+        "proc_exit",
+        |_: C<'_>, code: u32| -> wasmtime::Result<()> {
+            Err(wasmtime::Error::msg(format!(
+                "the filter called proc_exit({code}): the VM is gone"
+            )))
+        },
+    )?;
     Ok(())
 }
 
@@ -76,11 +92,17 @@ fn fd_write(c: &mut C<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten: u32) -> 
         let mut len = [0u8; 4];
         ptr.copy_from_slice(iov.get(..4).unwrap_or(&[0; 4]));
         len.copy_from_slice(iov.get(4..).unwrap_or(&[0; 4]));
-        out.extend(read_bytes(c, u32::from_le_bytes(ptr), u32::from_le_bytes(len))?);
+        out.extend(read_bytes(
+            c,
+            u32::from_le_bytes(ptr),
+            u32::from_le_bytes(len),
+        )?);
     }
     let written = u32::try_from(out.len()).unwrap_or(u32::MAX);
     let state = c.data_mut();
-    let text = String::from_utf8_lossy(&out).trim_end_matches('\n').to_string();
+    let text = String::from_utf8_lossy(&out)
+        .trim_end_matches('\n')
+        .to_string();
     if fd == 1 {
         state.stdout.extend_from_slice(&out);
         state.log(LogLevel::Info, text);
