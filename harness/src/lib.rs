@@ -2,4 +2,5 @@
 pub mod envoy;
 pub mod sim;
 pub mod stack;
+pub mod vllm;
 pub mod wasm;

@@ -66,11 +66,13 @@ pub fn resume_request() -> Result<(), Status> {
     hostcalls::resume_http_request()
 }
 
-pub fn now_nanos() -> u128 {
+/// Nanoseconds since the Unix epoch by the host's clock (0 if it cannot tell).
+pub fn now_nanos() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos())
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .unwrap_or(0)
 }
 
 /// Envoy's `response.code_details`: `via_upstream` for a worker's own answer, otherwise why

@@ -4,6 +4,8 @@
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
 mod envoy;
+mod metrics;
+mod shared;
 mod stream;
 
 use std::cell::Cell;
@@ -13,6 +15,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
 use crate::policy::registry::Config;
+use metrics::Metrics;
 use stream::Stream;
 
 proxy_wasm::main! {{
@@ -25,6 +28,7 @@ proxy_wasm::main! {{
 struct Root {
     config: Option<Rc<Config>>,
     turns: Rc<Cell<u64>>,
+    metrics: Rc<Metrics>,
 }
 
 impl Context for Root {}
@@ -40,6 +44,8 @@ impl RootContext for Root {
                     config.registry.deployment()
                 );
                 self.config = Some(Rc::new(config));
+                self.metrics = Rc::new(Metrics::define());
+                shared::initialize();
                 true
             }
             Err(error) => {
@@ -51,7 +57,7 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Stream::new(config, self.turns.clone())))
+        Some(Box::new(Stream::new(config, self.turns.clone(), self.metrics.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -8,12 +8,15 @@ use proxy_wasm::types::{Action, Status};
 use serde_json::value::RawValue;
 
 use super::envoy;
+use super::metrics::{Counter, Metrics};
+use super::shared;
 use crate::policy::error::{Hop, HopFailure, RouteError};
 use crate::policy::headers::{self, DP_RANK_HEADER};
+use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
-use crate::policy::pins::{self, HeaderHints};
-use crate::policy::registry::Config;
-use crate::policy::resolve::{PrefillPlan, RegistryOnly, Resolver, Target};
+use crate::policy::pins::{self, HeaderHints, Pins};
+use crate::policy::registry::{Config, Deployment, WorkerId};
+use crate::policy::resolve::{PrefillPlan, Resolver, Target};
 use crate::policy::rewrite::{self, DecodeBody};
 use crate::policy::select::Choice;
 
@@ -39,6 +42,7 @@ const NOT_FORWARDED: &[&str] = &[
 pub struct Stream {
     config: Rc<Config>,
     turns: Rc<Cell<u64>>,
+    metrics: Rc<Metrics>,
     phase: Phase,
     hints: HeaderHints,
     path: String,
@@ -71,13 +75,16 @@ struct Prefilling {
     decode_hop: Hop,
     /// Size of the request body Envoy holds.
     held_body_size: usize,
+    /// When the current attempt was dispatched, in nanoseconds.
+    dispatched_at: u64,
 }
 
 impl Stream {
-    pub fn new(config: Rc<Config>, turns: Rc<Cell<u64>>) -> Self {
+    pub fn new(config: Rc<Config>, turns: Rc<Cell<u64>>, metrics: Rc<Metrics>) -> Self {
         Self {
             config,
             turns,
+            metrics,
             phase: Phase::Headers,
             hints: HeaderHints::default(),
             path: String::new(),
@@ -90,6 +97,7 @@ impl Stream {
     }
 
     fn on_headers(&mut self, end_of_stream: bool) -> Result<Action, RouteError> {
+        self.metrics.count(Counter::Requests);
         let headers = envoy::request_headers().map_err(host_failure)?;
         let all = || headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
         self.hints = pins::parse_headers(all())?;
@@ -100,8 +108,9 @@ impl Stream {
         self.path = header_text(&headers, ":path").split('?').next().unwrap_or("").to_string();
         self.request_id = self.request_id(&headers)?;
         if !COMPLETION_PATHS.contains(&self.path.as_str()) {
-            let (target, hop) = self.resolver().token_hop(&self.hints.pins)?;
-            self.route(target, hop, None, 0)?;
+            let (health, now) = (shared::health(), envoy::now_nanos());
+            let (target, hop) = self.resolver(&health, now).token_hop(&self.hints.pins)?;
+            self.route(target, hop, None, None)?;
             return Ok(Action::Continue);
         }
         if end_of_stream {
@@ -139,12 +148,17 @@ impl Stream {
         let body = envoy::request_body(body_size).map_err(host_failure)?;
         let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
         let pins = self.hints.pins.clone().or(pins::parse_nvext(&request)?);
-        let route = self.resolver().resolve(&pins)?;
+        self.count_pins(&pins);
+        let (health, now) = (shared::health(), envoy::now_nanos());
+        let route = self.resolver(&health, now).resolve(&pins)?;
         let decode_body = DecodeBody::new(&request, body.len());
         let mut attempts = match route.prefill {
             PrefillPlan::Skip => {
+                if self.config.registry.deployment() == Deployment::Disaggregated {
+                    self.metrics.count(Counter::AggregatedFallback);
+                }
                 let rewritten = decode_body.dropped_client_kv.then(|| decode_body.finish(None));
-                self.route(route.decode, route.decode_hop, rewritten, body_size)?;
+                self.route(route.decode, route.decode_hop, rewritten, Some(body_size))?;
                 return Ok(Action::Continue);
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -163,11 +177,12 @@ impl Stream {
             decode: route.decode,
             decode_hop: route.decode_hop,
             held_body_size: body_size,
+            dispatched_at: 0,
         };
         self.dispatch_prefill(prefilling)
     }
 
-    fn resolver(&self) -> Resolver<'_, RegistryOnly> {
+    fn resolver<'a>(&'a self, health: &'a HealthTable, now: u64) -> Resolver<'a, Observed<'a>> {
         let turn = self.turns.get();
         self.turns.set(turn.wrapping_add(1));
         let choice = match &self.hints.session {
@@ -177,8 +192,30 @@ impl Stream {
         Resolver {
             registry: &self.config.registry,
             settings: &self.config.settings,
-            availability: &RegistryOnly,
+            availability: Observed { table: health, now },
             choice,
+        }
+    }
+
+    fn count_pins(&self, pins: &Pins) {
+        let counted = [
+            (pins.prefill_worker_id.is_some(), Counter::PinPrefillWorker),
+            (pins.prefill_dp_rank.is_some(), Counter::PinPrefillRank),
+            (pins.decode_worker_id.or(pins.backend_instance_id).is_some(), Counter::PinDecodeWorker),
+            (pins.dp_rank.is_some(), Counter::PinDecodeRank),
+            (self.hints.session.is_some(), Counter::PinSession),
+        ];
+        for (_, counter) in counted.iter().filter(|(pinned, _)| *pinned) {
+            self.metrics.count(*counter);
+        }
+    }
+
+    /// Takes a failed worker out of unpinned selection for a while, on every thread.
+    fn mark_unhealthy(&self, worker: WorkerId) {
+        let period = self.config.settings.unhealthy_period();
+        if !period.is_zero() {
+            shared::mark_unhealthy(worker, period, envoy::now_nanos());
+            self.metrics.count(Counter::WorkerMarkedUnhealthy);
         }
     }
 
@@ -202,6 +239,7 @@ impl Stream {
             Ok(token) => {
                 log::debug!("pinroute: request {} prefill on worker {}", self.request_id, prefill.current.worker.id);
                 prefill.token = token;
+                prefill.dispatched_at = envoy::now_nanos();
                 self.phase = Phase::Prefill(Box::new(prefill));
                 Ok(Action::Pause)
             }
@@ -216,11 +254,14 @@ impl Stream {
     }
 
     fn on_prefill_response(&mut self, prefill: Prefilling, body_size: usize) -> Result<(), RouteError> {
+        let elapsed = envoy::now_nanos().saturating_sub(prefill.dispatched_at);
+        self.metrics.record_prefill_latency(std::time::Duration::from_nanos(elapsed));
         match prefill_outcome(body_size) {
             Ok(kv_transfer_params) => {
+                self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
                 let body = prefill.decode_body.finish(kv_transfer_params.as_deref());
-                self.route(prefill.decode, prefill.decode_hop, Some(body), prefill.held_body_size)
+                self.route(prefill.decode, prefill.decode_hop, Some(body), Some(prefill.held_body_size))
             }
             Err(failure) => self.on_prefill_failure(prefill, failure),
         }
@@ -229,10 +270,13 @@ impl Stream {
     fn on_prefill_failure(&mut self, mut prefill: Prefilling, failure: HopFailure) -> Result<(), RouteError> {
         let worker = prefill.current.worker.id;
         log::warn!("pinroute: request {}: prefill worker {worker} failed: {failure}", self.request_id);
+        self.metrics.count(Counter::PrefillFailed);
+        self.mark_unhealthy(worker);
         if prefill.current.pinned {
             return Err(RouteError::PinnedWorkerFailed { hop: Hop::Prefill, worker, failure });
         }
         if let Some(next) = prefill.remaining.pop() {
+            self.metrics.count(Counter::PrefillRetried);
             prefill.current = next;
             return self.dispatch_prefill(prefill).map(|_| ());
         }
@@ -240,25 +284,33 @@ impl Stream {
             return Err(RouteError::UpstreamFailed { hop: Hop::Prefill, worker, failure });
         }
         log::info!("pinroute: request {}: no prefill worker left, decode prefills itself", self.request_id);
+        self.metrics.count(Counter::AggregatedFallback);
         let body = prefill.decode_body.finish(None);
-        self.route(prefill.decode, prefill.decode_hop, Some(body), prefill.held_body_size)
+        self.route(prefill.decode, prefill.decode_hop, Some(body), Some(prefill.held_body_size))
     }
 
     /// Sends the request on to its token-generating worker, with `body` replacing the held
-    /// body when given.
-    fn route(&mut self, target: Target, hop: Hop, body: Option<String>, held_body_size: usize) -> Result<(), RouteError> {
+    /// body (of `held_body_size` bytes, when the filter holds one) when given.
+    fn route(
+        &mut self,
+        target: Target,
+        hop: Hop,
+        body: Option<String>,
+        held_body_size: Option<usize>,
+    ) -> Result<(), RouteError> {
         let address = target.worker.address.to_string();
         envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
         let rank = target.rank.map(|r| r.to_string());
         envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
-        if let Some(body) = &body {
-            envoy::replace_request_body(held_body_size, body.as_bytes()).map_err(host_failure)?;
-        }
-        if matches!(self.phase, Phase::Body | Phase::Prefill(_)) {
-            let length = body.as_ref().map_or(held_body_size, String::len).to_string();
+        if let Some(held) = held_body_size {
+            if let Some(body) = &body {
+                envoy::replace_request_body(held, body.as_bytes()).map_err(host_failure)?;
+            }
+            let length = body.as_ref().map_or(held, String::len).to_string();
             envoy::set_request_header("content-length", Some(&length)).map_err(host_failure)?;
         }
         log::debug!("pinroute: request {} {hop} on worker {}", self.request_id, target.worker.id);
+        self.metrics.count(Counter::DecodeRouted);
         self.decode = Some((target, hop));
         self.phase = Phase::Forwarded;
         Ok(())
@@ -266,6 +318,7 @@ impl Stream {
 
     fn answer(&mut self, error: &RouteError) -> Action {
         log::debug!("pinroute: request {} answered {}: {error}", self.request_id, error.status());
+        self.metrics.count_error(error);
         self.phase = Phase::Answered;
         let retry_after = error.retry_after_secs().map(|s| s.to_string());
         let mut headers = vec![("content-type", "application/json"), ("x-pinroute-error-code", error.code())];
@@ -296,6 +349,9 @@ impl Stream {
             RouteError::UpstreamFailed { hop, worker, failure }
         };
         log::warn!("pinroute: request {}: {error}", self.request_id);
+        self.metrics.count(Counter::DecodeFailed);
+        self.metrics.count_error(&error);
+        self.mark_unhealthy(worker);
         envoy::set_response_header(":status", Some(&error.status().to_string()))?;
         envoy::set_response_header("content-type", Some("application/json"))?;
         envoy::set_response_header("content-length", None)?;

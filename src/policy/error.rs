@@ -51,16 +51,18 @@ impl fmt::Display for HopFailure {
 /// Why a known worker of the right role cannot take a request now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unavailability {
+    /// Taken out of service by the operator (registry `draining`).
     Draining,
-    Unhealthy,
+    /// A recent hop to it failed; back in service after this many seconds at most.
+    Unhealthy { retry_after_secs: u32 },
 }
 
 impl fmt::Display for Unavailability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Unavailability::Draining => "draining",
-            Unavailability::Unhealthy => "unhealthy",
-        })
+        match self {
+            Unavailability::Draining => f.write_str("draining"),
+            Unavailability::Unhealthy { .. } => f.write_str("unhealthy after a recent failure"),
+        }
     }
 }
 
@@ -137,14 +139,36 @@ impl RouteError {
         }
     }
 
+    /// Every `code`, for metrics defined up front.
+    pub const CODES: &[&str] = &[
+        "invalid_header",
+        "invalid_body",
+        "invalid_field",
+        "body_too_large",
+        "rank_without_worker",
+        "unknown_worker",
+        "wrong_worker_role",
+        "dp_rank_out_of_range",
+        "worker_unavailable",
+        "no_worker_available",
+        "pinned_worker_failed",
+        "upstream_failed",
+        "internal_error",
+    ];
+
     /// The OpenAI error `type`: the client's fault or the server's.
     pub fn kind(&self) -> &'static str {
         if self.status() < 500 { "invalid_request_error" } else { "server_error" }
     }
 
     pub fn retry_after_secs(&self) -> Option<u32> {
-        matches!(self, RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. })
-            .then_some(RETRY_AFTER_SECS)
+        match self {
+            RouteError::WorkerUnavailable { why: Unavailability::Unhealthy { retry_after_secs }, .. } => {
+                Some(*retry_after_secs)
+            }
+            RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => Some(RETRY_AFTER_SECS),
+            _ => None,
+        }
     }
 
     /// The OpenAI-shaped JSON body: `{"error": {"message", "type", "code"}}`.

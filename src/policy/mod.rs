@@ -7,11 +7,13 @@
 //! | 3. Errors and their answers | [`error`] |
 //! | 4. The two-hop flow and its bodies | [`rewrite`] |
 //! | 5. Session affinity, unpinned choice | [`select`] |
+//! | Passive health shared by all threads | [`health`] |
 //! | 6. Registry and plugin configuration | [`registry`] |
 //! | 7. Headers a client may not send | [`headers`] |
 
 pub mod error;
 pub mod headers;
+pub mod health;
 pub mod json;
 pub mod pins;
 pub mod registry;

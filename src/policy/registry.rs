@@ -143,6 +143,9 @@ pub struct Settings {
     /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
     pub aggregated_fallback: bool,
     pub max_body_bytes: usize,
+    /// How long a worker whose hop failed is skipped by unpinned selection (pins to it
+    /// answer 503). 0 disables passive health.
+    pub unhealthy_period_ms: u64,
 }
 
 impl Default for Settings {
@@ -154,6 +157,7 @@ impl Default for Settings {
             prefill_retries: 1,
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
+            unhealthy_period_ms: 10_000,
         }
     }
 }
@@ -161,6 +165,10 @@ impl Default for Settings {
 impl Settings {
     pub fn prefill_timeout(&self) -> Duration {
         Duration::from_millis(self.prefill_timeout_ms)
+    }
+
+    pub fn unhealthy_period(&self) -> Duration {
+        Duration::from_millis(self.unhealthy_period_ms)
     }
 }
 

@@ -44,6 +44,12 @@ pub trait Availability {
     fn unavailability(&self, worker: &Worker) -> Option<Unavailability>;
 }
 
+impl<T: Availability> Availability for &T {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        (**self).unavailability(worker)
+    }
+}
+
 /// Only the registry's own `draining` flag.
 pub struct RegistryOnly;
 
@@ -57,7 +63,7 @@ impl Availability for RegistryOnly {
 pub struct Resolver<'a, A: Availability> {
     pub registry: &'a Registry,
     pub settings: &'a Settings,
-    pub availability: &'a A,
+    pub availability: A,
     pub choice: Choice<'a>,
 }
 

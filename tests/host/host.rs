@@ -13,7 +13,8 @@ use wasmtime::{Config, Engine, Instance, Linker, Module, Store, WasmParams, Wasm
 use crate::headers::HeaderMap;
 use crate::hostcalls;
 use crate::state::{
-    CallResponse, Callback, Frame, HostOptions, HostState, HttpCall, Metric, StreamState,
+    CallResponse, Callback, Frame, HostOptions, HostState, HttpCall, LocalReply, Metric,
+    StreamState,
 };
 use crate::types::{Action, LogLevel, MetricType};
 use crate::wasi;
@@ -850,7 +851,7 @@ impl Host {
 
     /// Envoy's `sendLocalReply` after the VM call: the reply goes through the encoder chain,
     /// this filter's response callbacks included.
-    fn send_local_reply(&mut self, ctx: u32, reply: crate::state::LocalReply) -> Result<()> {
+    fn send_local_reply(&mut self, ctx: u32, reply: LocalReply) -> Result<()> {
         let through_filter = self.store.data().options.local_reply_through_filter;
         let s = self.stream_mut(ctx)?;
         if s.response_forwarded || s.local_reply.is_some() || s.reset {

@@ -103,12 +103,14 @@ fn fd_write(c: &mut C<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten: u32) -> 
     let text = String::from_utf8_lossy(&out)
         .trim_end_matches('\n')
         .to_string();
-    if fd == 1 {
-        state.stdout.extend_from_slice(&out);
-        state.log(LogLevel::Info, text);
+    let (buffer, level) = if fd == 1 {
+        (&mut state.stdout, LogLevel::Info)
     } else {
-        state.stderr.extend_from_slice(&out);
-        state.log(LogLevel::Error, text);
+        (&mut state.stderr, LogLevel::Error)
+    };
+    buffer.extend_from_slice(&out);
+    if !text.is_empty() {
+        state.log(level, text);
     }
     write_u32(c, nwritten, written)
 }

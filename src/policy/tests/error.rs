@@ -44,7 +44,9 @@ fn each_error_has_its_status_code_and_type() {
         ),
         (RouteError::Internal("x"), 500, "internal_error"),
     ];
+    assert_eq!(cases.iter().map(|c| c.2).collect::<std::collections::HashSet<_>>().len(), RouteError::CODES.len());
     for (error, status, code) in cases {
+        assert!(RouteError::CODES.contains(&code), "{code} is missing from CODES");
         assert_eq!(error.status(), status, "{error}");
         assert_eq!(error.code(), code, "{error}");
         let body = body_of(&error);
@@ -63,8 +65,10 @@ fn messages_name_the_worker_the_hop_and_the_reason() {
     assert_eq!(error.to_string(), "decode hop: dp rank 5 of pinned worker 201 is outside [0, 2)");
     let error = RouteError::PinnedWorkerFailed { hop: Hop::Prefill, worker: 101, failure: HopFailure::Status(500) };
     assert_eq!(error.to_string(), "prefill hop: pinned worker 101 failed: it answered HTTP 500");
-    let error = RouteError::WorkerUnavailable { hop: Hop::Aggregated, worker: 7, why: Unavailability::Unhealthy };
-    assert_eq!(error.to_string(), "aggregated hop: pinned worker 7 is unhealthy");
+    let why = Unavailability::Unhealthy { retry_after_secs: 3 };
+    let error = RouteError::WorkerUnavailable { hop: Hop::Aggregated, worker: 7, why };
+    assert_eq!(error.to_string(), "aggregated hop: pinned worker 7 is unhealthy after a recent failure");
+    assert_eq!(error.retry_after_secs(), Some(3));
 }
 
 #[test]

@@ -183,7 +183,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
     struct Down(WorkerId);
     impl Availability for Down {
         fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
-            (worker.id == self.0).then_some(Unavailability::Unhealthy)
+            (worker.id == self.0).then_some(Unavailability::Unhealthy { retry_after_secs: 3 })
         }
     }
     let registry = registry(DISAGGREGATED);
@@ -193,7 +193,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
     let pins = Pins { prefill_worker_id: Some(101), ..Pins::default() };
     assert_eq!(
         resolver(&down).resolve(&pins),
-        Err(RouteError::WorkerUnavailable { hop: Hop::Prefill, worker: 101, why: Unavailability::Unhealthy })
+        Err(RouteError::WorkerUnavailable { hop: Hop::Prefill, worker: 101, why: Unavailability::Unhealthy { retry_after_secs: 3 } })
     );
     assert_eq!(prefill_ids(&resolver(&down).resolve(&Pins::default()).unwrap()), vec![102]);
 }

@@ -1,0 +1,150 @@
+//! `JsonObject::parse` and `parse_nvext` on arbitrary bytes, against `serde_json::Value`.
+//!
+//! Properties:
+//! - neither panics;
+//! - JSON that `serde_json` reads as an object is accepted, or refused only for a key that
+//!   really is in it twice; JSON that is not an object is `NotAnObject`;
+//! - an accepted object has the members `serde_json` sees, in the client's order, each raw
+//!   value reading back to the same value, and it is written back to the same value by
+//!   splicing members (what the rewrites do);
+//! - `parse_nvext` agrees with a model of SPEC section 2 read off the `Value`: absent or
+//!   `null` is no pin, an integer in range is a pin, anything else is an `invalid_field`
+//!   error naming that field (or `nvext` itself when it is not an object).
+
+use pinroute::policy::error::RouteError;
+use pinroute::policy::json::{JsonObject, JsonObjectError, write_key};
+use pinroute::policy::pins::{Pins, parse_nvext};
+use serde_json::{Map, Value};
+
+use crate::violated;
+
+pub fn check(data: &[u8]) {
+    let parsed = JsonObject::parse(data);
+    match serde_json::from_slice::<Value>(data) {
+        Ok(Value::Object(map)) => check_object(&parsed, &map),
+        Ok(_) => assert_eq!(parsed.err(), Some(JsonObjectError::NotAnObject), "a JSON non-object"),
+        // serde_json refuses numbers out of f64 range that a raw value carries untouched.
+        Err(e) if e.to_string().starts_with("number out of range") => {}
+        Err(_) => {
+            if let Ok(object) = &parsed {
+                violated(format!("invalid JSON accepted as {object:?}"))
+            }
+        }
+    }
+}
+
+fn check_object(parsed: &Result<JsonObject<'_>, JsonObjectError>, map: &Map<String, Value>) {
+    match parsed {
+        Ok(object) => {
+            check_members(object, map);
+            check_nvext(object, map);
+        }
+        Err(JsonObjectError::DuplicateKey(key)) => {
+            assert!(map.contains_key(key), "duplicate key {key:?} is not a key of the object")
+        }
+        Err(error) => violated(format!("a JSON object refused: {error}")),
+    }
+}
+
+fn check_members(object: &JsonObject<'_>, map: &Map<String, Value>) {
+    let keys: Vec<&str> = object.members().map(|(k, _)| k).collect();
+    assert_eq!(keys.len(), map.len(), "members {keys:?} against {map:?}");
+    for (key, raw) in object.members() {
+        let Some(value) = map.get(key) else { violated(format!("member {key:?} is not in the object")) };
+        assert_eq!(&read(raw.get()), value, "raw value of {key:?}");
+        assert_eq!(object.get(key).map(|r| r.get()), Some(raw.get()), "get({key:?})");
+    }
+    assert_eq!(&read(&splice(object)), &Value::Object(map.clone()), "object spliced back");
+}
+
+/// The object written back member by member, as the rewrites write bodies.
+pub fn splice(object: &JsonObject<'_>) -> String {
+    let mut out = String::from("{");
+    for (i, (key, raw)) in object.members().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_key(&mut out, key);
+        out.push_str(raw.get());
+    }
+    out.push('}');
+    out
+}
+
+fn read(text: &str) -> Value {
+    match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(e) => violated(format!("{text:?} does not read back as JSON: {e}")),
+    }
+}
+
+const NVEXT_FIELDS: [&str; 5] =
+    ["backend_instance_id", "prefill_worker_id", "decode_worker_id", "dp_rank", "prefill_dp_rank"];
+
+fn check_nvext(object: &JsonObject<'_>, map: &Map<String, Value>) {
+    let actual = parse_nvext(object);
+    match (expected_nvext(map.get("nvext")), actual) {
+        (Ok(want), Ok(got)) => assert_eq!(got, want, "nvext pins"),
+        (Err(fields), Err(error)) => check_nvext_error(&error, &fields),
+        // `Value` keeps the last of duplicate keys inside `nvext`; the core refuses them.
+        (Ok(_), Err(RouteError::InvalidField { field: "nvext", .. })) => {
+            let nvext = object.get("nvext").map(|raw| JsonObject::parse(raw.get().as_bytes()));
+            assert!(
+                matches!(nvext, Some(Err(JsonObjectError::DuplicateKey(_)))),
+                "nvext refused though it is an object without duplicate keys"
+            );
+        }
+        (want, got) => violated(format!("parse_nvext: model {want:?}, core {got:?}")),
+    }
+}
+
+pub fn check_nvext_error(error: &RouteError, fields: &[&str]) {
+    let RouteError::InvalidField { field, .. } = error else {
+        violated(format!("an nvext error must be InvalidField, got {error:?}"))
+    };
+    assert!(fields.contains(field), "error names {field}, the wrong fields are {fields:?}");
+    assert_eq!((error.status(), error.code()), (400, "invalid_field"));
+}
+
+/// The model: the pins, or the field names (`nvext.…`) an error may name.
+fn expected_nvext(nvext: Option<&Value>) -> Result<Pins, Vec<&'static str>> {
+    let fields = match nvext {
+        None | Some(Value::Null) => return Ok(Pins::default()),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => return Err(vec!["nvext"]),
+    };
+    let mut values = [None; 5];
+    let mut bad = Vec::new();
+    for ((name, slot), path) in NVEXT_FIELDS.iter().zip(values.iter_mut()).zip(NVEXT_PATHS) {
+        let max = if name.ends_with("rank") { u64::from(u32::MAX) } else { u64::MAX };
+        match fields.get(*name) {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= max) => *slot = n.as_u64(),
+            Some(_) => bad.push(path),
+        }
+    }
+    if !bad.is_empty() {
+        return Err(bad);
+    }
+    Ok(pins_of(values))
+}
+
+const NVEXT_PATHS: [&str; 5] = [
+    "nvext.backend_instance_id",
+    "nvext.prefill_worker_id",
+    "nvext.decode_worker_id",
+    "nvext.dp_rank",
+    "nvext.prefill_dp_rank",
+];
+
+/// Pins from the five field values in `NVEXT_FIELDS` order; prefill rank u32::MAX is unset.
+pub fn pins_of([b, p, d, r, pr]: [Option<u64>; 5]) -> Pins {
+    let rank = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
+    Pins {
+        backend_instance_id: b,
+        prefill_worker_id: p,
+        decode_worker_id: d,
+        dp_rank: rank(r),
+        prefill_dp_rank: rank(pr).filter(|r| *r != u32::MAX),
+    }
+}

