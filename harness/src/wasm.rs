@@ -24,16 +24,25 @@ pub fn ensure_target() -> Result<()> {
 
 /// Builds the release filter and returns the path of `pinroute.wasm`.
 pub fn build_filter() -> Result<PathBuf> {
-    ensure_target()?;
-    let root = repo_root();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    run(Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "--release", "--target", TARGET, "-p", "pinroute"]))?;
+    build_package("pinroute")?;
     let wasm = default_wasm_path();
     let size = std::fs::metadata(&wasm).with_context(|| format!("{} was not built", wasm.display()))?.len();
     log::info!("built {} ({size} bytes)", wasm.display());
     Ok(wasm)
+}
+
+/// Builds the test host's own filter (`tests/testfilter`) and returns its path.
+pub fn build_test_filter() -> Result<PathBuf> {
+    build_package("pinroute-testfilter")?;
+    Ok(repo_root().join("target").join(TARGET).join("release/pinroute_testfilter.wasm"))
+}
+
+fn build_package(package: &str) -> Result<()> {
+    ensure_target()?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(Command::new(cargo)
+        .current_dir(repo_root())
+        .args(["build", "--release", "--target", TARGET, "-p", package]))
 }
 
 pub fn run(command: &mut Command) -> Result<()> {

@@ -15,12 +15,17 @@ pub struct JsonObject<'a> {
     members: Vec<(String, &'a RawValue)>,
 }
 
+/// Deepest nesting of arrays and objects accepted, the top-level object included (serde_json's
+/// own recursion limit, which raw members would otherwise escape).
+pub const MAX_DEPTH: usize = 128;
+
 /// Why bytes are not a JSON object pinroute accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JsonObjectError {
     NotJson(String),
     NotAnObject,
     DuplicateKey(String),
+    TooDeep(String),
 }
 
 impl fmt::Display for JsonObjectError {
@@ -31,6 +36,11 @@ impl fmt::Display for JsonObjectError {
             JsonObjectError::DuplicateKey(key) => {
                 write!(f, "key {} appears more than once", serde_json::Value::String(key.clone()))
             }
+            JsonObjectError::TooDeep(key) => write!(
+                f,
+                "{} nests arrays and objects deeper than {MAX_DEPTH} levels",
+                serde_json::Value::String(key.clone())
+            ),
         }
     }
 }
@@ -40,6 +50,9 @@ impl<'a> JsonObject<'a> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let members = de.deserialize_any(MembersVisitor).map_err(|e| classify(&e))??;
         de.end().map_err(|e| JsonObjectError::NotJson(e.to_string()))?;
+        if let Some((key, _)) = members.iter().find(|(_, value)| nests_deeper_than(value.get(), MAX_DEPTH - 1)) {
+            return Err(JsonObjectError::TooDeep(key.clone()));
+        }
         Ok(Self { members })
     }
 
@@ -50,6 +63,45 @@ impl<'a> JsonObject<'a> {
     pub fn members(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
         self.members.iter().map(|(k, v)| (k.as_str(), *v))
     }
+}
+
+/// Whether valid JSON `text` nests arrays and objects deeper than `limit`. Scalars (a prompt
+/// string, most often) are not scanned at all.
+fn nests_deeper_than(text: &str, limit: usize) -> bool {
+    let bytes = text.as_bytes();
+    if !matches!(bytes.first(), Some(b'[' | b'{')) {
+        return false;
+    }
+    let mut depth = 0usize;
+    let mut rest = bytes;
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'"' => rest = after_string(rest),
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The bytes after the closing quote of a string whose opening quote was just read.
+fn after_string(mut rest: &[u8]) -> &[u8] {
+    while let Some(at) = rest.iter().position(|b| *b == b'"' || *b == b'\\') {
+        let tail = rest.get(at..).unwrap_or_default();
+        match tail.split_first() {
+            Some((b'\\', escaped)) => rest = escaped.get(1..).unwrap_or_default(),
+            Some((_, after)) => return after,
+            None => return tail,
+        }
+    }
+    &[]
 }
 
 fn classify(error: &serde_json::Error) -> JsonObjectError {

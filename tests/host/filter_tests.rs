@@ -1,7 +1,6 @@
-//! Tests of the host against a small proxy-wasm filter built with the same SDK (its source
-//! is not part of this repository: see the report of the task that wrote this host). The
-//! path of the compiled filter comes from `PW_TEST_FILTER`; without it each test prints
-//! that it is skipped and passes.
+//! Tests of the host against a small proxy-wasm filter built with the same SDK
+//! (`tests/testfilter`). The compiled filter is `PW_TEST_FILTER`, else its default release
+//! path; `pinroute-harness test` builds it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,13 +14,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::{Action, Host, HostOptions, LogLevel, Metric};
 
 fn filter_path() -> Option<PathBuf> {
-    match std::env::var_os("PW_TEST_FILTER") {
-        Some(path) => Some(PathBuf::from(path)),
-        None => {
-            eprintln!("skipped: set PW_TEST_FILTER to the test filter's .wasm");
-            None
-        }
-    }
+    let default = || {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        repo.join("target/wasm32-wasip1/release/pinroute_testfilter.wasm")
+    };
+    let path = std::env::var_os("PW_TEST_FILTER").map_or_else(default, PathBuf::from);
+    assert!(path.exists(), "{} is missing: run `pinroute-harness test`", path.display());
+    Some(path)
 }
 
 macro_rules! host {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{envoy_binary, repo_root};
-use pinroute_harness::wasm::{TARGET, build_filter, run};
+use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, run};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,12 +18,14 @@ pub struct Args {
 pub fn run_all(args: &Args) -> Result<()> {
     let root = repo_root();
     let wasm = build_filter()?;
+    let test_filter = build_test_filter()?;
     let envoy = envoy_binary(&root)?;
     let mut steps: Vec<(&str, f64)> = Vec::new();
     let mut step = |name, command: &mut Command| -> Result<()> {
         let started = Instant::now();
         println!("\n==> {name}");
-        run(command.current_dir(&root).env("PINROUTE_WASM", &wasm).env("ENVOY_BIN", &envoy))
+        let command = command.current_dir(&root).env("PINROUTE_WASM", &wasm).env("PW_TEST_FILTER", &test_filter);
+        run(command.env("ENVOY_BIN", &envoy))
             .with_context(|| format!("{name} failed"))?;
         steps.push((name, started.elapsed().as_secs_f64()));
         Ok(())

@@ -42,12 +42,24 @@ fn refuses_what_is_not_one_json_object() {
 }
 
 #[test]
-fn deep_nesting_inside_a_member_is_kept_raw_without_recursion() {
-    let deep = format!("{{\"a\": {}{}}}", "[".repeat(100_000), "]".repeat(100_000));
-    let object = JsonObject::parse(deep.as_bytes()).unwrap();
-    assert_eq!(object.get("a").unwrap().get().len(), 200_000);
+fn nesting_up_to_the_limit_is_accepted_and_deeper_is_refused() {
+    let nested = |levels: usize| format!("{{\"a\": {}1{}}}", "[".repeat(levels), "]".repeat(levels));
+    assert!(JsonObject::parse(nested(MAX_DEPTH - 1).as_bytes()).is_ok());
+    let error = JsonObject::parse(nested(MAX_DEPTH).as_bytes()).unwrap_err();
+    assert_eq!(error, JsonObjectError::TooDeep("a".into()));
+    assert!(error.to_string().contains("deeper than 128"), "{error}");
+    let deep = nested(100_000);
+    assert_eq!(JsonObject::parse(deep.as_bytes()).unwrap_err(), JsonObjectError::TooDeep("a".into()));
     let unbalanced = format!("{{\"a\": {}}}", "[".repeat(100_000));
     assert!(matches!(JsonObject::parse(unbalanced.as_bytes()), Err(JsonObjectError::NotJson(_))));
+}
+
+#[test]
+fn brackets_and_escapes_inside_strings_do_not_count_as_nesting() {
+    let text = format!(r#"{{"messages": [{{"content": "{}\"\\{}"}}]}}"#, "[".repeat(500), "{".repeat(500));
+    assert!(JsonObject::parse(text.as_bytes()).is_ok(), "{text}");
+    let big_prompt = format!(r#"{{"prompt": "{}"}}"#, "[{".repeat(200_000));
+    assert!(JsonObject::parse(big_prompt.as_bytes()).is_ok());
 }
 
 #[test]

@@ -1,0 +1,212 @@
+//! Micro-benchmark of the policy core: what the filter computes per completion request,
+//! stage by stage, per prompt size. Standard library only, so the same program runs
+//! natively and as `wasm32-wasip1` under wasmtime or V8 (`pinroute-harness bench` builds
+//! and runs all three; `cargo bench --bench policy` runs it natively).
+//!
+//! Arguments: `--sizes 1024,32768,262144` (request body bytes), `--budget-ms 300` (time per
+//! measurement). Output: one JSON object per line,
+//! `{"stage": "parse", "body_bytes": 1024, "ns_per_op": 812.5, "iterations": 120000}`.
+//!
+//! Stages, in the order the filter runs them on a request body:
+//! - `headers`: the pin headers (`parse_headers`) of a typical request;
+//! - `parse`: `JsonObject::parse` of the body and `parse_nvext`;
+//! - `resolve`: `Resolver::resolve` of a pinned prefill and decode worker;
+//! - `prefill_body`: the prefill hop's body (`rewrite::prefill_body`);
+//! - `decode_body`: the decode hop's body (`DecodeBody::new` + `finish` with the prefill's
+//!   `kv_transfer_params`);
+//! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
+//! - `total`: all of the above, as one request.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use pinroute::policy::json::JsonObject;
+use pinroute::policy::pins::{self, HeaderHints, Pins};
+use pinroute::policy::registry::Config;
+use pinroute::policy::resolve::{RegistryOnly, Resolver};
+use pinroute::policy::rewrite::{self, DecodeBody};
+use pinroute::policy::select::Choice;
+
+const DEFAULT_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
+const DEFAULT_BUDGET: Duration = Duration::from_millis(300);
+/// Each measurement is the median of this many timed batches.
+const BATCHES: usize = 5;
+
+const REGISTRY: &str = r#"{"workers": [
+    {"id": 101, "role": "prefill", "address": "10.0.0.11:8000", "dp_size": 1},
+    {"id": 102, "role": "prefill", "address": "10.0.0.12:8000", "dp_size": 1},
+    {"id": 201, "role": "decode", "address": "10.0.0.21:8000", "dp_size": 1},
+    {"id": 202, "role": "decode", "address": "10.0.0.22:8000", "dp_size": 2}
+]}"#;
+
+/// What a sim prefill worker answers (the part the filter reads).
+const PREFILL_RESPONSE: &str = r#"{"id":"cmpl-bench","object":"text_completion","created":1,"model":"sim-model","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":180,"total_tokens":181,"completion_tokens":1},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"sim-101-0","remote_block_ids":[8,9,10,11,12,13,14,15],"remote_request_id":"kv-sim101-1-1","remote_host":"127.0.0.1","remote_port":8101,"tp_size":1}}"#;
+
+const HEADERS: [(&str, &[u8]); 10] = [
+    (":method", b"POST"),
+    (":path", b"/v1/completions"),
+    (":authority", b"gateway:10000"),
+    ("content-type", b"application/json"),
+    ("content-length", b"262144"),
+    ("user-agent", b"bench/1.0"),
+    ("accept", b"text/event-stream"),
+    ("x-request-id", b"bench-0-0"),
+    ("x-dynamo-prefill-instance-id", b"101"),
+    ("x-dynamo-worker-instance-id", b"201"),
+];
+
+const WORDS: [&str; 16] = [
+    "the", "prefill", "worker", "computes", "a", "cache", "that", "decode", "streams", "to",
+    "client", "with", "pinned", "routes", "caf\u{e9}", "\\n",
+];
+
+/// A completion request of about `size` bytes: the benchmark's client body.
+fn request_body(size: usize) -> String {
+    let head = r#"{"model":"sim-model","prompt":""#;
+    let tail = r#"","max_tokens":8,"stream":true}"#;
+    let mut body = String::with_capacity(size + 16);
+    body.push_str(head);
+    let target = size.saturating_sub(tail.len());
+    for word in WORDS.iter().cycle() {
+        if body.len() + word.len() + 1 > target {
+            break;
+        }
+        body.push_str(word);
+        body.push(' ');
+    }
+    body.push_str(tail);
+    body
+}
+
+struct Options {
+    sizes: Vec<usize>,
+    budget: Duration,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options { sizes: DEFAULT_SIZES.to_vec(), budget: DEFAULT_BUDGET };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--sizes" => {
+                let list = args.next().ok_or("--sizes needs a value")?;
+                options.sizes = list
+                    .split(',')
+                    .map(|s| s.trim().parse::<usize>().map_err(|e| format!("--sizes {s:?}: {e}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--budget-ms" => {
+                let ms = args.next().ok_or("--budget-ms needs a value")?;
+                let ms = ms.parse::<u64>().map_err(|e| format!("--budget-ms {ms:?}: {e}"))?;
+                options.budget = Duration::from_millis(ms);
+            }
+            _ => {} // `cargo bench` passes `--bench`.
+        }
+    }
+    Ok(options)
+}
+
+/// Nanoseconds per call of `f`: the median of [`BATCHES`] batches sized to fill `budget`.
+fn measure<F: FnMut()>(budget: Duration, mut f: F) -> (f64, u64) {
+    let per_batch = budget / BATCHES as u32;
+    let mut iterations: u64 = 1;
+    loop {
+        let started = Instant::now();
+        (0..iterations).for_each(|_| f());
+        let elapsed = started.elapsed();
+        if elapsed >= per_batch / 10 || iterations >= 1 << 30 {
+            let scale = per_batch.as_secs_f64() / elapsed.as_secs_f64().max(1e-9);
+            iterations = ((iterations as f64 * scale) as u64).max(1);
+            break;
+        }
+        iterations *= 10;
+    }
+    let mut batches: Vec<f64> = (0..BATCHES)
+        .map(|_| {
+            let started = Instant::now();
+            (0..iterations).for_each(|_| f());
+            started.elapsed().as_nanos() as f64 / iterations as f64
+        })
+        .collect();
+    batches.sort_by(f64::total_cmp);
+    let median = batches.get(BATCHES / 2).copied().unwrap_or(f64::NAN);
+    (median, iterations * BATCHES as u64)
+}
+
+fn report(stage: &str, body_bytes: usize, (ns, iterations): (f64, u64)) {
+    println!(r#"{{"stage":"{stage}","body_bytes":{body_bytes},"ns_per_op":{ns:.1},"iterations":{iterations}}}"#);
+}
+
+fn header_hints() -> Result<HeaderHints, String> {
+    pins::parse_headers(HEADERS.iter().copied()).map_err(|e| e.to_string())
+}
+
+/// Every stage of one request, as the filter runs them.
+fn whole_request(config: &Config, body: &[u8], turn: u64) -> Result<(String, String), String> {
+    let hints = header_hints()?;
+    let request = JsonObject::parse(body).map_err(|e| e.to_string())?;
+    let body_pins = pins::parse_nvext(&request).map_err(|e| e.to_string())?;
+    let route = resolver(config, turn).resolve(&hints.pins.or(body_pins)).map_err(|e| e.to_string())?;
+    let decode = DecodeBody::new(&request, body.len());
+    let prefill = rewrite::prefill_body(&request, body.len());
+    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes()).map_err(|e| e.to_string())?;
+    black_box(route);
+    Ok((prefill, decode.finish(params.as_deref())))
+}
+
+fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
+    Resolver {
+        registry: &config.registry,
+        settings: &config.settings,
+        availability: &RegistryOnly,
+        choice: Choice::Turn(turn),
+    }
+}
+
+fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), String> {
+    let body = request_body(size);
+    let bytes = body.as_bytes();
+    let request = JsonObject::parse(bytes).map_err(|e| e.to_string())?;
+    let pins: Pins = header_hints()?.pins;
+    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes()).map_err(|e| e.to_string())?;
+    whole_request(config, bytes, 0)?;
+    let len = bytes.len();
+    report("headers", len, measure(budget, || drop(black_box(header_hints()))));
+    report("parse", len, measure(budget, || {
+        let parsed = JsonObject::parse(black_box(bytes));
+        drop(black_box(parsed.map(|object| pins::parse_nvext(&object).is_ok())));
+    }));
+    let mut turn = 0u64;
+    report("resolve", len, measure(budget, || {
+        turn = turn.wrapping_add(1);
+        drop(black_box(resolver(config, turn).resolve(black_box(&pins))));
+    }));
+    report("prefill_body", len, measure(budget, || drop(black_box(rewrite::prefill_body(&request, len)))));
+    report("decode_body", len, measure(budget, || {
+        drop(black_box(DecodeBody::new(&request, len).finish(params.as_deref())));
+    }));
+    report("prefill_response", len, measure(budget, || {
+        drop(black_box(rewrite::prefill_kv_transfer_params(black_box(PREFILL_RESPONSE.as_bytes()))));
+    }));
+    report("total", len, measure(budget, || drop(black_box(whole_request(config, black_box(bytes), 1)))));
+    Ok(())
+}
+
+fn run() -> Result<(), String> {
+    let options = options()?;
+    let config = Config::from_json(REGISTRY.as_bytes()).map_err(|e| e.to_string())?;
+    for size in &options.sizes {
+        bench_size(&config, *size, options.budget)?;
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("policy bench: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
