@@ -158,7 +158,7 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
     Resolver {
         registry: &config.registry,
         settings: &config.settings,
-        availability: &RegistryOnly,
+        availability: RegistryOnly,
         choice: Choice::Turn(turn),
     }
 }

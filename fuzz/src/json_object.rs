@@ -4,6 +4,8 @@
 //! - neither panics;
 //! - JSON that `serde_json` reads as an object is accepted, or refused only for a key that
 //!   really is in it twice; JSON that is not an object is `NotAnObject`;
+//! - an object is accepted only if it nests at most 128 levels (the top level included),
+//!   and refused as too deep only if it nests deeper;
 //! - an accepted object has the members `serde_json` sees, in the client's order, each raw
 //!   value reading back to the same value, and it is written back to the same value by
 //!   splicing members (what the rewrites do);
@@ -20,6 +22,7 @@ use crate::violated;
 
 pub fn check(data: &[u8]) {
     let parsed = JsonObject::parse(data);
+    check_depth(data, &parsed);
     match serde_json::from_slice::<Value>(data) {
         Ok(Value::Object(map)) => check_object(&parsed, &map),
         Ok(_) => assert_eq!(parsed.err(), Some(JsonObjectError::NotAnObject), "a JSON non-object"),
@@ -31,6 +34,37 @@ pub fn check(data: &[u8]) {
             }
         }
     }
+}
+
+/// Deepest nesting `JsonObject` accepts, the top-level object included.
+const MAX_DEPTH: usize = 128;
+
+fn check_depth(data: &[u8], parsed: &Result<JsonObject<'_>, JsonObjectError>) {
+    match parsed {
+        Ok(_) => assert!(depth(data) <= MAX_DEPTH, "accepted nesting {} levels deep", depth(data)),
+        Err(JsonObjectError::TooDeep(_)) => assert!(depth(data) > MAX_DEPTH, "refused as too deep"),
+        Err(_) => {}
+    }
+}
+
+/// How deep arrays and objects nest in JSON text (strings skipped, escapes honoured).
+pub fn depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for byte in text {
+        match (in_string, escaped, byte) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') | (false, _, b'"') => in_string = !in_string,
+            (false, _, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn value_limit(error: &serde_json::Error) -> bool {

@@ -6,7 +6,6 @@
 
 pub mod headers;
 pub mod json_object;
-pub mod model;
 pub mod nvext;
 pub mod resolve;
 pub mod rewrite;

@@ -81,3 +81,9 @@ pub fn response_code_details() -> Option<String> {
     let value = hostcalls::get_property(vec!["response", "code_details"]).ok()??;
     String::from_utf8(value).ok()
 }
+
+/// `upstream.address`: the `ip:port` the routed request went to, once a response came.
+pub fn upstream_address() -> Option<String> {
+    let value = hostcalls::get_property(vec!["upstream", "address"]).ok()??;
+    String::from_utf8(value).ok()
+}

@@ -16,7 +16,7 @@ use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
 use crate::policy::pins::{self, HeaderHints, Pins};
 use crate::policy::registry::{Config, Deployment, WorkerId};
-use crate::policy::resolve::{PrefillPlan, Resolver, Target};
+use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
 use crate::policy::select::Choice;
 
@@ -50,7 +50,7 @@ pub struct Stream {
     /// Client headers, minus stripped ones, for the prefill hop.
     forwarded: Vec<(String, String)>,
     prefill_worker: Option<u64>,
-    decode: Option<(Target, Hop)>,
+    decode: Option<TokenHop>,
     /// A failed decode response being replaced by this typed error.
     response_error: Option<RouteError>,
 }
@@ -71,8 +71,7 @@ struct Prefilling {
     remaining: Vec<Target>,
     body: String,
     decode_body: DecodeBody,
-    decode: Target,
-    decode_hop: Hop,
+    decode: TokenHop,
     /// Size of the request body Envoy holds.
     held_body_size: usize,
     /// When the current attempt was dispatched, in nanoseconds.
@@ -109,8 +108,8 @@ impl Stream {
         self.request_id = self.request_id(&headers)?;
         if !COMPLETION_PATHS.contains(&self.path.as_str()) {
             let (health, now) = (shared::health(), envoy::now_nanos());
-            let (target, hop) = self.resolver(&health, now).token_hop(&self.hints.pins)?;
-            self.route(target, hop, None, None)?;
+            let token_hop = self.resolver(&health, now).token_hop(&self.hints.pins)?;
+            self.route(token_hop, None, None)?;
             return Ok(Action::Continue);
         }
         if end_of_stream {
@@ -158,7 +157,7 @@ impl Stream {
                     self.metrics.count(Counter::AggregatedFallback);
                 }
                 let rewritten = decode_body.dropped_client_kv.then(|| decode_body.finish(None));
-                self.route(route.decode, route.decode_hop, rewritten, Some(body_size))?;
+                self.route(route.decode, rewritten, Some(body_size))?;
                 return Ok(Action::Continue);
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -175,7 +174,6 @@ impl Stream {
             body: rewrite::prefill_body(&request, body.len()),
             decode_body,
             decode: route.decode,
-            decode_hop: route.decode_hop,
             held_body_size: body_size,
             dispatched_at: 0,
         };
@@ -261,7 +259,7 @@ impl Stream {
                 self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
                 let body = prefill.decode_body.finish(kv_transfer_params.as_deref());
-                self.route(prefill.decode, prefill.decode_hop, Some(body), Some(prefill.held_body_size))
+                self.route(prefill.decode, Some(body), Some(prefill.held_body_size))
             }
             Err(failure) => self.on_prefill_failure(prefill, failure),
         }
@@ -286,20 +284,17 @@ impl Stream {
         log::info!("pinroute: request {}: no prefill worker left, decode prefills itself", self.request_id);
         self.metrics.count(Counter::AggregatedFallback);
         let body = prefill.decode_body.finish(None);
-        self.route(prefill.decode, prefill.decode_hop, Some(body), Some(prefill.held_body_size))
+        self.route(prefill.decode, Some(body), Some(prefill.held_body_size))
     }
 
     /// Sends the request on to its token-generating worker, with `body` replacing the held
     /// body (of `held_body_size` bytes, when the filter holds one) when given.
-    fn route(
-        &mut self,
-        target: Target,
-        hop: Hop,
-        body: Option<String>,
-        held_body_size: Option<usize>,
-    ) -> Result<(), RouteError> {
+    fn route(&mut self, decode: TokenHop, body: Option<String>, held_body_size: Option<usize>) -> Result<(), RouteError> {
+        let target = &decode.target;
         let address = target.worker.address.to_string();
         envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
+        let pool = (!target.pinned).then(|| pool_header(&decode));
+        envoy::set_request_header(headers::POOL_HEADER, pool.as_deref()).map_err(host_failure)?;
         let rank = target.rank.map(|r| r.to_string());
         envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
         if let Some(held) = held_body_size {
@@ -309,11 +304,25 @@ impl Stream {
             let length = body.as_ref().map_or(held, String::len).to_string();
             envoy::set_request_header("content-length", Some(&length)).map_err(host_failure)?;
         }
-        log::debug!("pinroute: request {} {hop} on worker {}", self.request_id, target.worker.id);
+        log::debug!("pinroute: request {} {} on worker {}", self.request_id, decode.hop, target.worker.id);
         self.metrics.count(Counter::DecodeRouted);
-        self.decode = Some((target, hop));
+        self.decode = Some(decode);
         self.phase = Phase::Forwarded;
         Ok(())
+    }
+
+    /// The worker Envoy's last attempt went to: the first candidate, or an alternate after
+    /// connections to the ones before it failed (then those are marked unhealthy).
+    fn served_decode_worker(&self, decode: &TokenHop) -> WorkerId {
+        let first = decode.target.worker.id;
+        let Some(served) = envoy::upstream_address() else { return first };
+        let Some(at) = decode.alternates.iter().position(|w| w.address.to_string() == served) else {
+            return first;
+        };
+        self.mark_unhealthy(first);
+        let skipped = decode.alternates.get(..at).unwrap_or_default();
+        skipped.iter().for_each(|w| self.mark_unhealthy(w.id));
+        decode.alternates.get(at).map_or(first, |w| w.id)
     }
 
     fn answer(&mut self, error: &RouteError) -> Action {
@@ -336,14 +345,15 @@ impl Stream {
         if let Some(id) = self.prefill_worker {
             envoy::set_response_header(headers::PREFILL_WORKER_HEADER, Some(&id.to_string()))?;
         }
-        let Some((target, hop)) = &self.decode else { return Ok(()) };
-        envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&target.worker.id.to_string()))?;
+        let Some(decode) = &self.decode else { return Ok(()) };
+        let worker = self.served_decode_worker(decode);
+        envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = envoy::response_status().unwrap_or(0);
         let Some(failure) = decode_failure(status, envoy::response_code_details().as_deref()) else {
             return Ok(());
         };
-        let (hop, worker) = (*hop, target.worker.id);
-        let error = if target.pinned {
+        let (hop, pinned) = (decode.hop, decode.target.pinned);
+        let error = if pinned {
             RouteError::PinnedWorkerFailed { hop, worker, failure }
         } else {
             RouteError::UpstreamFailed { hop, worker, failure }
@@ -446,6 +456,12 @@ fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> {
         _ if status == 504 => HopFailure::Timeout,
         _ => HopFailure::Connect,
     })
+}
+
+/// `ip:port,ip:port,...`: the unpinned decode hop's candidates, for Envoy's retries.
+fn pool_header(decode: &TokenHop) -> String {
+    let addresses = std::iter::once(&decode.target.worker).chain(&decode.alternates).map(|w| w.address.to_string());
+    addresses.collect::<Vec<_>>().join(",")
 }
 
 fn header_text<'h>(headers: &'h envoy::Headers, name: &str) -> &'h str {

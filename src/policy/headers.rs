@@ -9,6 +9,10 @@ pub const INTERNAL_PREFIX: &str = "x-pinroute-";
 const UPSTREAM_CHOOSING: &[&str] = &["x-envoy-original-dst-host", "x-prefiller-host-port"];
 const UPSTREAM_CHOOSING_PREFIXES: &[&str] = &["x-gateway-destination-endpoint", INTERNAL_PREFIX];
 
+/// `ip:port,...` of an unpinned decode hop's candidates, best first: the bootstrap routes
+/// such requests to a cluster whose `override_host` policy tries them in order.
+pub const POOL_HEADER: &str = "x-pinroute-pool";
+
 /// The header vLLM reads to choose a data-parallel rank; only the filter sets it.
 pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 

@@ -30,12 +30,23 @@ pub enum PrefillPlan {
     Candidates(Vec<Target>),
 }
 
+/// How many workers an unpinned decode hop may be offered: the first and those Envoy retries
+/// when a connection fails (the bootstrap's `num_retries` plus one).
+pub const DECODE_ATTEMPTS: usize = 3;
+
+/// The token-generating hop: the decode hop, or the single hop of an aggregated deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHop {
+    pub target: Target,
+    pub hop: Hop,
+    /// Unpinned only: the next best workers, in order, for a connection that fails.
+    pub alternates: Vec<Worker>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub prefill: PrefillPlan,
-    /// The decode hop, or the single hop of an aggregated deployment.
-    pub decode: Target,
-    pub decode_hop: Hop,
+    pub decode: TokenHop,
 }
 
 /// Whether a worker can take requests now. Draining comes from the registry; health from
@@ -72,27 +83,24 @@ impl<A: Availability> Resolver<'_, A> {
     /// error, never silently replaced by another worker.
     pub fn resolve(&self, pins: &Pins) -> Result<Route, RouteError> {
         let prefill = self.prefill(pins)?;
-        let (decode, decode_hop) = self.token_hop(pins)?;
-        Ok(Route { prefill, decode, decode_hop })
+        let decode = self.token_hop(pins)?;
+        Ok(Route { prefill, decode })
     }
 
     /// The token-generating hop alone: for paths that take no prefill hop (`/v1/models`, ...).
-    pub fn token_hop(&self, pins: &Pins) -> Result<(Target, Hop), RouteError> {
+    pub fn token_hop(&self, pins: &Pins) -> Result<TokenHop, RouteError> {
         let hop = match self.registry.deployment() {
             Deployment::Disaggregated => Hop::Decode,
             Deployment::Aggregated => Hop::Aggregated,
         };
         let worker_pin = pins.decode_worker_id.or(pins.backend_instance_id);
         let role = self.registry.token_role();
-        let target = match self.pinned(hop, role, worker_pin, pins.dp_rank)? {
-            Some(target) => target,
-            None => self
-                .candidates(role)
-                .into_iter()
-                .next()
-                .ok_or(RouteError::NoWorkerAvailable { hop, role })?,
-        };
-        Ok((target, hop))
+        if let Some(target) = self.pinned(hop, role, worker_pin, pins.dp_rank)? {
+            return Ok(TokenHop { target, hop, alternates: Vec::new() });
+        }
+        let mut candidates = self.candidates(role).into_iter().take(DECODE_ATTEMPTS);
+        let target = candidates.next().ok_or(RouteError::NoWorkerAvailable { hop, role })?;
+        Ok(TokenHop { target, hop, alternates: candidates.map(|t| t.worker).collect() })
     }
 
     fn prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {

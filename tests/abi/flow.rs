@@ -39,6 +39,7 @@ fn a_decode_pin_gets_a_free_prefill_hop_then_the_decode_rewrite() {
     let stream = host.stream(ctx).unwrap();
     assert!(stream.request_resumed && stream.request_forwarded);
     assert_eq!(stream.request_header("x-pinroute-upstream"), Some("10.0.0.22:8000"));
+    assert_eq!(stream.request_header("x-pinroute-pool"), None, "a pinned hop is never retried elsewhere");
     assert_eq!(stream.request_header("x-data-parallel-rank"), Some("1"));
     assert_eq!(stream.request_header("x-envoy-original-dst-host"), None);
     assert_eq!(stream.request_header("x-dynamo-worker-instance-id"), None);
@@ -102,6 +103,9 @@ fn a_failed_unpinned_prefill_is_retried_elsewhere_then_falls_back_to_one_hop() {
     assert!(host.take_http_calls().is_empty(), "prefill_retries is 1");
     let stream = host.stream(ctx).unwrap();
     assert!(stream.request_forwarded, "aggregated fallback");
+    let pool = stream.request_header("x-pinroute-pool").unwrap();
+    let first = stream.request_header("x-pinroute-upstream").unwrap();
+    assert!(pool.starts_with(first) && pool.contains("10.0.0.21:8000") && pool.contains("10.0.0.22:8000"), "{pool}");
     assert!(json(&stream.request_body()).get("kv_transfer_params").is_none());
     assert_eq!(host.counter("pinroute.prefill.retried"), Some(1));
     assert_eq!(host.counter("pinroute.prefill.aggregated_fallback"), Some(1));

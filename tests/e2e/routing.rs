@@ -237,3 +237,20 @@ async fn an_unpinned_request_survives_a_dead_prefill_worker_and_falls_back_when_
     assert_eq!(reply.json()["sim"]["kv_from"], Value::Null, "decode prefilled itself");
     assert!(only_request(&deployment, 201).body.get("kv_transfer_params").is_none());
 }
+
+#[tokio::test]
+async fn an_unpinned_decode_hop_whose_worker_refuses_connections_is_served_by_another() {
+    let workers = vec![worker(101, SimRole::Prefill, 1), worker(201, SimRole::Decode, 1)];
+    let mut spec = StackSpec::new(workers, wasm());
+    spec.dead = vec![(208, SimRole::Decode, 1), (209, SimRole::Decode, 1)];
+    let deployment = start(spec).await;
+    for _ in 0..6 {
+        let reply = complete(&deployment, &[], &prompt()).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert_eq!(reply.number("x-pinroute-decode-worker"), Some(201), "the live worker is named");
+        let health = send(&deployment, reqwest::Method::GET, "/health", &[], None).await;
+        assert_eq!(health.status, 200, "{}", health.text);
+    }
+    let marked = deployment.envoy.stat("wasmcustom.pinroute.workers.marked_unhealthy").await.unwrap().unwrap_or(0);
+    assert!(marked >= 1, "the dead workers were marked unhealthy");
+}

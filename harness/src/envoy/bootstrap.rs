@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use pinroute::policy::registry::{Config, Settings};
+use serde_json::json;
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
@@ -38,7 +39,8 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     let config = Config::from_json(opts.plugin_config.as_bytes())
         .map_err(|e| anyhow::anyhow!("invalid plugin configuration (worker registry): {e}"))?;
     check_cluster_names(&config.settings)?;
-    let values = placeholder_values(opts, &config.settings)?;
+    let mut values = placeholder_values(opts, &config.settings)?;
+    values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
     let rendered = values
         .iter()
         .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
@@ -93,6 +95,20 @@ fn placeholder_values(
         ),
         ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
     ])
+}
+
+/// The token-generating workers as `lb_endpoints`, in JSON (valid YAML flow style).
+fn decode_pool_endpoints(config: &Config) -> String {
+    let role = config.registry.token_role();
+    let endpoints: Vec<_> = config
+        .registry
+        .pool(role)
+        .map(|w| {
+            let address = json!({"address": w.address.ip().to_string(), "port_value": w.address.port()});
+            json!({"endpoint": {"address": {"socket_address": address}}})
+        })
+        .collect();
+    serde_json::Value::Array(endpoints).to_string()
 }
 
 /// A JSON string literal: a valid YAML double-quoted scalar for any string.

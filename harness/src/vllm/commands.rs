@@ -97,6 +97,8 @@ fn cpu_env() -> Vec<(String, String)> {
         ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
         ("HF_HUB_OFFLINE", "1"),
         ("TRANSFORMERS_OFFLINE", "1"),
+        // Log lines reach the log file as they are written (the suite reads connector lines).
+        ("PYTHONUNBUFFERED", "1"),
     ]
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

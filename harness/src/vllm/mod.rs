@@ -36,7 +36,7 @@ pub use install::{
 pub use metrics::counter_total;
 pub use model::{MODELS_DIR, TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 pub use pair::{
-    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, INJECT_LOG, KvEvidence, VllmPair, VllmPairOptions, expected_kv_tokens,
+    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, GENERATION_TOKENS_COUNTER, INJECT_LOG, PROMPT_TOKENS_COUNTER, KvEvidence, VllmPair, VllmPairOptions, expected_kv_tokens,
 };
 pub use plan::{
     CpuPairLayout, DECODE_ID, GpuPairOptions, InstancePlan, NIXL_REQUIREMENT, PREFILL_ID, PairPlan,

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::commands::CPU_BLOCK_SIZE;
 use super::install::ensure_vllm;
+use super::metrics::counter_total;
 use super::model::{TINY_MODEL_NAME, ensure_model};
 use super::plan::{CpuPairLayout, PairPlan, cpu_plan, free_loopback_address};
 use super::process::VllmServer;
@@ -17,6 +18,8 @@ use crate::envoy::repo_root;
 
 /// Decode's counter of prompt tokens whose KV a connector loaded from elsewhere.
 pub const EXTERNAL_HITS_COUNTER: &str = "vllm:external_prefix_cache_hits_total";
+pub const PROMPT_TOKENS_COUNTER: &str = "vllm:prompt_tokens_total";
+pub const GENERATION_TOKENS_COUNTER: &str = "vllm:generation_tokens_total";
 /// Log lines of ExampleConnector on the decode instance when it loads KV.
 pub const CACHE_HIT_LOG: &str = "External Cache Hit!";
 pub const INJECT_LOG: &str = "Inject KV cache of";
@@ -61,8 +64,12 @@ pub struct KvEvidence {
     pub stored_prompts: usize,
     /// Prefill's `vllm:prompt_tokens_total`: prompt tokens the prefill instance processed.
     pub prefill_prompt_tokens: f64,
+    /// Prefill's `vllm:generation_tokens_total` (one per prefill hop: `max_tokens` is 1).
+    pub prefill_generation_tokens: f64,
     /// Decode's `vllm:generation_tokens_total`.
     pub decode_generation_tokens: f64,
+    /// Decode's `vllm:prompt_tokens_total`.
+    pub decode_prompt_tokens: f64,
 }
 
 impl KvEvidence {
@@ -74,7 +81,9 @@ impl KvEvidence {
             decode_inject_lines: self.decode_inject_lines.saturating_sub(before.decode_inject_lines),
             stored_prompts: self.stored_prompts.saturating_sub(before.stored_prompts),
             prefill_prompt_tokens: self.prefill_prompt_tokens - before.prefill_prompt_tokens,
+            prefill_generation_tokens: self.prefill_generation_tokens - before.prefill_generation_tokens,
             decode_generation_tokens: self.decode_generation_tokens - before.decode_generation_tokens,
+            decode_prompt_tokens: self.decode_prompt_tokens - before.decode_prompt_tokens,
         }
     }
 }
@@ -159,13 +168,17 @@ impl VllmPair {
     /// The engines' own record of KV hand-over so far.
     pub async fn kv_evidence(&self) -> Result<KvEvidence> {
         self.ensure_running()?;
+        let prefill = self.prefill.metrics().await?;
+        let decode = self.decode.metrics().await?;
         Ok(KvEvidence {
-            decode_external_hits: self.decode.counter(EXTERNAL_HITS_COUNTER).await?,
+            decode_external_hits: counter_total(&decode, EXTERNAL_HITS_COUNTER),
             decode_hit_lines: self.decode.log_lines_containing(CACHE_HIT_LOG)?,
             decode_inject_lines: self.decode.log_lines_containing(INJECT_LOG)?,
             stored_prompts: self.stored_prompts()?,
-            prefill_prompt_tokens: self.prefill.counter("vllm:prompt_tokens_total").await?,
-            decode_generation_tokens: self.decode.counter("vllm:generation_tokens_total").await?,
+            prefill_prompt_tokens: counter_total(&prefill, PROMPT_TOKENS_COUNTER),
+            prefill_generation_tokens: counter_total(&prefill, GENERATION_TOKENS_COUNTER),
+            decode_generation_tokens: counter_total(&decode, GENERATION_TOKENS_COUNTER),
+            decode_prompt_tokens: counter_total(&decode, PROMPT_TOKENS_COUNTER),
         })
     }
 

@@ -52,8 +52,8 @@ fn decode_pin(id: WorkerId) -> Pins {
 #[test]
 fn the_original_bug_a_decode_pin_alone_leaves_prefill_free() {
     let route = resolve(DISAGGREGATED, decode_pin(201)).unwrap();
-    assert_eq!(summary(&route.decode), pinned(201, Some(0)));
-    assert_eq!(route.decode_hop, Hop::Decode);
+    assert_eq!(summary(&route.decode.target), pinned(201, Some(0)));
+    assert_eq!(route.decode.hop, Hop::Decode);
     let candidates = prefill_ids(&route);
     assert!(!candidates.is_empty());
     assert!(candidates.iter().all(|id| [101, 102].contains(id)));
@@ -63,7 +63,7 @@ fn the_original_bug_a_decode_pin_alone_leaves_prefill_free() {
 fn the_generic_pin_and_decode_rank_never_reach_the_prefill_hop() {
     let pins = Pins { backend_instance_id: Some(202), dp_rank: Some(1), ..Pins::default() };
     let route = resolve(DISAGGREGATED, pins).unwrap();
-    assert_eq!(summary(&route.decode), pinned(202, Some(1)));
+    assert_eq!(summary(&route.decode.target), pinned(202, Some(1)));
     match route.prefill {
         PrefillPlan::Candidates(targets) => assert!(targets.iter().all(|t| t.rank.is_none() && !t.pinned)),
         other => panic!("{other:?}"),
@@ -79,8 +79,8 @@ fn a_prefill_pin_alone_leaves_decode_free() {
         rank: Some(0),
         pinned: true,
     }));
-    assert!(!route.decode.pinned);
-    assert_ne!(route.decode.worker.id, 203, "a draining worker is never chosen");
+    assert!(!route.decode.target.pinned);
+    assert_ne!(route.decode.target.worker.id, 203, "a draining worker is never chosen");
 }
 
 #[test]
@@ -95,7 +95,7 @@ fn both_pins_with_both_ranks() {
     let route = resolve(DISAGGREGATED, pins).unwrap();
     let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!("{:?}", route.prefill) };
     assert_eq!(summary(prefill), pinned(102, Some(1)));
-    assert_eq!(summary(&route.decode), pinned(202, Some(0)));
+    assert_eq!(summary(&route.decode.target), pinned(202, Some(0)));
 }
 
 #[test]
@@ -104,20 +104,20 @@ fn multi_rank_workers_pinned_without_a_rank_get_no_rank_and_single_rank_ones_get
     let route = resolve(DISAGGREGATED, pins).unwrap();
     let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!() };
     assert_eq!(summary(prefill), pinned(102, None));
-    assert_eq!(summary(&route.decode), pinned(202, None));
+    assert_eq!(summary(&route.decode.target), pinned(202, None));
     let pins = Pins { prefill_worker_id: Some(101), ..decode_pin(201) };
     let route = resolve(DISAGGREGATED, pins).unwrap();
     let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!() };
     assert_eq!(summary(prefill), pinned(101, Some(0)));
-    assert_eq!(summary(&route.decode), pinned(201, Some(0)));
+    assert_eq!(summary(&route.decode.target), pinned(201, Some(0)));
 }
 
 #[test]
 fn decode_worker_id_beats_backend_instance_id() {
     let pins = Pins { backend_instance_id: Some(201), decode_worker_id: Some(202), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.worker.id, 202);
+    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.target.worker.id, 202);
     let pins = Pins { backend_instance_id: Some(201), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.worker.id, 201);
+    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.target.worker.id, 201);
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn no_prefill_worker_falls_back_to_one_hop_unless_disabled() {
     let only_decode = r#"{"workers": [{"id": 201, "role": "decode", "address": "127.0.0.1:8201"}]}"#;
     let route = resolve(only_decode, Pins::default()).unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
-    assert_eq!(route.decode_hop, Hop::Decode);
+    assert_eq!(route.decode.hop, Hop::Decode);
     let settings = Settings { aggregated_fallback: false, ..Settings::default() };
     assert_eq!(
         resolve_with(only_decode, &settings, Choice::Turn(0), &Pins::default()),
@@ -239,11 +239,11 @@ fn an_aggregated_deployment_is_one_hop_pinned_by_the_generic_pins() {
     let pins = Pins { dp_rank: Some(1), ..decode_pin(301) };
     let route = resolve(AGGREGATED, pins).unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
-    assert_eq!(route.decode_hop, Hop::Aggregated);
-    assert_eq!(summary(&route.decode), pinned(301, Some(1)));
+    assert_eq!(route.decode.hop, Hop::Aggregated);
+    assert_eq!(summary(&route.decode.target), pinned(301, Some(1)));
     let route = resolve(AGGREGATED, Pins::default()).unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
-    assert!(!route.decode.pinned);
+    assert!(!route.decode.target.pinned);
 }
 
 #[test]
@@ -270,9 +270,9 @@ fn a_session_picks_the_same_workers_and_a_pin_beats_it() {
         let again = resolve_with(DISAGGREGATED, &settings, session, &Pins::default()).unwrap();
         assert_eq!(again, first);
     }
-    let other = first.decode.worker.id ^ 201 ^ 202; // the other available decode worker
+    let other = first.decode.target.worker.id ^ 201 ^ 202; // the other available decode worker
     let pinned_route = resolve_with(DISAGGREGATED, &settings, session, &decode_pin(other)).unwrap();
-    assert_eq!(pinned_route.decode.worker.id, other);
+    assert_eq!(pinned_route.decode.target.worker.id, other);
 }
 
 #[test]
@@ -281,6 +281,22 @@ fn the_token_hop_alone_ignores_prefill_pins() {
     let settings = Settings::default();
     let resolver = Resolver { registry: &registry, settings: &settings, availability: &RegistryOnly, choice: Choice::Turn(0) };
     let pins = Pins { prefill_worker_id: Some(999), ..decode_pin(202) };
-    let (target, hop) = resolver.token_hop(&pins).unwrap();
-    assert_eq!((target.worker.id, hop), (202, Hop::Decode));
+    let token_hop = resolver.token_hop(&pins).unwrap();
+    assert_eq!((token_hop.target.worker.id, token_hop.hop), (202, Hop::Decode));
+    assert!(token_hop.alternates.is_empty(), "a pin has no alternates");
+}
+
+#[test]
+fn an_unpinned_decode_hop_offers_its_next_best_workers_for_a_failed_connection() {
+    let route = resolve(DISAGGREGATED, Pins::default()).unwrap();
+    let mut offered: Vec<WorkerId> = route.decode.alternates.iter().map(|w| w.id).collect();
+    offered.insert(0, route.decode.target.worker.id);
+    offered.sort_unstable();
+    assert_eq!(offered, vec![201, 202], "every available decode worker, the draining one never");
+    let many = format!(
+        r#"{{"workers": [{}]}}"#,
+        (1..=9).map(|i| format!(r#"{{"id": {i}, "role": "decode", "address": "127.0.0.1:{}"}}"#, 9000 + i)).collect::<Vec<_>>().join(",")
+    );
+    let route = resolve(&many, Pins::default()).unwrap();
+    assert_eq!(route.decode.alternates.len(), DECODE_ATTEMPTS - 1);
 }

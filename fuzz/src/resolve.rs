@@ -1,0 +1,554 @@
+//! Registry validation and per-hop resolution (SPEC sections 3, 5, 6).
+//!
+//! The input describes a worker list, health, settings, the unpinned choice and the pins
+//! (often naming registry workers, so pins hit real, wrong-role and unknown workers).
+//!
+//! Properties:
+//! - `Registry::new` accepts exactly the lists SPEC section 6 allows, and `from_json` of
+//!   the same list agrees with it;
+//! - resolution never panics and is deterministic;
+//! - it equals a model of SPEC section 3 written out here: route, or exact error and hop;
+//! - every target is a registry worker (so its address is a registry address) of the hop's
+//!   role; a pinned target is exactly the pinned worker; a rank is < `dp_size`;
+//! - the prefill plan depends on P and pr only: changing B, D and r never changes it (so
+//!   prefill is never pinned without P and its rank never comes from r); the token hop
+//!   depends on D/B and r only and equals `token_hop`;
+//! - with a session, a worker other than the chosen one leaving keeps the choice;
+//! - an error maps to its SPEC status and code, names the worker and hop, and its body
+//!   never contains a registry address.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use arbitrary::Arbitrary;
+use pinroute::policy::error::{Hop, RouteError, Unavailability};
+use pinroute::policy::pins::Pins;
+use pinroute::policy::registry::{Deployment, Registry, Role, Settings, Worker, WorkerId};
+use pinroute::policy::resolve::{Availability, DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop};
+use pinroute::policy::select::{Choice, session_weight};
+
+use crate::violated;
+
+const MAX_WORKERS: usize = 8;
+
+#[derive(Arbitrary, Debug)]
+pub struct Case {
+    workers: Vec<WorkerSpec>,
+    unhealthy: u16,
+    retry_after_secs: u8,
+    prefill_retries: Retries,
+    aggregated_fallback: bool,
+    choice: ChoiceSpec,
+    pins: PinsSpec,
+    /// B, D and r of a second resolution that must leave the prefill plan alone.
+    other_token_pins: PinsSpec,
+}
+
+#[derive(Arbitrary, Debug)]
+struct WorkerSpec {
+    id: IdSpec,
+    role: RoleSpec,
+    address: AddressSpec,
+    dp_size: RankSpec,
+    draining: bool,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum IdSpec {
+    Small(u8),
+    Any(u64),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum RoleSpec {
+    Prefill,
+    Decode,
+    Aggregated,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum AddressSpec {
+    Loopback(u8),
+    V4([u8; 4], u16),
+    V6(u16, u16),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum RankSpec {
+    Small(u8),
+    Any(u32),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Retries {
+    Small(u8),
+    Any(u32),
+}
+
+#[derive(Arbitrary, Debug)]
+enum ChoiceSpec {
+    Session(Vec<u8>),
+    Turn(u64),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct PinsSpec {
+    backend: Option<IdRef>,
+    prefill: Option<IdRef>,
+    decode: Option<IdRef>,
+    rank: Option<RankSpec>,
+    prefill_rank: Option<RankSpec>,
+}
+
+/// A pinned id: usually a registry worker's, by index.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum IdRef {
+    Worker(u8),
+    Any(u64),
+}
+
+/// Draining from the registry, unhealthy from the fuzzer.
+#[derive(Clone)]
+struct Health {
+    unhealthy: HashSet<WorkerId>,
+    retry_after_secs: u32,
+}
+
+impl Availability for Health {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        if worker.draining {
+            Some(Unavailability::Draining)
+        } else {
+            let retry_after_secs = self.retry_after_secs;
+            self.unhealthy.contains(&worker.id).then_some(Unavailability::Unhealthy { retry_after_secs })
+        }
+    }
+}
+
+pub fn check(case: &Case) {
+    let workers = case.workers();
+    let registry = check_registry(&workers);
+    let Some(registry) = registry else { return };
+    let settings = Settings {
+        prefill_retries: case.prefill_retries.value(),
+        aggregated_fallback: case.aggregated_fallback,
+        ..Settings::default()
+    };
+    let health = Health {
+        unhealthy: case.unhealthy_ids(&workers),
+        retry_after_secs: u32::from(case.retry_after_secs),
+    };
+    let choice = match &case.choice {
+        ChoiceSpec::Session(key) => Choice::Session(key),
+        ChoiceSpec::Turn(turn) => Choice::Turn(*turn),
+    };
+    let pins = case.pins.pins(&workers);
+    let world = World { registry: &registry, settings: &settings, health: &health, choice };
+    world.check(&pins, &case.other_token_pins.pins(&workers));
+}
+
+impl Case {
+    fn workers(&self) -> Vec<Worker> {
+        self.workers.iter().take(MAX_WORKERS).map(WorkerSpec::worker).collect()
+    }
+
+    fn unhealthy_ids(&self, workers: &[Worker]) -> HashSet<WorkerId> {
+        let down = |i: &usize| self.unhealthy & (1 << i) != 0;
+        workers.iter().enumerate().filter(|(i, _)| down(i)).map(|(_, w)| w.id).collect()
+    }
+}
+
+impl WorkerSpec {
+    fn worker(&self) -> Worker {
+        Worker {
+            id: match self.id {
+                IdSpec::Small(id) => u64::from(id % 16),
+                IdSpec::Any(id) => id,
+            },
+            role: match self.role {
+                RoleSpec::Prefill => Role::Prefill,
+                RoleSpec::Decode => Role::Decode,
+                RoleSpec::Aggregated => Role::Aggregated,
+            },
+            address: match self.address {
+                AddressSpec::Loopback(n) => SocketAddr::from(([127, 0, 0, 1], 8000 + u16::from(n % 8))),
+                AddressSpec::V4(ip, port) => SocketAddr::from((Ipv4Addr::from(ip), port)),
+                AddressSpec::V6(segment, port) => {
+                    SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, segment)), port)
+                }
+            },
+            dp_size: self.dp_size.value(),
+            draining: self.draining,
+        }
+    }
+}
+
+impl RankSpec {
+    fn value(self) -> u32 {
+        match self {
+            RankSpec::Small(n) => u32::from(n % 5),
+            RankSpec::Any(n) => n,
+        }
+    }
+}
+
+impl Retries {
+    fn value(self) -> u32 {
+        match self {
+            Retries::Small(n) => u32::from(n % 4),
+            Retries::Any(n) => n,
+        }
+    }
+}
+
+impl PinsSpec {
+    fn pins(&self, workers: &[Worker]) -> Pins {
+        let id = |r: Option<IdRef>| {
+            r.map(|r| match r {
+                IdRef::Worker(i) => workers.get(usize::from(i) % workers.len().max(1)).map_or(0, |w| w.id),
+                IdRef::Any(id) => id,
+            })
+        };
+        Pins {
+            backend_instance_id: id(self.backend),
+            prefill_worker_id: id(self.prefill),
+            decode_worker_id: id(self.decode),
+            dp_rank: self.rank.map(RankSpec::value),
+            prefill_dp_rank: self.prefill_rank.map(RankSpec::value).filter(|r| *r != u32::MAX),
+        }
+    }
+}
+
+/// `Registry::new` against SPEC section 6, and `from_json` against `new`.
+fn check_registry(workers: &[Worker]) -> Option<Registry> {
+    let valid = registry_is_valid(workers);
+    let registry = Registry::new(workers.to_vec());
+    assert_eq!(registry.is_ok(), valid, "Registry::new({workers:?}) = {registry:?}");
+    let from_json = Registry::from_json(registry_json(workers).as_bytes());
+    match (&registry, &from_json) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "from_json and new disagree"),
+        (Err(_), Err(_)) => {}
+        _ => violated(format!("Registry::new: {registry:?}, from_json: {from_json:?}")),
+    }
+    registry.ok()
+}
+
+fn registry_is_valid(workers: &[Worker]) -> bool {
+    let unique_ids = workers.iter().map(|w| w.id).collect::<HashSet<_>>().len() == workers.len();
+    let unique_addresses = workers.iter().map(|w| w.address).collect::<HashSet<_>>().len() == workers.len();
+    let has = |role| workers.iter().any(|w| w.role == role);
+    let roles_ok = if has(Role::Aggregated) {
+        !has(Role::Prefill) && !has(Role::Decode)
+    } else {
+        has(Role::Decode)
+    };
+    unique_ids && unique_addresses && workers.iter().all(|w| w.dp_size > 0) && roles_ok
+}
+
+fn registry_json(workers: &[Worker]) -> String {
+    let workers: Vec<serde_json::Value> = workers
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "id": w.id, "role": w.role.to_string(), "address": w.address.to_string(),
+                "dp_size": w.dp_size, "draining": w.draining,
+            })
+        })
+        .collect();
+    serde_json::json!({ "workers": workers }).to_string()
+}
+
+/// Everything a resolution depends on but the pins.
+struct World<'a> {
+    registry: &'a Registry,
+    settings: &'a Settings,
+    health: &'a Health,
+    choice: Choice<'a>,
+}
+
+impl World<'_> {
+    fn resolver(&self) -> Resolver<'_, &Health> {
+        Resolver {
+            registry: self.registry,
+            settings: self.settings,
+            availability: self.health,
+            choice: self.choice,
+        }
+    }
+
+    fn check(&self, pins: &Pins, other_token_pins: &Pins) {
+        let actual = self.resolver().resolve(pins);
+        assert_eq!(self.resolver().resolve(pins), actual, "resolution is not deterministic");
+        assert_eq!(actual, self.expected(pins), "resolution of {pins:?}");
+        match &actual {
+            Ok(route) => self.check_route(route, pins),
+            Err(error) => self.check_error(error),
+        }
+        self.check_prefill_ignores_token_pins(pins, &actual, other_token_pins);
+        self.check_token_hop(pins, &actual);
+        self.check_session_stability(pins, &actual);
+    }
+
+    // ---- the model of SPEC section 3 ----
+
+    fn expected(&self, pins: &Pins) -> Result<Route, RouteError> {
+        let prefill = self.expected_prefill(pins)?;
+        let decode = self.expected_token_hop(pins)?;
+        Ok(Route { prefill, decode })
+    }
+
+    fn expected_prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
+        let hop = Hop::Prefill;
+        if let Some(target) = self.expected_pin(hop, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)? {
+            return Ok(PrefillPlan::Pinned(target));
+        }
+        if self.registry.deployment() == Deployment::Aggregated {
+            return Ok(PrefillPlan::Skip);
+        }
+        let mut order = self.expected_order(Role::Prefill);
+        order.truncate(usize::try_from(self.settings.prefill_retries).map_or(usize::MAX, |n| n.saturating_add(1)));
+        if !order.is_empty() {
+            Ok(PrefillPlan::Candidates(order))
+        } else if self.settings.aggregated_fallback {
+            Ok(PrefillPlan::Skip)
+        } else {
+            Err(RouteError::NoWorkerAvailable { hop, role: Role::Prefill })
+        }
+    }
+
+    fn expected_token_hop(&self, pins: &Pins) -> Result<TokenHop, RouteError> {
+        let (hop, role) = match self.registry.deployment() {
+            Deployment::Disaggregated => (Hop::Decode, Role::Decode),
+            Deployment::Aggregated => (Hop::Aggregated, Role::Aggregated),
+        };
+        let pin = pins.decode_worker_id.or(pins.backend_instance_id);
+        if let Some(target) = self.expected_pin(hop, role, pin, pins.dp_rank)? {
+            return Ok(TokenHop { target, hop, alternates: Vec::new() });
+        }
+        let mut order = self.expected_order(role).into_iter();
+        let target = order.next().ok_or(RouteError::NoWorkerAvailable { hop, role })?;
+        let alternates = order.take(DECODE_ATTEMPTS - 1).map(|t| t.worker).collect();
+        Ok(TokenHop { target, hop, alternates })
+    }
+
+    fn expected_pin(
+        &self,
+        hop: Hop,
+        role: Role,
+        id: Option<WorkerId>,
+        rank: Option<u32>,
+    ) -> Result<Option<Target>, RouteError> {
+        let Some(id) = id else {
+            return if rank.is_some() { Err(RouteError::RankWithoutWorker { hop }) } else { Ok(None) };
+        };
+        let Some(worker) = self.registry.workers().iter().find(|w| w.id == id) else {
+            return Err(RouteError::UnknownWorker { hop, worker: id });
+        };
+        if worker.role != role {
+            return Err(RouteError::WrongRole { hop, worker: id, actual: worker.role, expected: role });
+        }
+        if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
+            return Err(RouteError::RankOutOfRange { hop, worker: id, rank, dp_size: worker.dp_size });
+        }
+        if let Some(why) = self.health.unavailability(worker) {
+            return Err(RouteError::WorkerUnavailable { hop, worker: id, why });
+        }
+        let rank = rank.or(if worker.dp_size == 1 { Some(0) } else { None });
+        Ok(Some(Target { worker: worker.clone(), rank, pinned: true }))
+    }
+
+    /// The available workers of a role, best first: by session weight (highest first, ties
+    /// to the higher id), or round robin over ids from the turn.
+    fn expected_order(&self, role: Role) -> Vec<Target> {
+        let mut pool: Vec<&Worker> = self
+            .registry
+            .workers()
+            .iter()
+            .filter(|w| w.role == role && self.health.unavailability(w).is_none())
+            .collect();
+        match self.choice {
+            Choice::Session(key) => pool.sort_by(|a, b| {
+                (session_weight(key, b), b.id).cmp(&(session_weight(key, a), a.id))
+            }),
+            Choice::Turn(turn) => {
+                pool.sort_by_key(|w| w.id);
+                let len = u64::try_from(pool.len()).unwrap_or(u64::MAX).max(1);
+                pool.rotate_left(usize::try_from(turn % len).unwrap_or(0));
+            }
+        }
+        pool.into_iter().map(|w| Target { worker: w.clone(), rank: None, pinned: false }).collect()
+    }
+
+    // ---- properties stated directly ----
+
+    fn check_route(&self, route: &Route, pins: &Pins) {
+        let expected_hop = match self.registry.deployment() {
+            Deployment::Disaggregated => Hop::Decode,
+            Deployment::Aggregated => Hop::Aggregated,
+        };
+        assert_eq!(route.decode.hop, expected_hop);
+        let token_pin = pins.decode_worker_id.or(pins.backend_instance_id);
+        self.check_target(&route.decode.target, self.registry.token_role(), token_pin, pins.dp_rank);
+        self.check_alternates(&route.decode);
+        match &route.prefill {
+            PrefillPlan::Pinned(target) => {
+                self.check_target(target, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)
+            }
+            PrefillPlan::Candidates(targets) => self.check_candidates(targets, pins),
+            PrefillPlan::Skip => assert!(pins.prefill_worker_id.is_none(), "prefill skipped though P is set"),
+        }
+    }
+
+    fn check_target(&self, target: &Target, role: Role, pin: Option<WorkerId>, rank_pin: Option<u32>) {
+        let worker = &target.worker;
+        assert_eq!(self.registry.get(worker.id), Some(worker), "target is not the registry's worker");
+        assert!(self.registry.workers().iter().any(|w| w.address == worker.address), "address not in registry");
+        assert_eq!(worker.role, role, "target {} has the wrong role", worker.id);
+        assert!(target.rank.is_none_or(|r| r < worker.dp_size), "rank {:?} >= dp_size", target.rank);
+        assert_eq!(self.health.unavailability(worker), None, "target {} is not available", worker.id);
+        match pin {
+            Some(id) => {
+                assert!(target.pinned && worker.id == id, "pinned {id}, got {}", worker.id);
+                let implied = if worker.dp_size == 1 { Some(0) } else { None };
+                assert_eq!(target.rank, rank_pin.or(implied), "rank of pinned {id}");
+            }
+            None => assert!(!target.pinned && target.rank.is_none(), "unpinned target has a pin or rank"),
+        }
+    }
+
+    /// Alternates: only for an unpinned hop, distinct available registry workers of the
+    /// hop's role other than the target, at most `DECODE_ATTEMPTS - 1`.
+    fn check_alternates(&self, decode: &TokenHop) {
+        let alternates = &decode.alternates;
+        assert!(!decode.target.pinned || alternates.is_empty(), "a pinned hop has alternates");
+        assert!(alternates.len() < DECODE_ATTEMPTS, "{} alternates", alternates.len());
+        let mut ids: HashSet<WorkerId> = alternates.iter().map(|w| w.id).collect();
+        assert!(ids.insert(decode.target.worker.id) && ids.len() == alternates.len() + 1, "repeated worker");
+        for worker in alternates {
+            let target = Target { worker: worker.clone(), rank: None, pinned: false };
+            self.check_target(&target, self.registry.token_role(), None, None);
+        }
+    }
+
+    fn check_candidates(&self, targets: &[Target], pins: &Pins) {
+        assert!(pins.prefill_worker_id.is_none(), "P is set but prefill is unpinned");
+        assert!(!targets.is_empty(), "no candidates must be Skip or an error");
+        let limit = u64::from(self.settings.prefill_retries) + 1;
+        assert!(u64::try_from(targets.len()).is_ok_and(|n| n <= limit), "more than 1 + retries candidates");
+        let ids: HashSet<WorkerId> = targets.iter().map(|t| t.worker.id).collect();
+        assert_eq!(ids.len(), targets.len(), "a candidate is repeated");
+        for target in targets {
+            self.check_target(target, Role::Prefill, None, None);
+        }
+    }
+
+    fn check_error(&self, error: &RouteError) {
+        let (status, code) = expected_status(error);
+        assert_eq!((error.status(), error.code()), (status, code), "{error:?}");
+        let body: serde_json::Value = match serde_json::from_str(&error.body()) {
+            Ok(body) => body,
+            Err(e) => violated(format!("error body is not JSON: {e}")),
+        };
+        assert_eq!(body.pointer("/error/code").and_then(|c| c.as_str()), Some(code));
+        assert_eq!(error.retry_after_secs(), expected_retry_after(error), "Retry-After of {error:?}");
+        let message = error.to_string();
+        if let Some((hop, worker)) = hop_and_worker(error) {
+            assert!(message.contains(&hop.to_string()), "{message} does not name the {hop} hop");
+            assert!(worker.is_none_or(|id| message.contains(&id.to_string())), "{message}: no worker id");
+        }
+        for worker in self.registry.workers() {
+            let address = worker.address.to_string();
+            assert!(!error.body().contains(&address), "error body leaks {address}");
+        }
+    }
+
+    /// Changing B, D and r leaves the prefill plan, or a prefill error, as it was.
+    fn check_prefill_ignores_token_pins(&self, pins: &Pins, actual: &Result<Route, RouteError>, other: &Pins) {
+        let variant = Pins {
+            backend_instance_id: other.backend_instance_id,
+            decode_worker_id: other.decode_worker_id,
+            dp_rank: other.dp_rank,
+            ..pins.clone()
+        };
+        let changed = self.resolver().resolve(&variant);
+        match (actual, &changed) {
+            (Ok(a), Ok(b)) => assert_eq!(a.prefill, b.prefill, "B/D/r changed the prefill plan"),
+            (Err(e), _) if error_hop(e) == Some(Hop::Prefill) => {
+                assert_eq!(&changed, actual, "B/D/r changed a prefill error")
+            }
+            (_, Err(e)) if error_hop(e) == Some(Hop::Prefill) => {
+                violated(format!("B/D/r {other:?} made prefill fail: {e}"))
+            }
+            _ => {}
+        }
+    }
+
+    /// The token hop of a route is `token_hop`, whatever P and pr are.
+    fn check_token_hop(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
+        let token_hop = self.resolver().token_hop(pins);
+        let without_prefill_pins = Pins { prefill_worker_id: None, prefill_dp_rank: None, ..pins.clone() };
+        assert_eq!(self.resolver().token_hop(&without_prefill_pins), token_hop, "P/pr changed the token hop");
+        match actual {
+            Ok(route) => assert_eq!(token_hop.as_ref(), Ok(&route.decode), "token_hop"),
+            Err(e) if error_hop(e) != Some(Hop::Prefill) => assert_eq!(token_hop.err().as_ref(), Some(e)),
+            Err(_) => {}
+        }
+    }
+
+    /// Rendezvous hashing: another worker leaving keeps a session's choice.
+    fn check_session_stability(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
+        let (Choice::Session(_), Ok(route)) = (self.choice, actual) else { return };
+        if route.decode.target.pinned {
+            return;
+        }
+        let chosen = route.decode.target.worker.id;
+        let others = self.registry.pool(self.registry.token_role()).filter(|w| w.id != chosen);
+        for leaving in others {
+            let mut health = self.health.clone();
+            health.unhealthy.insert(leaving.id);
+            let world = World { health: &health, ..*self };
+            let after = world.resolver().token_hop(pins).map(|t| t.target.worker.id);
+            assert_eq!(after, Ok(chosen), "worker {} leaving moved the session from {chosen}", leaving.id);
+        }
+    }
+}
+
+fn expected_status(error: &RouteError) -> (u16, &'static str) {
+    match error {
+        RouteError::RankWithoutWorker { .. } => (400, "rank_without_worker"),
+        RouteError::UnknownWorker { .. } => (400, "unknown_worker"),
+        RouteError::WrongRole { .. } => (400, "wrong_worker_role"),
+        RouteError::RankOutOfRange { .. } => (400, "dp_rank_out_of_range"),
+        RouteError::WorkerUnavailable { .. } => (503, "worker_unavailable"),
+        RouteError::NoWorkerAvailable { .. } => (503, "no_worker_available"),
+        other => violated(format!("resolution answered an error it cannot cause: {other:?}")),
+    }
+}
+
+/// SPEC section 3: a worker out of service answers 503 with `Retry-After`; a 400 has none.
+fn expected_retry_after(error: &RouteError) -> Option<u32> {
+    match error {
+        RouteError::WorkerUnavailable { why: Unavailability::Unhealthy { retry_after_secs }, .. } => {
+            Some(*retry_after_secs)
+        }
+        RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => {
+            Some(pinroute::policy::error::RETRY_AFTER_SECS)
+        }
+        _ => None,
+    }
+}
+
+fn hop_and_worker(error: &RouteError) -> Option<(Hop, Option<WorkerId>)> {
+    match *error {
+        RouteError::RankWithoutWorker { hop } | RouteError::NoWorkerAvailable { hop, .. } => Some((hop, None)),
+        RouteError::UnknownWorker { hop, worker }
+        | RouteError::WrongRole { hop, worker, .. }
+        | RouteError::RankOutOfRange { hop, worker, .. }
+        | RouteError::WorkerUnavailable { hop, worker, .. } => Some((hop, Some(worker))),
+        _ => None,
+    }
+}
+
+fn error_hop(error: &RouteError) -> Option<Hop> {
+    hop_and_worker(error).map(|(hop, _)| hop)
+}

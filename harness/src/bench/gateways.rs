@@ -1,0 +1,190 @@
+//! What stands between the load generator and the workers in each scenario.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{Context, Result, bail};
+use pinroute::policy::registry::Settings;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::python::PythonProxy;
+use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
+use crate::envoy::{
+    BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, Envoy, MAX_UPSTREAM_REQUESTS,
+    buffer_limit_bytes, envoy_duration, render_bootstrap,
+};
+
+const PLAIN_TEMPLATE: &str = include_str!("../../../envoy/plain.yaml");
+
+/// One way of sending the two hops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// The load generator sends the prefill and then the decode hop itself: no proxy.
+    Floor,
+    /// Prefill sent directly, decode through Envoy without the filter (what Envoy costs).
+    Envoy,
+    /// One request to Envoy with the pinroute filter: the full two-hop flow with pins.
+    Pinroute,
+    /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
+    Python,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 4] = [Scenario::Floor, Scenario::Envoy, Scenario::Pinroute, Scenario::Python];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scenario::Floor => "floor",
+            Scenario::Envoy => "envoy",
+            Scenario::Pinroute => "pinroute",
+            Scenario::Python => "python",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Scenario::Floor => "no proxy: the client sends prefill, then decode",
+            Scenario::Envoy => "Envoy without the filter on the decode hop (prefill direct)",
+            Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
+            Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        Scenario::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text.trim().to_ascii_lowercase())
+            .with_context(|| format!("unknown scenario {text:?}: expected floor, envoy, pinroute or python"))
+    }
+}
+
+/// A running proxy process.
+pub enum Gateway {
+    Envoy(Envoy),
+    Python(PythonProxy),
+}
+
+impl Gateway {
+    pub fn pid(&self) -> u32 {
+        match self {
+            Gateway::Envoy(envoy) => envoy.pid(),
+            Gateway::Python(proxy) => proxy.pid(),
+        }
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        match self {
+            Gateway::Envoy(envoy) => envoy.listen(),
+            Gateway::Python(proxy) => proxy.address(),
+        }
+    }
+}
+
+/// What starting a gateway needs.
+pub struct GatewayInputs<'a> {
+    pub sims: SimAddresses,
+    pub envoy_binary: &'a Path,
+    pub wasm: &'a Path,
+    pub python: Option<&'a Path>,
+    pub repo_root: &'a Path,
+    pub work_dir: &'a Path,
+}
+
+/// Starts the proxy of `scenario` (`None` for the floor).
+pub async fn start_gateway(scenario: Scenario, inputs: &GatewayInputs<'_>) -> Result<Option<Gateway>> {
+    let dir = inputs.work_dir.join(scenario.as_str());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(match scenario {
+        Scenario::Floor => None,
+        Scenario::Envoy => {
+            let yaml = plain_bootstrap(inputs.sims.decode)?;
+            Some(Gateway::Envoy(Envoy::start(inputs.envoy_binary, &yaml, &dir).await?))
+        }
+        Scenario::Pinroute => {
+            let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm)?;
+            Some(Gateway::Envoy(Envoy::start(inputs.envoy_binary, &yaml, &dir).await?))
+        }
+        Scenario::Python => {
+            let Some(python) = inputs.python else { bail!("the Python scenario needs the bench venv") };
+            let proxy = PythonProxy::start(python, inputs.repo_root, &inputs.sims, &dir).await?;
+            Some(Gateway::Python(proxy))
+        }
+    })
+}
+
+fn loopback_any() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// The worker registry of the pinroute scenario.
+pub fn registry(sims: &SimAddresses) -> serde_json::Value {
+    json!({"workers": [
+        {"id": PREFILL_ID, "role": "prefill", "address": sims.prefill.to_string(), "dp_size": 1},
+        {"id": DECODE_ID, "role": "decode", "address": sims.decode.to_string(), "dp_size": 1},
+    ]})
+}
+
+fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path) -> Result<String> {
+    render_bootstrap(&BootstrapOptions {
+        listen: loopback_any(),
+        admin: loopback_any(),
+        wasm: PathBuf::from(wasm),
+        plugin_config: registry(sims).to_string(),
+        route_timeout: DEFAULT_ROUTE_TIMEOUT,
+    })
+}
+
+/// `envoy/plain.yaml` for a decode worker, with the limits of the pinroute bootstrap.
+pub fn plain_bootstrap(decode: SocketAddr) -> Result<String> {
+    let buffer_limit = buffer_limit_bytes(Settings::default().max_body_bytes)?;
+    let values = [
+        ("{{ADMIN_IP}}", "\"127.0.0.1\"".to_string()),
+        ("{{ADMIN_PORT}}", "0".to_string()),
+        ("{{LISTEN_IP}}", "\"127.0.0.1\"".to_string()),
+        ("{{LISTEN_PORT}}", "0".to_string()),
+        ("{{DECODE_IP}}", format!("\"{}\"", decode.ip())),
+        ("{{DECODE_PORT}}", decode.port().to_string()),
+        ("{{BUFFER_LIMIT_BYTES}}", buffer_limit.to_string()),
+        ("{{ROUTE_TIMEOUT}}", envoy_duration(DEFAULT_ROUTE_TIMEOUT)),
+        ("{{CONNECT_TIMEOUT}}", envoy_duration(CONNECT_TIMEOUT)),
+        ("{{MAX_UPSTREAM_REQUESTS}}", MAX_UPSTREAM_REQUESTS.to_string()),
+    ];
+    let rendered = values.iter().fold(PLAIN_TEMPLATE.to_string(), |text, (marker, value)| text.replace(marker, value));
+    if let Some(line) = rendered.lines().find(|line| line.contains("{{")) {
+        bail!("envoy/plain.yaml has an unknown placeholder: {}", line.trim());
+    }
+    Ok(rendered)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_bootstrap_renders_every_marker() {
+        let yaml = plain_bootstrap("127.0.0.1:8201".parse().unwrap()).unwrap();
+        assert!(yaml.contains("port_value: 8201"), "{yaml}");
+        assert!(!yaml.contains("wasm"), "{yaml}");
+    }
+
+    #[test]
+    fn scenarios_parse() {
+        assert_eq!("Pinroute".parse::<Scenario>().unwrap(), Scenario::Pinroute);
+        assert!("nginx".parse::<Scenario>().is_err());
+    }
+}

@@ -1,0 +1,137 @@
+//! The Python baseline proxy (`harness/python/disagg_proxy.py`, FastAPI + httpx) in its own
+//! venv, `.cache/bench-venv`, installed from `harness/python/bench-requirements.txt`.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::sims::SimAddresses;
+
+pub const VENV_DIR: &str = ".cache/bench-venv";
+const REQUIREMENTS: &str = "harness/python/bench-requirements.txt";
+const PROXY_SCRIPT: &str = "harness/python/disagg_proxy.py";
+/// Written into the venv once the requirements are installed: a copy of them.
+const STAMP: &str = "bench-requirements.installed";
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The venv's python, with the requirements installed (creating the venv on first use).
+pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
+    let venv = repo_root.join(VENV_DIR);
+    let requirements_path = repo_root.join(REQUIREMENTS);
+    let requirements = fs::read_to_string(&requirements_path)
+        .with_context(|| format!("reading {}", requirements_path.display()))?;
+    let python = venv.join("bin/python");
+    let stamp = venv.join(STAMP);
+    if python.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == requirements) {
+        return Ok(python);
+    }
+    let _lock = lock_file(&venv)?;
+    if !python.is_file() {
+        eprintln!("pinroute-harness: python3 -m venv {}", venv.display());
+        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    eprintln!("pinroute-harness: pip install -r {REQUIREMENTS} into {}", venv.display());
+    run_visibly(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r"])
+            .arg(&requirements_path),
+    )?;
+    fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(python)
+}
+
+fn lock_file(venv: &Path) -> Result<File> {
+    let parent = venv.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let path = venv.with_extension("lock");
+    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    file.lock().with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
+}
+
+fn run_visibly(command: &mut Command) -> Result<()> {
+    let description = format!("{command:?}");
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .status()
+        .with_context(|| format!("running {description}"))?;
+    if !status.success() {
+        bail!("{description} failed: {status}");
+    }
+    Ok(())
+}
+
+/// The running proxy; killed when dropped.
+pub struct PythonProxy {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl PythonProxy {
+    pub async fn start(python: &Path, repo_root: &Path, sims: &SimAddresses, work_dir: &Path) -> Result<Self> {
+        let address = crate::stack::refusing_address()?;
+        let log_path = work_dir.join("python-proxy.log");
+        let log = File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let child = Command::new(python)
+            .arg(repo_root.join(PROXY_SCRIPT))
+            .args(["--listen", &address.to_string()])
+            .args(["--prefill", &sims.prefill.to_string()])
+            .args(["--decode", &sims.decode.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("sharing the proxy log")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {PROXY_SCRIPT}"))?;
+        let mut proxy = PythonProxy { child, address };
+        proxy.wait_ready(&log_path).await?;
+        Ok(proxy)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
+        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
+        let url = format!("http://{}/health", self.address);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the Python proxy exited ({status}): {}", tail(log_path));
+            }
+            if http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        bail!("the Python proxy did not answer {url} within {READY_TIMEOUT:?}: {}", tail(log_path))
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n")
+}
+
+impl Drop for PythonProxy {
+    fn drop(&mut self) {
+        let pid = self.child.id();
+        if let Err(e) = self.child.kill() {
+            log::debug!("stopping the Python proxy {pid}: {e}");
+        }
+        if let Err(e) = self.child.wait() {
+            log::warn!("reaping the Python proxy {pid}: {e}");
+        }
+    }
+}

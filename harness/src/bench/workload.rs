@@ -1,0 +1,240 @@
+//! The benchmark's request: a streamed `/v1/completions` with a prompt of a given size,
+//! sent the way each scenario needs, and checked (HTTP 200, the SSE stream complete, and
+//! for pinroute the prefill hop taken).
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Request;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::gateways::Scenario;
+use super::sims::PREFILL_ID;
+use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
+
+const PATH: &str = "/v1/completions";
+const LABEL: &str = "completion";
+const STREAM_END: &[u8] = b"data: [DONE]\n\n";
+/// The header pinroute adds to name the prefill worker it used.
+const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
+
+const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
+const WORDS: [&str; 16] = [
+    "the", "prefill", "worker", "computes", "a", "cache", "that", "decode", "streams", "to",
+    "client", "with", "pinned", "routes", "caf\u{e9}", "\\n",
+];
+
+/// The request bodies of one prompt size, built once and shared by every request.
+#[derive(Debug, Clone)]
+pub struct Bodies {
+    /// What a client sends: `{"model", "prompt", "max_tokens", "stream": true}`.
+    pub client: Bytes,
+    /// The client body without its closing `}`: the decode hop appends the
+    /// `kv_transfer_params` member to it.
+    pub client_open: Bytes,
+    /// The prefill hop a proxy would send for `client`.
+    pub prefill: Bytes,
+}
+
+impl Bodies {
+    /// Bodies whose client request is about `size` bytes, asking for `max_tokens` tokens.
+    pub fn new(size: usize, max_tokens: u32) -> Bodies {
+        let prompt = prompt_text(size.saturating_sub(64));
+        let client = format!(r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":{max_tokens},"stream":true}}"#);
+        let prefill = format!(
+            r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":1,"stream":false,"kv_transfer_params":{PREFILL_KV_TRANSFER_PARAMS}}}"#
+        );
+        let client = Bytes::from(client);
+        let client_open = client.slice(..client.len().saturating_sub(1));
+        Bodies { client, client_open, prefill: Bytes::from(prefill) }
+    }
+}
+
+/// Words (and `\n` escapes, and a non-ASCII one) up to `len` bytes of JSON string content.
+fn prompt_text(len: usize) -> String {
+    let mut text = String::with_capacity(len + 16);
+    for word in WORDS.iter().cycle() {
+        if text.len() + word.len() + 1 > len {
+            break;
+        }
+        text.push_str(word);
+        text.push(' ');
+    }
+    text
+}
+
+/// Where a scenario sends its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The client sends the prefill hop to `prefill`, then the decode hop to `decode`
+    /// (the decode worker itself, or Envoy in front of it).
+    TwoHops { prefill: SocketAddr, decode: SocketAddr },
+    /// One request to a proxy that sends both hops.
+    Proxy { proxy: SocketAddr, pinned: bool },
+}
+
+impl Route {
+    /// The route of `scenario`, given the workers and the proxy's address.
+    pub fn of(scenario: Scenario, prefill: SocketAddr, decode: SocketAddr, gateway: Option<SocketAddr>) -> Route {
+        match (scenario, gateway) {
+            (Scenario::Envoy, Some(envoy)) => Route::TwoHops { prefill, decode: envoy },
+            (Scenario::Pinroute, Some(proxy)) => Route::Proxy { proxy, pinned: true },
+            (Scenario::Python, Some(proxy)) => Route::Proxy { proxy, pinned: false },
+            _ => Route::TwoHops { prefill, decode },
+        }
+    }
+}
+
+/// The benchmark workload: every request is the same completion.
+pub struct Completion {
+    pub route: Route,
+    pub bodies: Bodies,
+}
+
+impl Workload for Completion {
+    async fn call(&self, user: &mut VirtualUser, seq: u64) -> Sample {
+        let request_id = format!("bench-{}-{seq}", user.id);
+        let started = Instant::now();
+        match self.route {
+            Route::TwoHops { prefill, decode } => self.two_hops(user, &request_id, prefill, decode, started).await,
+            Route::Proxy { proxy, pinned } => self.through_proxy(user, &request_id, proxy, pinned, started).await,
+        }
+    }
+
+    fn label(&self, _seq: u64) -> &'static str {
+        LABEL
+    }
+}
+
+impl Completion {
+    async fn two_hops(
+        &self,
+        user: &mut VirtualUser,
+        request_id: &str,
+        prefill: SocketAddr,
+        decode: SocketAddr,
+        started: Instant,
+    ) -> Sample {
+        let request = post(request_id, ChunkedBody::from(self.bodies.prefill.clone()), &[]);
+        let prefill_answer = match user.connections.exchange(prefill, request).await {
+            Ok(exchange) => exchange,
+            Err(error) => return Sample::transport_failure(LABEL, started, &error),
+        };
+        let params = match kv_transfer_params(&prefill_answer) {
+            Ok(params) => params,
+            Err(problem) => return Sample::from_exchange(LABEL, started, &prefill_answer, Some(problem)),
+        };
+        let body = ChunkedBody::new([self.bodies.client_open.clone(), Bytes::from(params)]);
+        match user.connections.exchange(decode, post(request_id, body, &[])).await {
+            Ok(exchange) => Sample::from_exchange(LABEL, started, &exchange, stream_problem(&exchange)),
+            Err(error) => Sample::transport_failure(LABEL, started, &error),
+        }
+    }
+
+    async fn through_proxy(
+        &self,
+        user: &mut VirtualUser,
+        request_id: &str,
+        proxy: SocketAddr,
+        pinned: bool,
+        started: Instant,
+    ) -> Sample {
+        let pins: &[(&str, &str)] = if pinned { &PINS } else { &[] };
+        let request = post(request_id, ChunkedBody::from(self.bodies.client.clone()), pins);
+        match user.connections.exchange(proxy, request).await {
+            Ok(exchange) => {
+                let problem = stream_problem(&exchange).or_else(|| pinned.then(|| prefill_problem(&exchange)).flatten());
+                Sample::from_exchange(LABEL, started, &exchange, problem)
+            }
+            Err(error) => Sample::transport_failure(LABEL, started, &error),
+        }
+    }
+}
+
+/// The sim workers' ids ([`PREFILL_ID`], `DECODE_ID`) as header values.
+const PREFILL_PIN: &str = "101";
+const DECODE_PIN: &str = "201";
+
+/// The pins of the pinroute scenario: the prefill worker, and the decode worker through
+/// the generic Dynamo header.
+const PINS: [(&str, &str); 2] =
+    [("x-dynamo-prefill-instance-id", PREFILL_PIN), ("x-dynamo-worker-instance-id", DECODE_PIN)];
+
+fn post(request_id: &str, body: ChunkedBody, extra: &[(&str, &str)]) -> Request<ChunkedBody> {
+    let mut builder = Request::post(PATH)
+        .header("host", "bench")
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("x-request-id", request_id);
+    for (name, value) in extra {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(body).unwrap_or_else(|_| Request::new(ChunkedBody::empty()))
+}
+
+#[derive(Deserialize)]
+struct PrefillAnswer<'a> {
+    #[serde(borrow)]
+    kv_transfer_params: Option<&'a RawValue>,
+}
+
+/// `,"kv_transfer_params":{...}}`: what closes the decode body, from the prefill's answer.
+fn kv_transfer_params(prefill: &Exchange) -> Result<String, String> {
+    if !prefill.status.is_success() {
+        return Err(format!("prefill answered {}: {}", prefill.status, String::from_utf8_lossy(&prefill.body)));
+    }
+    let answer: PrefillAnswer<'_> =
+        serde_json::from_slice(&prefill.body).map_err(|e| format!("prefill answer is not JSON: {e}"))?;
+    match answer.kv_transfer_params {
+        Some(params) => Ok(format!(r#","kv_transfer_params":{}}}"#, params.get())),
+        None => Err("the prefill answer has no kv_transfer_params".into()),
+    }
+}
+
+fn stream_problem(exchange: &Exchange) -> Option<String> {
+    if !exchange.status.is_success() {
+        let body = String::from_utf8_lossy(&exchange.body);
+        return Some(format!("HTTP {}: {}", exchange.status, body.chars().take(300).collect::<String>()));
+    }
+    (!exchange.tail.ends_with(STREAM_END)).then(|| "the SSE stream did not end with data: [DONE]".to_string())
+}
+
+fn prefill_problem(exchange: &Exchange) -> Option<String> {
+    match exchange.header(PREFILL_WORKER_HEADER) {
+        Some(PREFILL_PIN) => None,
+        other => Some(format!("{PREFILL_WORKER_HEADER} is {other:?}: the prefill hop was not taken on worker {PREFILL_ID}")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::bench::sims::DECODE_ID;
+
+    #[test]
+    fn pins_name_the_sim_workers() {
+        assert_eq!(PREFILL_PIN, PREFILL_ID.to_string());
+        assert_eq!(DECODE_PIN, DECODE_ID.to_string());
+    }
+
+    #[test]
+    fn bodies_have_the_asked_size_and_are_json() {
+        for size in [1024, 32 * 1024, 256 * 1024] {
+            let bodies = Bodies::new(size, 8);
+            let len = bodies.client.len();
+            assert!(len <= size && len + 32 >= size, "{size}: {len}");
+            let client: serde_json::Value = serde_json::from_slice(&bodies.client).unwrap();
+            assert_eq!(client["stream"], true);
+            let prefill: serde_json::Value = serde_json::from_slice(&bodies.prefill).unwrap();
+            assert_eq!(prefill["max_tokens"], 1);
+            assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
+            let decode = [&bodies.client_open[..], br#","kv_transfer_params":{"a":1}}"#].concat();
+            let decode: serde_json::Value = serde_json::from_slice(&decode).unwrap();
+            assert_eq!(decode["kv_transfer_params"]["a"], 1);
+        }
+    }
+}
