@@ -48,7 +48,7 @@ pub fn completion_headers(extra: &[(&str, &str)]) -> Vec<(String, String)> {
     .chain(extra)
     .map(|(n, v)| (n.to_string(), v.to_string()))
     .collect();
-    headers.sort_by_key(|(n, _)| n.starts_with(':').then_some(0).unwrap_or(1));
+    headers.sort_by_key(|(n, _)| !n.starts_with(':'));
     headers
 }
 

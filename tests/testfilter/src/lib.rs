@@ -174,7 +174,7 @@ impl HttpContext for Stream {
                 Action::Pause
             }
             "panic" => panic!("boom in request headers"),
-            "unreachable" => core::arch::wasm32::unreachable(),
+            "unreachable" => trap(),
             "shared" => {
                 let (v, cas) = self.get_shared_data("k");
                 self.set_http_request_header("x-shared-before", Some(&format!("{v:?} {cas:?}")));
@@ -260,4 +260,12 @@ impl HttpContext for Stream {
         proxy_wasm::hostcalls::increment_metric(self.gauge, -1).unwrap();
         log::info!("log ctx {} path {path:?}", self.id);
     }
+}
+
+/// A bare `unreachable` instruction (only meaningful compiled to wasm).
+fn trap() -> ! {
+    #[cfg(target_arch = "wasm32")]
+    core::arch::wasm32::unreachable();
+    #[cfg(not(target_arch = "wasm32"))]
+    std::process::abort();
 }
