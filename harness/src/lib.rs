@@ -1,6 +1,9 @@
 //! The native side of pinroute: Envoy and worker management, scenarios, benchmarks.
+pub mod bench;
 pub mod envoy;
+pub mod load;
 pub mod sim;
+pub mod registry_server;
 pub mod stack;
 pub mod vllm;
 pub mod wasm;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
 use crate::envoy::{BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root};
+use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
 
 /// What to run. Workers listen on `127.0.0.1` at `worker_ports` (0: any free port).
@@ -25,6 +26,8 @@ pub struct StackSpec {
     pub admin: SocketAddr,
     pub wasm: PathBuf,
     pub route_timeout: Duration,
+    /// Serve the registry over HTTP and let the filter refresh it on this period.
+    pub live_registry: Option<Duration>,
 }
 
 impl StackSpec {
@@ -40,6 +43,7 @@ impl StackSpec {
             admin: any,
             wasm,
             route_timeout: DEFAULT_ROUTE_TIMEOUT,
+            live_registry: None,
         }
     }
 }
@@ -49,6 +53,8 @@ pub struct Stack {
     pub envoy: Envoy,
     pub workers: Vec<SimWorker>,
     pub plugin_config: Value,
+    pub registry: Option<RegistryServer>,
+    bootstrap: String,
 }
 
 impl Stack {
@@ -61,7 +67,11 @@ impl Stack {
                 .with_context(|| format!("starting sim worker {} on {listen}", config.id))?;
             workers.push(worker);
         }
-        let plugin_config = plugin_config(spec, &workers)?;
+        let mut plugin_config = plugin_config(spec, &workers)?;
+        let registry = match spec.live_registry {
+            Some(refresh) => Some(serve_registry(&mut plugin_config, refresh).await?),
+            None => None,
+        };
         let bootstrap = render_bootstrap(&BootstrapOptions {
             listen: spec.listen,
             admin: spec.admin,
@@ -71,7 +81,26 @@ impl Stack {
         })?;
         let binary = envoy_binary(&repo_root())?;
         let envoy = Envoy::start(&binary, &bootstrap, work_dir).await?;
-        Ok(Stack { envoy, workers, plugin_config })
+        Ok(Stack { envoy, workers, plugin_config, registry, bootstrap })
+    }
+
+    /// Another Envoy with the same configuration (listening on ports of its own when the
+    /// spec's ports are 0): a second replica of the gateway.
+    pub async fn start_replica(&self, work_dir: &Path) -> Result<Envoy> {
+        Envoy::start(&envoy_binary(&repo_root())?, &self.bootstrap, work_dir).await
+    }
+
+    /// Starts one more sim worker (not yet in any registry) and returns its registry entry.
+    pub async fn add_worker(&mut self, config: SimConfig) -> Result<Value> {
+        let worker = SimWorker::start(config, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let entry = registry_entry(&worker, false);
+        self.workers.push(worker);
+        Ok(entry)
+    }
+
+    /// The registry entries of the running sim workers with these ids.
+    pub fn entries(&self, ids: &[u64]) -> Vec<Value> {
+        self.workers.iter().filter(|w| ids.contains(&w.config().id)).map(|w| registry_entry(w, false)).collect()
     }
 
     pub fn worker(&self, id: u64) -> Result<&SimWorker> {
@@ -89,16 +118,8 @@ impl Stack {
 
 /// The registry of the started workers (plus dead entries) and the filter's settings.
 fn plugin_config(spec: &StackSpec, workers: &[SimWorker]) -> Result<Value> {
-    let mut entries: Vec<Value> = workers
-        .iter()
-        .map(|w| {
-            let c = w.config();
-            json!({
-                "id": c.id, "role": c.role.as_str(), "address": w.addr().to_string(),
-                "dp_size": c.dp_size, "draining": spec.draining.contains(&c.id),
-            })
-        })
-        .collect();
+    let mut entries: Vec<Value> =
+        workers.iter().map(|w| registry_entry(w, spec.draining.contains(&w.config().id))).collect();
     for (id, role, dp_size) in &spec.dead {
         let address = refusing_address()?;
         entries.push(json!({"id": id, "role": role.as_str(), "address": address.to_string(), "dp_size": dp_size}));
@@ -108,6 +129,28 @@ fn plugin_config(spec: &StackSpec, workers: &[SimWorker]) -> Result<Value> {
         config.extend(settings.clone());
     }
     Ok(config)
+}
+
+fn registry_entry(worker: &SimWorker, draining: bool) -> Value {
+    let c = worker.config();
+    json!({
+        "id": c.id, "role": c.role.as_str(), "address": worker.addr().to_string(),
+        "dp_size": c.dp_size, "draining": draining,
+    })
+}
+
+/// Serves the configured workers as the live registry and points the filter at it.
+async fn serve_registry(plugin_config: &mut Value, refresh: Duration) -> Result<RegistryServer> {
+    let workers = json!({ "workers": plugin_config.get("workers").cloned().unwrap_or_default() });
+    let server = RegistryServer::start(&workers).await?;
+    let refresh_ms = u64::try_from(refresh.as_millis()).unwrap_or(u64::MAX);
+    let source = json!({
+        "cluster": "pinroute_registry", "address": server.addr().to_string(), "refresh_ms": refresh_ms,
+    });
+    if let Some(config) = plugin_config.as_object_mut() {
+        config.insert("registry".into(), source);
+    }
+    Ok(server)
 }
 
 /// A loopback address nothing listens on: a port bound and released at once.

@@ -4,6 +4,7 @@
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
 mod envoy;
+mod live_registry;
 mod metrics;
 mod shared;
 mod stream;
@@ -14,8 +15,8 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
-use crate::policy::registry::Config;
-use metrics::Metrics;
+use crate::policy::registry::{Config, Registry};
+use metrics::{Counter, Metrics};
 use stream::Stream;
 
 proxy_wasm::main! {{
@@ -23,35 +24,85 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// One per Envoy worker thread: the configuration and the round-robin counter.
+/// One per Envoy worker thread: the configuration, the round-robin counter, and the live
+/// registry's state.
 #[derive(Default)]
 struct Root {
     config: Option<Rc<Config>>,
     turns: Rc<Cell<u64>>,
     metrics: Rc<Metrics>,
+    /// Version (shared-data CAS) of the live registry in `config`.
+    registry_version: Option<u32>,
+    /// The registry fetch this thread has in flight.
+    fetch: Option<u32>,
 }
 
-impl Context for Root {}
+impl Root {
+    fn adopt(&mut self, registry: Registry) {
+        if let Some(config) = &self.config {
+            log::info!("pinroute: registry now has {} workers", registry.workers().len());
+            self.config = Some(Rc::new(config.with_registry(registry)));
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        if self.fetch != Some(token) {
+            return;
+        }
+        self.fetch = None;
+        match live_registry::take_fetched(body_size) {
+            Ok(registry) => {
+                self.metrics.count(Counter::RegistryRefreshed);
+                self.registry_version = None;
+                self.adopt(registry);
+            }
+            Err(why) => {
+                self.metrics.count(Counter::RegistryRefreshFailed);
+                log::warn!("pinroute: registry refresh failed, keeping the last good one: {why}");
+            }
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let raw = envoy::plugin_configuration().unwrap_or_default();
-        match Config::from_json(&raw) {
-            Ok(config) => {
-                log::info!(
-                    "pinroute: configured with {} workers ({:?} deployment)",
-                    config.registry.workers().len(),
-                    config.registry.deployment()
-                );
-                self.config = Some(Rc::new(config));
-                self.metrics = Rc::new(Metrics::define());
-                shared::initialize();
-                true
-            }
+        let config = match Config::from_json(&raw) {
+            Ok(config) => config,
             Err(error) => {
                 log::error!("pinroute: configuration refused: {error}");
-                false
+                return false;
             }
+        };
+        log::info!(
+            "pinroute: configured with {} workers ({:?} deployment){}",
+            config.registry.workers().len(),
+            config.registry.deployment(),
+            if config.settings.registry.is_some() { ", live registry" } else { "" }
+        );
+        if config.settings.registry.is_some()
+            && let Err(status) = proxy_wasm::hostcalls::set_tick_period(live_registry::ADOPT_PERIOD)
+        {
+            log::error!("pinroute: cannot start the registry refresh timer: {status:?}");
+            return false;
+        }
+        self.config = Some(Rc::new(config));
+        self.registry_version = None;
+        self.metrics = Rc::new(Metrics::define());
+        shared::initialize();
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let Some(source) = self.config.as_ref().and_then(|c| c.settings.registry.clone()) else { return };
+        if let Some((registry, version)) = live_registry::newer_shared(self.registry_version) {
+            self.registry_version = Some(version);
+            self.adopt(registry);
+        }
+        if self.fetch.is_none() && live_registry::claim_fetch(&source, envoy::now_nanos()) {
+            self.fetch = live_registry::dispatch_fetch(&source);
         }
     }
 

@@ -293,7 +293,7 @@ impl Stream {
         let target = &decode.target;
         let address = target.worker.address.to_string();
         envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
-        let pool = (!target.pinned).then(|| pool_header(&decode));
+        let pool = pool_header(&decode, &self.config.pool_members);
         envoy::set_request_header(headers::POOL_HEADER, pool.as_deref()).map_err(host_failure)?;
         let rank = target.rank.map(|r| r.to_string());
         envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
@@ -458,10 +458,17 @@ fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> {
     })
 }
 
-/// `ip:port,ip:port,...`: the unpinned decode hop's candidates, for Envoy's retries.
-fn pool_header(decode: &TokenHop) -> String {
-    let addresses = std::iter::once(&decode.target.worker).chain(&decode.alternates).map(|w| w.address.to_string());
-    addresses.collect::<Vec<_>>().join(",")
+/// `ip:port,ip:port,...`: an unpinned decode hop's candidates for Envoy's connect-failure
+/// retries, when its first choice is a member of the bootstrap's pool cluster. Only members
+/// are listed, so Envoy never picks a host the filter did not choose.
+fn pool_header(decode: &TokenHop, members: &[std::net::SocketAddr]) -> Option<String> {
+    if decode.target.pinned || !members.contains(&decode.target.worker.address) {
+        return None;
+    }
+    let candidates = std::iter::once(&decode.target.worker).chain(&decode.alternates);
+    let listed: Vec<String> =
+        candidates.filter(|w| members.contains(&w.address)).map(|w| w.address.to_string()).collect();
+    Some(listed.join(","))
 }
 
 fn header_text<'h>(headers: &'h envoy::Headers, name: &str) -> &'h str {

@@ -97,6 +97,12 @@ impl Registry {
         Ok(Self { workers, deployment })
     }
 
+    /// No worker at all: where a live registry has not answered yet. Every request then
+    /// gets 503 `no_worker_available`.
+    pub fn empty() -> Self {
+        Self { workers: Vec::new(), deployment: Deployment::Disaggregated }
+    }
+
     pub fn deployment(&self) -> Deployment {
         self.deployment
     }
@@ -127,6 +133,62 @@ impl Registry {
 pub struct Config {
     pub registry: Registry,
     pub settings: Settings,
+    /// Token-generating workers of the configured (static) list: the members of the
+    /// bootstrap's decode pool cluster, the only addresses an `x-pinroute-pool` may name.
+    pub pool_members: Vec<SocketAddr>,
+}
+
+impl Config {
+    /// The same settings with a newer registry (from the live source).
+    pub fn with_registry(&self, registry: Registry) -> Self {
+        Self { registry, settings: self.settings.clone(), pool_members: self.pool_members.clone() }
+    }
+}
+
+/// Where the filter fetches the registry (SPEC section 6 JSON) on a period.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySource {
+    /// The Envoy cluster serving it.
+    pub cluster: String,
+    #[serde(default = "default_registry_path")]
+    pub path: String,
+    #[serde(default = "default_registry_authority")]
+    pub authority: String,
+    #[serde(default = "default_refresh_ms")]
+    pub refresh_ms: u64,
+    #[serde(default = "default_fetch_timeout_ms")]
+    pub timeout_ms: u64,
+    /// `host:port` of the registry service, for the bootstrap renderer to define `cluster`
+    /// (the filter itself only names the cluster).
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+fn default_registry_path() -> String {
+    "/registry".into()
+}
+
+fn default_registry_authority() -> String {
+    "pinroute-registry".into()
+}
+
+fn default_refresh_ms() -> u64 {
+    5_000
+}
+
+fn default_fetch_timeout_ms() -> u64 {
+    2_000
+}
+
+impl RegistrySource {
+    pub fn refresh(&self) -> Duration {
+        Duration::from_millis(self.refresh_ms)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -146,6 +208,8 @@ pub struct Settings {
     /// How long a worker whose hop failed is skipped by unpinned selection (pins to it
     /// answer 503). 0 disables passive health.
     pub unhealthy_period_ms: u64,
+    /// A live registry replacing `workers` as it changes.
+    pub registry: Option<RegistrySource>,
 }
 
 impl Default for Settings {
@@ -158,6 +222,7 @@ impl Default for Settings {
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
             unhealthy_period_ms: 10_000,
+            registry: None,
         }
     }
 }
@@ -176,10 +241,26 @@ impl Config {
     pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
         let mut doc: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(json).map_err(ConfigError::Json)?;
-        let workers = doc.remove("workers").ok_or(ConfigError::MissingWorkers)?;
-        let workers: Vec<Worker> = serde_json::from_value(workers).map_err(ConfigError::Json)?;
+        let workers = doc.remove("workers");
         let settings: Settings =
             serde_json::from_value(serde_json::Value::Object(doc)).map_err(ConfigError::Json)?;
+        settings.validate()?;
+        let registry = match (workers, &settings.registry) {
+            (Some(workers), _) => {
+                Registry::new(serde_json::from_value(workers).map_err(ConfigError::Json)?)?
+            }
+            (None, Some(_)) => Registry::empty(),
+            (None, None) => return Err(ConfigError::MissingWorkers),
+        };
+        let role = registry.token_role();
+        let pool_members = registry.pool(role).map(|w| w.address).collect();
+        Ok(Self { registry, settings, pool_members })
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let settings = self;
         if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
             return Err(ConfigError::Setting("prefill_timeout_ms must be in 1..=4294967295"));
         }
@@ -189,7 +270,15 @@ impl Config {
         if !is_header_name(&settings.upstream_header) {
             return Err(ConfigError::Setting("upstream_header must be a lowercase header name"));
         }
-        Ok(Self { registry: Registry::new(workers)?, settings })
+        if let Some(source) = &settings.registry {
+            if source.cluster.is_empty() || !source.path.starts_with('/') {
+                return Err(ConfigError::Setting("registry needs a cluster and a path starting with /"));
+            }
+            if source.refresh_ms == 0 || source.timeout_ms == 0 || source.timeout_ms > u64::from(u32::MAX) {
+                return Err(ConfigError::Setting("registry refresh_ms and timeout_ms must be positive"));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod client;
 mod errors;
+mod operations;
 mod routing;
 mod security;
 

@@ -41,6 +41,7 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     check_cluster_names(&config.settings)?;
     let mut values = placeholder_values(opts, &config.settings)?;
     values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
+    values.push(("{{REGISTRY_CLUSTER}}", registry_cluster(&config)?));
     let rendered = values
         .iter()
         .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
@@ -109,6 +110,27 @@ fn decode_pool_endpoints(config: &Config) -> String {
         })
         .collect();
     serde_json::Value::Array(endpoints).to_string()
+}
+
+/// The live registry's cluster, as one more item of the `clusters` list (JSON flow style),
+/// or nothing without a live registry.
+fn registry_cluster(config: &Config) -> Result<String> {
+    let Some(source) = &config.settings.registry else { return Ok(String::new()) };
+    let Some(address) = &source.address else {
+        bail!("registry.address (host:port) is needed to render the {:?} cluster", source.cluster)
+    };
+    let (host, port) = address
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.trim_matches(['[', ']']), port.parse::<u16>().ok()?)))
+        .with_context(|| format!("registry.address {address:?} is not host:port"))?;
+    let endpoint = json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}});
+    let cluster = json!({
+        "name": source.cluster,
+        "type": "STRICT_DNS",
+        "connect_timeout": envoy_duration(CONNECT_TIMEOUT),
+        "load_assignment": {"cluster_name": source.cluster, "endpoints": [{"lb_endpoints": [endpoint]}]},
+    });
+    Ok(format!("  - {cluster}"))
 }
 
 /// A JSON string literal: a valid YAML double-quoted scalar for any string.

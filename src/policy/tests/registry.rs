@@ -55,7 +55,8 @@ fn invalid_registries_are_refused_with_the_reason() {
         (r#"{"workers": [{"id": 1, "role": "decode", "address": "localhost:1"}]}"#.into(), "invalid"),
         (r#"{"workers": [{"id": -1, "role": "decode", "address": "127.0.0.1:1"}]}"#.into(), "invalid"),
         (r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "rank": 2}]}"#.into(), "unknown field"),
-        (r#"{"workerz": []}"#.into(), "\"workers\" list is missing"),
+        (r#"{"workerz": []}"#.into(), "unknown field `workerz`"),
+        (r#"{}"#.into(), "\"workers\" list is missing"),
         (r#"[]"#.into(), "invalid JSON"),
         ("".into(), "invalid JSON"),
     ];
@@ -95,5 +96,37 @@ fn invalid_settings_are_refused() {
     ] {
         let message = refused(&format!("{{{base}, {setting}}}"));
         assert!(message.contains(why), "{setting}: {message}");
+    }
+}
+
+#[test]
+fn a_live_registry_makes_workers_optional() {
+    let json = r#"{"registry": {"cluster": "pinroute_registry", "address": "registry:8080"}}"#;
+    let config = Config::from_json(json.as_bytes()).unwrap();
+    assert!(config.registry.workers().is_empty());
+    assert!(config.pool_members.is_empty());
+    let source = config.settings.registry.unwrap();
+    assert_eq!((source.path.as_str(), source.refresh(), source.timeout()), ("/registry", Duration::from_secs(5), Duration::from_secs(2)));
+    assert_eq!(source.address.as_deref(), Some("registry:8080"));
+
+    let with_workers = r#"{"registry": {"cluster": "r", "refresh_ms": 100},
+        "workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}, {"id": 2, "role": "prefill", "address": "127.0.0.1:2"}]}"#;
+    let config = Config::from_json(with_workers.as_bytes()).unwrap();
+    assert_eq!(config.pool_members, vec!["127.0.0.1:1".parse().unwrap()], "only token workers are pool members");
+    let newer = Registry::from_json(br#"{"workers": [{"id": 3, "role": "decode", "address": "127.0.0.1:3"}]}"#).unwrap();
+    let updated = config.with_registry(newer.clone());
+    assert_eq!((updated.registry, updated.settings, updated.pool_members), (newer, config.settings, config.pool_members));
+}
+
+#[test]
+fn an_invalid_registry_source_is_refused() {
+    for (source, why) in [
+        (r#"{"cluster": ""}"#, "registry needs a cluster"),
+        (r#"{"cluster": "r", "path": "registry"}"#, "starting with /"),
+        (r#"{"cluster": "r", "refresh_ms": 0}"#, "must be positive"),
+        (r#"{"cluster": "r", "url": "http://x"}"#, "unknown field"),
+    ] {
+        let message = refused(&format!(r#"{{"registry": {source}}}"#));
+        assert!(message.contains(why), "{source}: {message}");
     }
 }

@@ -1,0 +1,69 @@
+//! The live registry: fetched from an Envoy cluster on a period by one thread at a time,
+//! shared with every thread through proxy-wasm shared data, applied to new requests only.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+
+use super::envoy;
+use crate::policy::registry::{Registry, RegistrySource};
+
+/// The last good registry document (its CAS token is its version).
+const REGISTRY_KEY: &str = "pinroute.registry";
+/// When the next fetch is due (u64 LE nanoseconds): the thread that moves it forward fetches.
+const LEASE_KEY: &str = "pinroute.registry.next_fetch";
+
+/// How often each thread looks for a registry another thread fetched.
+pub const ADOPT_PERIOD: Duration = Duration::from_millis(500);
+
+/// A shared registry newer than `known_version`, parsed; `None` when there is none.
+pub fn newer_shared(known_version: Option<u32>) -> Option<(Registry, u32)> {
+    let (bytes, version) = hostcalls::get_shared_data(REGISTRY_KEY).ok()?;
+    let (bytes, version) = (bytes?, version?);
+    if Some(version) == known_version {
+        return None;
+    }
+    match Registry::from_json(&bytes) {
+        Ok(registry) => Some((registry, version)),
+        Err(error) => {
+            log::error!("pinroute: the shared registry is unreadable: {error}");
+            None
+        }
+    }
+}
+
+/// Claims the next fetch for this thread when it is due; true when this thread should fetch.
+pub fn claim_fetch(source: &RegistrySource, now: u64) -> bool {
+    let Ok((bytes, cas)) = hostcalls::get_shared_data(LEASE_KEY) else { return false };
+    let due = bytes.as_deref().and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    if now < due {
+        return false;
+    }
+    let next = now.saturating_add(u64::try_from(source.refresh().as_nanos()).unwrap_or(u64::MAX));
+    hostcalls::set_shared_data(LEASE_KEY, Some(&next.to_le_bytes()), cas.or(Some(0))).is_ok()
+}
+
+pub fn dispatch_fetch(source: &RegistrySource) -> Option<u32> {
+    let headers = vec![(":method", "GET"), (":path", source.path.as_str()), (":authority", source.authority.as_str())];
+    match hostcalls::dispatch_http_call(&source.cluster, headers, None, vec![], source.timeout()) {
+        Ok(token) => Some(token),
+        Err(status) => {
+            log::error!("pinroute: cannot fetch the registry from cluster {:?}: {status:?}", source.cluster);
+            None
+        }
+    }
+}
+
+/// Why a fetched registry was not taken; the last good one stays.
+pub fn take_fetched(body_size: usize) -> Result<Registry, String> {
+    let headers = envoy::call_response_headers().map_err(|s| format!("no response ({s:?})"))?;
+    let status = headers.iter().find(|(n, _)| n == ":status").map(|(_, v)| v.as_slice());
+    if status != Some(b"200".as_slice()) {
+        let status = status.map_or("none".into(), |s| String::from_utf8_lossy(s).into_owned());
+        return Err(format!("the registry answered status {status}"));
+    }
+    let body = envoy::call_response_body(body_size).map_err(|s| format!("unreadable body ({s:?})"))?;
+    let registry = Registry::from_json(&body).map_err(|e| format!("invalid registry: {e}"))?;
+    hostcalls::set_shared_data(REGISTRY_KEY, Some(&body), None).map_err(|s| format!("cannot share it ({s:?})"))?;
+    Ok(registry)
+}
