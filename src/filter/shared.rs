@@ -44,3 +44,34 @@ pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
     }
     log::warn!("pinroute: worker {worker} not recorded as unhealthy: shared data kept changing");
 }
+
+const LOAD_PREFIX: &str = "pinroute.load.";
+
+/// Requests in flight to `worker`, counted by every thread.
+pub fn outstanding(worker: WorkerId) -> u64 {
+    match hostcalls::get_shared_data(&format!("{LOAD_PREFIX}{worker}")) {
+        Ok((Some(bytes), _)) => decode_count(&bytes),
+        _ => 0,
+    }
+}
+
+/// Adds `delta` (+1 when a hop starts, -1 when it ends) to `worker`'s outstanding count.
+pub fn add_outstanding(worker: WorkerId, delta: i64) {
+    let key = format!("{LOAD_PREFIX}{worker}");
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = hostcalls::get_shared_data(&key).unwrap_or((None, None));
+        let count = bytes.map_or(0, |b| decode_count(&b)).saturating_add_signed(delta);
+        match hostcalls::set_shared_data(&key, Some(&count.to_le_bytes()), cas.or(Some(0))) {
+            Ok(()) => return,
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
+                log::error!("pinroute: cannot count requests to worker {worker}: {status:?}");
+                return;
+            }
+        }
+    }
+}
+
+fn decode_count(bytes: &[u8]) -> u64 {
+    bytes.try_into().map_or(0, u64::from_le_bytes)
+}

@@ -15,7 +15,7 @@ use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
 use crate::policy::pins::{self, HeaderHints, Pins};
-use crate::policy::registry::{Config, Deployment, WorkerId};
+use crate::policy::registry::{Config, Deployment, Worker, WorkerId};
 use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
 use crate::policy::select::Choice;
@@ -185,7 +185,7 @@ impl Stream {
         self.turns.set(turn.wrapping_add(1));
         let choice = match &self.hints.session {
             Some(key) => Choice::Session(key),
-            None => Choice::Turn(turn),
+            None => Choice::LeastLoaded { turn, outstanding: &outstanding },
         };
         Resolver {
             registry: &self.config.registry,
@@ -236,6 +236,7 @@ impl Stream {
         match envoy::dispatch(&settings.prefill_cluster, headers, prefill.body.as_bytes(), settings.prefill_timeout()) {
             Ok(token) => {
                 log::debug!("pinroute: request {} prefill on worker {}", self.request_id, prefill.current.worker.id);
+                shared::add_outstanding(prefill.current.worker.id, 1);
                 prefill.token = token;
                 prefill.dispatched_at = envoy::now_nanos();
                 self.phase = Phase::Prefill(Box::new(prefill));
@@ -252,6 +253,7 @@ impl Stream {
     }
 
     fn on_prefill_response(&mut self, prefill: Prefilling, body_size: usize) -> Result<(), RouteError> {
+        shared::add_outstanding(prefill.current.worker.id, -1);
         let elapsed = envoy::now_nanos().saturating_sub(prefill.dispatched_at);
         self.metrics.record_prefill_latency(std::time::Duration::from_nanos(elapsed));
         match prefill_outcome(body_size) {
@@ -306,6 +308,7 @@ impl Stream {
         }
         log::debug!("pinroute: request {} {} on worker {}", self.request_id, decode.hop, target.worker.id);
         self.metrics.count(Counter::DecodeRouted);
+        shared::add_outstanding(target.worker.id, 1);
         self.decode = Some(decode);
         self.phase = Phase::Forwarded;
         Ok(())
@@ -419,6 +422,16 @@ impl HttpContext for Stream {
         Action::Continue
     }
 
+    /// The stream is over: its hops no longer count as outstanding.
+    fn on_log(&mut self) {
+        if let Phase::Prefill(prefill) = &self.phase {
+            shared::add_outstanding(prefill.current.worker.id, -1);
+        }
+        if let Some(decode) = &self.decode {
+            shared::add_outstanding(decode.target.worker.id, -1);
+        }
+    }
+
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let Some(error) = &self.response_error else { return Action::Continue };
         if !end_of_stream {
@@ -429,6 +442,10 @@ impl HttpContext for Stream {
         }
         Action::Continue
     }
+}
+
+fn outstanding(worker: &Worker) -> u64 {
+    shared::outstanding(worker.id)
 }
 
 /// What a finished prefill call produced: its `kv_transfer_params`, or why it failed.

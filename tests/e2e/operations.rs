@@ -136,3 +136,35 @@ async fn two_replicas_send_a_session_to_the_same_workers_and_a_leaving_worker_mo
         }
     }
 }
+
+#[tokio::test]
+async fn unpinned_requests_favour_the_decode_worker_with_fewer_requests_in_flight() {
+    use pinroute_harness::sim::SimConfig;
+    let workers = vec![
+        worker(101, SimRole::Prefill, 1),
+        SimConfig::new(201, SimRole::Decode).with_token_latency(Duration::from_millis(1)),
+        SimConfig::new(202, SimRole::Decode).with_token_latency(Duration::from_millis(40)),
+    ];
+    let deployment = start(StackSpec::new(workers, wasm())).await;
+    let url = deployment.url("/v1/completions");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut lanes = Vec::new();
+    for _ in 0..8 {
+        let (client, url) = (client.clone(), url.clone());
+        lanes.push(tokio::spawn(async move {
+            let mut served = Vec::new();
+            for _ in 0..10 {
+                let response = client.post(&url).json(&prompt()).send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                served.push(response.headers()["x-pinroute-decode-worker"].to_str().unwrap().to_string());
+            }
+            served
+        }));
+    }
+    let mut fast = 0;
+    for lane in lanes {
+        fast += lane.await.unwrap().iter().filter(|id| *id == "201").count();
+    }
+    println!("fast decode worker served {fast} of 80 requests (round robin would give 40)");
+    assert!(fast >= 60, "the slow worker kept getting requests: fast served only {fast} of 80");
+}

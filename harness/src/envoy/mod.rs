@@ -9,6 +9,8 @@
 
 mod binary;
 mod bootstrap;
+#[cfg(test)]
+mod manifests;
 mod process;
 #[cfg(test)]
 mod test_support;

@@ -71,3 +71,17 @@ fn the_session_weight_is_a_fixed_function() {
     assert_eq!(session_weight(b"abc", worker), xxhash_rust::xxh3::xxh3_64_with_seed(b"abc", 100));
     assert_ne!(session_weight(b"abc", worker), session_weight(b"abd", worker));
 }
+
+#[test]
+fn the_less_loaded_of_the_next_two_goes_first() {
+    let pool = workers(3);
+    let loads = |w: &Worker| if w.id == 100 { 5 } else { 1 };
+    let order = |turn| ids(&rank_candidates(pool.iter().collect(), Choice::LeastLoaded { turn, outstanding: &loads }));
+    assert_eq!(order(0), vec![101, 100, 102], "100 is busier than 101");
+    assert_eq!(order(1), vec![101, 102, 100], "101 and 102 tie: round robin decides");
+    assert_eq!(order(2), vec![102, 100, 101]);
+    let busy_share = (0..300).filter(|t| order(*t)[0] == 100).count();
+    assert_eq!(busy_share, 0, "a busier worker never goes first while a pair partner is idler");
+    let one = workers(1);
+    assert_eq!(ids(&rank_candidates(one.iter().collect(), Choice::LeastLoaded { turn: 7, outstanding: &loads })), vec![100]);
+}
