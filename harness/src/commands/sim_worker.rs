@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use pinroute_harness::sim::{SimConfig, SimRole, SimWorker};
 
 #[derive(clap::Args)]
@@ -30,7 +30,7 @@ pub async fn run(args: &Args) -> Result<()> {
         .with_token_latency(Duration::from_millis(args.token_latency_ms));
     let worker = SimWorker::start(config, args.listen).await?;
     println!("sim worker {} ({}) listening on {}", args.id, args.role, worker.addr());
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    super::until_stopped().await?;
     worker.stop().await;
     Ok(())
 }

@@ -48,7 +48,7 @@ pub async fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     println!("\nServing until Ctrl-C.");
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    super::until_stopped().await?;
     println!("Stopping Envoy and the workers.");
     Ok(())
 }

@@ -1,0 +1,174 @@
+//! `bench`: the end-to-end benchmark (floor, Envoy alone, Envoy + pinroute, Python proxy)
+//! and the policy core's micro-benchmark; see `docs/benchmarks.md`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use pinroute_harness::bench::e2e::E2eOptions;
+use pinroute_harness::bench::{
+    BenchOptions, Scenario, read_results, run_bench, sims, table, write_outputs,
+};
+use pinroute_harness::envoy::repo_root;
+
+const FULL_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
+const FULL_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
+const QUICK_SIZES: [usize; 1] = [1024];
+const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A short run (CI smoke test): 1 KB prompts at concurrency 1 and 16, 1.5 s per run,
+    /// a short micro-benchmark. Explicit options below still apply.
+    #[arg(long)]
+    quick: bool,
+    /// Scenarios to run, comma-separated: floor, envoy, pinroute, python.
+    #[arg(long, value_delimiter = ',', value_parser = parse_scenario)]
+    scenarios: Option<Vec<Scenario>>,
+    /// Prompt sizes (client body bytes), comma-separated: 1k, 32k, 256k, or a number.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Option<Vec<usize>>,
+    /// Concurrencies (closed-loop virtual users), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Option<Vec<usize>>,
+    /// Seconds measured per run, after the warm-up [default: 8, quick: 1.5].
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
+    /// Seconds of warm-up per run, not measured [default: 2, quick: 0.5].
+    #[arg(long, value_name = "SECONDS")]
+    warmup: Option<f64>,
+    /// Time each sim worker takes per generated token.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 1000)]
+    token_latency_us: u64,
+    /// Tokens each decode streams back.
+    #[arg(long, default_value_t = 8)]
+    max_tokens: u32,
+    /// Milliseconds per stage and size of the micro-benchmark [default: 300, quick: 30].
+    #[arg(long, value_name = "MS")]
+    micro_budget_ms: Option<u64>,
+    /// Skip the policy micro-benchmark.
+    #[arg(long, conflicts_with = "micro_only")]
+    no_micro: bool,
+    /// Only the policy micro-benchmark.
+    #[arg(long)]
+    micro_only: bool,
+    /// Directory for bench.json, bench.md and the SVG plots [default: target/bench].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Print the table and redraw the plots of an earlier bench.json instead of running.
+    #[arg(long, value_name = "FILE")]
+    from_json: Option<PathBuf>,
+    /// Internal: serve the benchmark's sim workers until stdin closes.
+    #[arg(long, hide = true)]
+    serve_sims: bool,
+}
+
+pub async fn run(args: &Args) -> Result<()> {
+    if args.serve_sims {
+        return sims::serve_sims(Duration::from_micros(args.token_latency_us)).await;
+    }
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| repo_root().join("target/bench"));
+    let results = match &args.from_json {
+        Some(path) => {
+            let results = read_results(path)?;
+            write_outputs(&results, &out_dir)?;
+            results
+        }
+        None => run_bench(&options(args, out_dir)?).await?,
+    };
+    println!("{}", table::render(&results, table::Style::Text));
+    let failed: u64 = results.runs.iter().map(|r| r.unexpected).sum();
+    if failed > 0 {
+        bail!("{failed} requests failed their check (see the errors column and bench.json)");
+    }
+    Ok(())
+}
+
+fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
+    let (sizes, concurrencies, duration, warmup, budget) = if args.quick {
+        (
+            QUICK_SIZES.to_vec(),
+            QUICK_CONCURRENCY.to_vec(),
+            1.5,
+            0.5,
+            30,
+        )
+    } else {
+        (
+            FULL_SIZES.to_vec(),
+            FULL_CONCURRENCY.to_vec(),
+            8.0,
+            2.0,
+            300,
+        )
+    };
+    let sizes = args.sizes.clone().unwrap_or(sizes);
+    let e2e = E2eOptions {
+        scenarios: args
+            .scenarios
+            .clone()
+            .unwrap_or_else(|| Scenario::ALL.to_vec()),
+        sizes: sizes.clone(),
+        concurrencies: args.concurrency.clone().unwrap_or(concurrencies),
+        warmup: seconds(args.warmup.unwrap_or(warmup))?,
+        duration: seconds(args.duration.unwrap_or(duration))?,
+        max_tokens: args.max_tokens,
+        request_timeout: REQUEST_TIMEOUT,
+    };
+    if e2e.concurrencies.contains(&0) {
+        bail!("--concurrency must be at least 1");
+    }
+    Ok(BenchOptions {
+        e2e: (!args.micro_only).then_some(e2e),
+        micro: (!args.no_micro).then(|| (sizes, args.micro_budget_ms.unwrap_or(budget))),
+        token_latency: Duration::from_micros(args.token_latency_us),
+        quick: args.quick,
+        out_dir,
+    })
+}
+
+fn seconds(value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|e| anyhow::anyhow!("{value} seconds: {e}"))
+}
+
+fn parse_scenario(text: &str) -> Result<Scenario, String> {
+    text.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+/// `1k` = 1024 bytes, `256k`, `1m`, or plain bytes.
+fn parse_size(text: &str) -> Result<usize, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (digits, unit) = match lower.strip_suffix(['k', 'm']) {
+        Some(digits) if lower.ends_with('k') => (digits, 1024),
+        Some(digits) => (digits, 1024 * 1024),
+        None => (lower.as_str(), 1),
+    };
+    let value: usize = digits
+        .trim()
+        .parse()
+        .map_err(|e| format!("size {text:?}: {e}"))?;
+    match value.checked_mul(unit) {
+        Some(size) if size >= 256 => Ok(size),
+        _ => Err(format!("size {text:?}: expected 256 bytes or more")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1k").unwrap(), 1024);
+        assert_eq!(parse_size("256K").unwrap(), 262_144);
+        assert_eq!(parse_size("1m").unwrap(), 1_048_576);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12").is_err());
+        assert!(parse_size("abc").is_err());
+    }
+}
