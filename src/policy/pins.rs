@@ -239,7 +239,7 @@ fn field(nvext: &JsonObject<'_>, path: &'static str, max: u64) -> Result<Option<
         Ok(Value::Bool(_)) => Err(invalid("a boolean")),
         Ok(Value::Array(_)) => Err(invalid("an array")),
         Ok(Value::Object(_)) => Err(invalid("an object")),
-        Err(_) => Err(invalid("an unreadable number")),
+        Err(_) => Err(invalid("a number out of range")),
     }
 }
 

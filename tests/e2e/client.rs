@@ -59,7 +59,10 @@ pub async fn send(
     if let Some(body) = body {
         request = request.header("content-type", "application/json").body(body);
     }
-    let response = request.send().await.expect("the gateway answered");
+    reply(request.send().await.expect("the gateway answered")).await
+}
+
+pub async fn reply(response: reqwest::Response) -> Reply {
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap();

@@ -55,6 +55,9 @@ async fn bad_bodies_are_typed_400s() {
         (r#"{"prompt": "x", "nvext": {"decode_worker_id": "201"}}"#, "invalid_field"),
         (r#"{"prompt": "x", "nvext": {"dp_rank": -1, "decode_worker_id": 201}}"#, "invalid_field"),
         (r#"{"prompt": "x", "nvext": 7}"#, "invalid_field"),
+        (r#"{"prompt": "x", "nvext": {"decode_worker_id": 1e400}}"#, "invalid_field"),
+        (r#"{"prompt": "x", "nvext": {"decode_worker_id": 123456789012345678901234567890}}"#, "invalid_field"),
+        (r#"{"prompt": "x", "nvext": {"dp_rank": 4294967296, "decode_worker_id": 202}}"#, "invalid_field"),
     ];
     for (body, code) in cases {
         let reply = send(&deployment, reqwest::Method::POST, "/v1/completions", &[], Some(body.to_string())).await;
@@ -62,6 +65,30 @@ async fn bad_bodies_are_typed_400s() {
     }
     let empty = send(&deployment, reqwest::Method::POST, "/v1/chat/completions", &[], None).await;
     empty.error(400, "invalid_body");
+    let deep = format!(r#"{{"prompt": "x", "messages": {}1{}}}"#, "[".repeat(200), "]".repeat(200));
+    let reply = send(&deployment, reqwest::Method::POST, "/v1/completions", &[], Some(deep)).await;
+    assert!(reply.error(400, "invalid_body").contains("deeper than 128"));
+    for id in [101, 102, 201, 202, 203] {
+        assert!(deployment.worker(id).unwrap().requests().is_empty(), "a refused body reached worker {id}");
+    }
+}
+
+#[tokio::test]
+async fn repeated_and_non_utf8_pin_headers_are_400() {
+    let deployment = disaggregated().await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let repeated = client
+        .post(deployment.url("/v1/completions"))
+        .header("x-dynamo-worker-instance-id", "201")
+        .header("x-dynamo-worker-instance-id", "202")
+        .json(&prompt());
+    let reply = crate::client::reply(repeated.send().await.unwrap()).await;
+    assert!(reply.error(400, "invalid_header").contains("repeated with different values"));
+
+    let latin1 = reqwest::header::HeaderValue::from_bytes(b"20\xe91").unwrap();
+    let non_utf8 = client.post(deployment.url("/v1/completions")).header("x-dynamo-dp-rank", latin1).json(&prompt());
+    let reply = crate::client::reply(non_utf8.send().await.unwrap()).await;
+    assert!(reply.error(400, "invalid_header").contains("x-dynamo-dp-rank"));
 }
 
 #[tokio::test]
@@ -157,4 +184,46 @@ async fn no_available_worker_is_503_and_failed_prefill_without_fallback_is_502()
     let message = reply.error(502, "upstream_failed");
     assert!(message.contains("prefill hop") && message.contains("109"), "{message}");
     assert!(deployment.worker(201).unwrap().requests().is_empty());
+}
+
+#[tokio::test]
+async fn unpinned_prefill_faults_are_absorbed_by_retries() {
+    let mut spec = disaggregated_spec();
+    spec.settings = json!({"prefill_timeout_ms": 500});
+    let deployment = start(spec).await;
+    for fault in [Fault::Status(500), Fault::Close, Fault::Hang] {
+        deployment.worker(101).unwrap().set_fault(fault);
+        deployment.worker(102).unwrap().set_fault(Fault::None);
+        for _ in 0..3 {
+            let reply = complete(&deployment, &[], &prompt()).await;
+            assert_eq!(reply.status, 200, "{fault:?}: {}", reply.text);
+            assert_eq!(reply.number("x-pinroute-prefill-worker"), Some(102), "{fault:?}");
+        }
+        // Let worker 101 recover before the next fault.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let pinned = complete(&deployment, &[("x-dynamo-prefill-instance-id", "101")], &prompt()).await;
+        assert!(matches!(pinned.status, 502 | 503 | 504), "{fault:?}: {}", pinned.text);
+    }
+}
+
+#[tokio::test]
+async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
+    let mut spec = disaggregated_spec();
+    spec.settings = json!({"unhealthy_period_ms": 1500});
+    let deployment = start(spec).await;
+    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
+    let pin = [("x-dynamo-worker-instance-id", "201")];
+    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    deployment.worker(201).unwrap().set_fault(Fault::None);
+    let reply = complete(&deployment, &pin, &prompt()).await;
+    assert!(reply.error(503, "worker_unavailable").contains("unhealthy"));
+    let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "{retry_after}");
+    for _ in 0..6 {
+        let unpinned = complete(&deployment, &[], &prompt()).await;
+        assert_eq!(unpinned.number("x-pinroute-decode-worker"), Some(202), "unhealthy 201 is skipped");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let back = complete(&deployment, &pin, &prompt()).await;
+    assert_eq!(back.status, 200, "{}", back.text);
 }
