@@ -254,3 +254,14 @@ async fn an_unpinned_decode_hop_whose_worker_refuses_connections_is_served_by_an
     let marked = deployment.envoy.stat("wasmcustom.pinroute.workers.marked_unhealthy").await.unwrap().unwrap_or(0);
     assert!(marked >= 1, "the dead workers were marked unhealthy");
 }
+
+#[tokio::test]
+async fn a_clients_request_id_reaches_both_hops_unchanged() {
+    let deployment = disaggregated().await;
+    let reply = complete(&deployment, &[("x-request-id", "client-id-42"), ("x-dynamo-worker-instance-id", "201")], &prompt()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.json()["id"], "cmpl-client-id-42");
+    let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+    assert_eq!(only_request(&deployment, prefill).header("x-request-id"), Some("client-id-42"));
+    assert_eq!(only_request(&deployment, 201).header("x-request-id"), Some("client-id-42"));
+}
