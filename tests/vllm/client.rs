@@ -21,7 +21,8 @@ impl Reply {
     }
 
     pub fn worker(&self, hop: &str) -> Option<u64> {
-        self.header(&format!("x-pinroute-{hop}-worker")).map(|v| v.parse().unwrap())
+        self.header(&format!("x-pinroute-{hop}-worker"))
+            .map(|v| v.parse().unwrap())
     }
 
     pub fn assert_ok(&self, what: &str) {
@@ -35,14 +36,21 @@ impl Reply {
         assert_eq!(body["error"]["code"], code, "{}", self.text);
         assert_eq!(self.header("x-pinroute-error-code"), Some(code));
         let message = body["error"]["message"].as_str().unwrap().to_string();
-        assert!(!message.contains("127.0.0.1"), "an internal address leaked: {message}");
+        assert!(
+            !message.contains("127.0.0.1"),
+            "an internal address leaked: {message}"
+        );
         message
     }
 }
 
 /// `POST <base><path>` with a JSON body and headers.
 pub async fn post(gateway: &Gateway, url: String, headers: &[(&str, &str)], body: &Value) -> Reply {
-    let mut request = gateway.http.post(url).header("content-type", "application/json").body(body.to_string());
+    let mut request = gateway
+        .http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -59,7 +67,11 @@ pub async fn post(gateway: &Gateway, url: String, headers: &[(&str, &str)], body
     if status >= 500 {
         gateway.pair.ensure_running().expect("an engine exited");
     }
-    Reply { status, headers, text }
+    Reply {
+        status,
+        headers,
+        text,
+    }
 }
 
 /// Through Envoy.

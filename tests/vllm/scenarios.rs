@@ -19,22 +19,38 @@ const PREFILL: &str = "101";
 const DECODE: &str = "201";
 
 pub async fn run_all(gateway: &Gateway) {
-    let scenarios: [(&str, ScenarioFn); 10] = [
-        ("decode without a prefill hop loads no KV (control)", |g| Box::pin(control_no_prefill_hop(g))),
-        ("decode pin only (the original Dynamo bug)", |g| Box::pin(decode_pin_only(g))),
+    let scenarios: [(&str, ScenarioFn); 11] = [
+        ("decode without a prefill hop loads no KV (control)", |g| {
+            Box::pin(control_no_prefill_hop(g))
+        }),
+        ("decode pin only (the original Dynamo bug)", |g| {
+            Box::pin(decode_pin_only(g))
+        }),
         ("prefill pin only", |g| Box::pin(prefill_pin_only(g))),
         ("both pins with ranks", |g| Box::pin(both_pins(g))),
         ("body pins", |g| Box::pin(body_pins(g))),
-        ("chat completions take two hops", |g| Box::pin(chat_two_hops(g))),
+        ("chat completions take two hops", |g| {
+            Box::pin(chat_two_hops(g))
+        }),
         ("streaming", |g| Box::pin(streaming(g))),
-        ("a client's kv_transfer_params are dropped", |g| Box::pin(client_kv_transfer_params_dropped(g))),
-        ("bad pins are typed errors that reach no engine", |g| Box::pin(bad_pins(g))),
+        ("a client's kv_transfer_params are dropped", |g| {
+            Box::pin(client_kv_transfer_params_dropped(g))
+        }),
+        ("bad pins are typed errors that reach no engine", |g| {
+            Box::pin(bad_pins(g))
+        }),
         ("other paths go to decode", |g| Box::pin(other_paths(g))),
+        ("the client's X-Request-Id reaches the engines", |g| {
+            Box::pin(client_request_id_reaches_the_engines(g))
+        }),
     ];
     for (name, scenario) in scenarios {
         let started = Instant::now();
         scenario(gateway).await;
-        gateway.pair.ensure_running().unwrap_or_else(|e| panic!("after {name:?}: {e:#}"));
+        gateway
+            .pair
+            .ensure_running()
+            .unwrap_or_else(|e| panic!("after {name:?}: {e:#}"));
         eprintln!("vllm suite: ok   {name} ({:.1?})", started.elapsed());
     }
 }
@@ -79,7 +95,12 @@ fn two_hop_evidence(prompt_tokens: u64, generated: u64) -> KvEvidence {
 
 /// Waits (engines publish metrics and logs asynchronously) for the change since `before` to
 /// equal `expected`, and fails with what was seen otherwise.
-async fn assert_evidence(gateway: &Gateway, before: &KvEvidence, expected: &KvEvidence, what: &str) {
+async fn assert_evidence(
+    gateway: &Gateway,
+    before: &KvEvidence,
+    expected: &KvEvidence,
+    what: &str,
+) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let seen = evidence(gateway).await.since(before);
@@ -96,15 +117,28 @@ async fn assert_evidence(gateway: &Gateway, before: &KvEvidence, expected: &KvEv
 /// A completion that took both hops, on the expected workers, with decode's text.
 fn assert_two_hops(reply: &Reply, what: &str) -> u64 {
     reply.assert_ok(what);
-    assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(PREFILL_ID), Some(DECODE_ID)), "{what}");
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (Some(PREFILL_ID), Some(DECODE_ID)),
+        "{what}"
+    );
     let body = reply.json();
     let text = body["choices"][0]["text"].as_str().unwrap();
     assert!(!text.is_empty(), "{what}: empty completion");
-    assert_eq!(body["usage"]["completion_tokens"], MAX_TOKENS, "{what}: {}", reply.text);
+    assert_eq!(
+        body["usage"]["completion_tokens"], MAX_TOKENS,
+        "{what}: {}",
+        reply.text
+    );
     body["usage"]["prompt_tokens"].as_u64().unwrap()
 }
 
-async fn two_hop_completion(gateway: &Gateway, tag: &str, headers: &[(&str, &str)], edit: impl FnOnce(&mut Value)) {
+async fn two_hop_completion(
+    gateway: &Gateway,
+    tag: &str,
+    headers: &[(&str, &str)],
+    edit: impl FnOnce(&mut Value),
+) {
     let (prompt, tokens) = fresh_prompt(gateway, tag).await;
     let mut body = completion(gateway, &prompt, MAX_TOKENS);
     edit(&mut body);
@@ -112,7 +146,13 @@ async fn two_hop_completion(gateway: &Gateway, tag: &str, headers: &[(&str, &str
     let reply = complete(gateway, headers, &body).await;
     let prompt_tokens = assert_two_hops(&reply, tag);
     assert_eq!(prompt_tokens, tokens, "{tag}");
-    assert_evidence(gateway, &before, &two_hop_evidence(tokens, MAX_TOKENS.into()), tag).await;
+    assert_evidence(
+        gateway,
+        &before,
+        &two_hop_evidence(tokens, MAX_TOKENS.into()),
+        tag,
+    )
+    .await;
 }
 
 /// The counters prove a hand-off only if a request that skips the prefill hop moves nothing:
@@ -121,7 +161,9 @@ async fn control_no_prefill_hop(gateway: &Gateway) {
     let (prompt, tokens) = fresh_prompt(gateway, "control").await;
     let before = evidence(gateway).await;
     let url = gateway.pair.decode().url("/v1/completions");
-    post(gateway, url, &[], &completion(gateway, &prompt, MAX_TOKENS)).await.assert_ok("direct to decode");
+    post(gateway, url, &[], &completion(gateway, &prompt, MAX_TOKENS))
+        .await
+        .assert_ok("direct to decode");
     let expected = KvEvidence {
         decode_generation_tokens: MAX_TOKENS.into(),
         decode_prompt_tokens: tokens as f64,
@@ -132,18 +174,40 @@ async fn control_no_prefill_hop(gateway: &Gateway) {
 }
 
 async fn decode_pin_only(gateway: &Gateway) {
-    let headers = [("x-dynamo-worker-instance-id", DECODE), ("x-request-id", "pinroute-vllm-decode-pin")];
-    let (prompt, tokens) = fresh_prompt(gateway, "decode-pin").await;
-    let before = evidence(gateway).await;
+    two_hop_completion(
+        gateway,
+        "decode-pin",
+        &[("x-dynamo-worker-instance-id", DECODE)],
+        |_| {},
+    )
+    .await;
+}
+
+/// SPEC section 4: the client's `X-Request-Id` is the one both hops carry (vLLM names its
+/// answer `cmpl-<X-Request-Id>`).
+async fn client_request_id_reaches_the_engines(gateway: &Gateway) {
+    let headers = [
+        ("x-dynamo-worker-instance-id", DECODE),
+        ("x-request-id", "pinroute-vllm-request-id"),
+    ];
+    let (prompt, _) = fresh_prompt(gateway, "request-id").await;
     let reply = complete(gateway, &headers, &completion(gateway, &prompt, MAX_TOKENS)).await;
-    assert_two_hops(&reply, "decode pin");
+    assert_two_hops(&reply, "request id");
     let id = reply.json()["id"].as_str().unwrap().to_owned();
-    assert!(id.contains("pinroute-vllm-decode-pin"), "decode answered request {id}");
-    assert_evidence(gateway, &before, &two_hop_evidence(tokens, MAX_TOKENS.into()), "decode pin").await;
+    assert!(
+        id.contains("pinroute-vllm-request-id"),
+        "the client's X-Request-Id was replaced: decode answered {id}"
+    );
 }
 
 async fn prefill_pin_only(gateway: &Gateway) {
-    two_hop_completion(gateway, "prefill-pin", &[("x-dynamo-prefill-instance-id", PREFILL)], |_| {}).await;
+    two_hop_completion(
+        gateway,
+        "prefill-pin",
+        &[("x-dynamo-prefill-instance-id", PREFILL)],
+        |_| {},
+    )
+    .await;
 }
 
 async fn both_pins(gateway: &Gateway) {
@@ -166,17 +230,37 @@ async fn chat_two_hops(gateway: &Gateway) {
     let body = json!({"model": gateway.pair.served_model_name(), "messages": [{"role": "user", "content": content}],
                       "max_completion_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": true});
     let before = evidence(gateway).await;
-    let reply = post(gateway, gateway.envoy.url("/v1/chat/completions"), &[("x-dynamo-worker-instance-id", DECODE)], &body).await;
+    let reply = post(
+        gateway,
+        gateway.envoy.url("/v1/chat/completions"),
+        &[("x-dynamo-worker-instance-id", DECODE)],
+        &body,
+    )
+    .await;
     reply.assert_ok("chat");
-    assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(PREFILL_ID), Some(DECODE_ID)));
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (Some(PREFILL_ID), Some(DECODE_ID))
+    );
     let answer = reply.json();
-    assert!(!answer["choices"][0]["message"]["content"].as_str().unwrap().is_empty(), "{}", reply.text);
+    assert!(
+        !answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{}",
+        reply.text
+    );
     let tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(tokens >= 70, "{tokens}");
     let mut expected = two_hop_evidence(tokens, MAX_TOKENS.into());
     if expected_kv_tokens(tokens) == 0 {
         // The chat template made a prompt ExampleConnector cannot hand over (n - 1 block-aligned).
-        (expected.decode_hit_lines, expected.decode_inject_lines, expected.stored_prompts) = (0, 0, 2);
+        (
+            expected.decode_hit_lines,
+            expected.decode_inject_lines,
+            expected.stored_prompts,
+        ) = (0, 0, 2);
     }
     assert_evidence(gateway, &before, &expected, "chat").await;
 }
@@ -189,17 +273,56 @@ async fn streaming(gateway: &Gateway) {
     let before = evidence(gateway).await;
     let reply = complete(gateway, &[("x-dynamo-worker-instance-id", DECODE)], &body).await;
     reply.assert_ok("stream");
-    assert!(reply.header("content-type").unwrap().starts_with("text/event-stream"), "{:?}", reply.headers);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"),
+        "{:?}",
+        reply.headers
+    );
     assert_eq!(reply.worker("prefill"), Some(PREFILL_ID));
-    let events: Vec<&str> = reply.text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let events: Vec<&str> = reply
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(events.last(), Some(&"[DONE]"), "{}", reply.text);
-    let chunks: Vec<Value> = events.iter().filter(|e| **e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|e| **e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
     assert!(!text.is_empty(), "{}", reply.text);
     let usage = &chunks.last().unwrap()["usage"];
-    assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(tokens), Some(MAX_TOKENS.into())));
-    assert_eq!(chunks.len(), MAX_TOKENS as usize + 1, "one chunk per token plus usage: {}", reply.text);
-    assert_evidence(gateway, &before, &two_hop_evidence(tokens, MAX_TOKENS.into()), "stream").await;
+    assert_eq!(
+        (
+            usage["prompt_tokens"].as_u64(),
+            usage["completion_tokens"].as_u64()
+        ),
+        (Some(tokens), Some(MAX_TOKENS.into()))
+    );
+    // The detokenizer may hold back a token that ends inside a UTF-8 sequence: chunks ≤ tokens.
+    let text_chunks = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["text"].is_string())
+        .count();
+    assert!(
+        (2..=MAX_TOKENS as usize).contains(&text_chunks),
+        "not streamed token by token: {}",
+        reply.text
+    );
+    assert_evidence(
+        gateway,
+        &before,
+        &two_hop_evidence(tokens, MAX_TOKENS.into()),
+        "stream",
+    )
+    .await;
 }
 
 /// vLLM refuses a non-object `kv_transfer_params` (400): through the gateway the same body
@@ -211,29 +334,81 @@ async fn client_kv_transfer_params_dropped(gateway: &Gateway) {
     probe["kv_transfer_params"] = json!("from-the-client");
     let url = gateway.pair.decode().url("/v1/completions");
     let direct = post(gateway, url, &[], &probe).await;
-    assert_eq!(direct.status, 400, "vLLM must refuse the probe itself: {}", direct.text);
-    two_hop_completion(gateway, "kv-string", &[("x-dynamo-worker-instance-id", DECODE)], |body| {
-        body["kv_transfer_params"] = json!("from-the-client");
-    })
+    assert_eq!(
+        direct.status, 400,
+        "vLLM must refuse the probe itself: {}",
+        direct.text
+    );
+    two_hop_completion(
+        gateway,
+        "kv-string",
+        &[("x-dynamo-worker-instance-id", DECODE)],
+        |body| {
+            body["kv_transfer_params"] = json!("from-the-client");
+        },
+    )
     .await;
     let forged = json!({"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "forged",
                         "remote_block_ids": [0, 1], "remote_host": "10.1.2.3", "remote_port": 5600});
-    two_hop_completion(gateway, "kv-object", &[("x-dynamo-worker-instance-id", DECODE)], |body| {
-        body["kv_transfer_params"] = forged;
-    })
+    two_hop_completion(
+        gateway,
+        "kv-object",
+        &[("x-dynamo-worker-instance-id", DECODE)],
+        |body| {
+            body["kv_transfer_params"] = forged;
+        },
+    )
     .await;
 }
 
 async fn bad_pins(gateway: &Gateway) {
     let cases: &[BadPin<'_>] = &[
-        (&[("x-dynamo-worker-instance-id", "999")], "unknown_worker", &["999", "decode hop"]),
-        (&[("x-dynamo-prefill-instance-id", "999")], "unknown_worker", &["999", "prefill hop"]),
-        (&[("x-dynamo-worker-instance-id", PREFILL)], "wrong_worker_role", &["101", "decode hop"]),
-        (&[("x-dynamo-prefill-instance-id", DECODE)], "wrong_worker_role", &["201", "prefill hop"]),
-        (&[("x-dynamo-worker-instance-id", DECODE), ("x-dynamo-dp-rank", "1")], "dp_rank_out_of_range", &["201", "[0, 1)"]),
-        (&[("x-dynamo-prefill-instance-id", PREFILL), ("x-dynamo-prefill-dp-rank", "1")], "dp_rank_out_of_range", &["101", "prefill hop"]),
-        (&[("x-dynamo-worker-instance-id", "abc")], "invalid_header", &["x-dynamo-worker-instance-id"]),
-        (&[("x-dynamo-prefill-dp-rank", "-1")], "invalid_header", &["x-dynamo-prefill-dp-rank"]),
+        (
+            &[("x-dynamo-worker-instance-id", "999")],
+            "unknown_worker",
+            &["999", "decode hop"],
+        ),
+        (
+            &[("x-dynamo-prefill-instance-id", "999")],
+            "unknown_worker",
+            &["999", "prefill hop"],
+        ),
+        (
+            &[("x-dynamo-worker-instance-id", PREFILL)],
+            "wrong_worker_role",
+            &["101", "decode hop"],
+        ),
+        (
+            &[("x-dynamo-prefill-instance-id", DECODE)],
+            "wrong_worker_role",
+            &["201", "prefill hop"],
+        ),
+        (
+            &[
+                ("x-dynamo-worker-instance-id", DECODE),
+                ("x-dynamo-dp-rank", "1"),
+            ],
+            "dp_rank_out_of_range",
+            &["201", "[0, 1)"],
+        ),
+        (
+            &[
+                ("x-dynamo-prefill-instance-id", PREFILL),
+                ("x-dynamo-prefill-dp-rank", "1"),
+            ],
+            "dp_rank_out_of_range",
+            &["101", "prefill hop"],
+        ),
+        (
+            &[("x-dynamo-worker-instance-id", "abc")],
+            "invalid_header",
+            &["x-dynamo-worker-instance-id"],
+        ),
+        (
+            &[("x-dynamo-prefill-dp-rank", "-1")],
+            "invalid_header",
+            &["x-dynamo-prefill-dp-rank"],
+        ),
     ];
     let (prompt, _) = fresh_prompt(gateway, "bad-pins").await;
     let body = completion(gateway, &prompt, MAX_TOKENS);
@@ -241,20 +416,41 @@ async fn bad_pins(gateway: &Gateway) {
     for (headers, code, words) in cases {
         let message = complete(gateway, headers, &body).await.error(400, code);
         for word in *words {
-            assert!(message.contains(word), "{headers:?}: {message:?} lacks {word:?}");
+            assert!(
+                message.contains(word),
+                "{headers:?}: {message:?} lacks {word:?}"
+            );
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(evidence(gateway).await.since(&before), KvEvidence::default(), "a refused request reached an engine");
+    assert_eq!(
+        evidence(gateway).await.since(&before),
+        KvEvidence::default(),
+        "a refused request reached an engine"
+    );
 }
 
 async fn other_paths(gateway: &Gateway) {
-    let reply = gateway.http.get(gateway.envoy.url("/v1/models")).header("x-dynamo-worker-instance-id", DECODE).send().await.unwrap();
+    let reply = gateway
+        .http
+        .get(gateway.envoy.url("/v1/models"))
+        .header("x-dynamo-worker-instance-id", DECODE)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(reply.status(), 200);
-    assert_eq!(reply.headers().get("x-pinroute-decode-worker").unwrap(), DECODE);
+    assert_eq!(
+        reply.headers().get("x-pinroute-decode-worker").unwrap(),
+        DECODE
+    );
     assert!(reply.headers().get("x-pinroute-prefill-worker").is_none());
     let models: Value = reply.json().await.unwrap();
     assert_eq!(models["data"][0]["id"], gateway.pair.served_model_name());
-    let health = gateway.http.get(gateway.envoy.url("/health")).send().await.unwrap();
+    let health = gateway
+        .http
+        .get(gateway.envoy.url("/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
 }

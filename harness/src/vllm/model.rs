@@ -41,12 +41,17 @@ pub fn ensure_model(python: &Path, repo_root: &Path) -> Result<PathBuf> {
 
 /// `<repo_root>/.cache/models/pinroute-tiny-llama-<fingerprint of make_model.py>`.
 pub fn tiny_model_dir(repo_root: &Path) -> PathBuf {
-    repo_root.join(MODELS_DIR).join(format!("{TINY_MODEL_NAME}-{}", fingerprint(MAKE_MODEL_PY)))
+    repo_root
+        .join(MODELS_DIR)
+        .join(format!("{TINY_MODEL_NAME}-{}", fingerprint(MAKE_MODEL_PY)))
 }
 
 fn generate(python: &Path, output: &Path) -> Result<()> {
     let started = Instant::now();
-    eprintln!("pinroute-harness: generating the tiny model in {}", output.display());
+    eprintln!(
+        "pinroute-harness: generating the tiny model in {}",
+        output.display()
+    );
     let script = write_script(output, "make_model.py", MAKE_MODEL_PY)?;
     let result = Command::new(python)
         .arg(&script)
@@ -63,6 +68,9 @@ fn generate(python: &Path, output: &Path) -> Result<()> {
             String::from_utf8_lossy(&result.stderr)
         );
     }
-    eprintln!("pinroute-harness: model generated in {:.1?}", started.elapsed());
+    eprintln!(
+        "pinroute-harness: model generated in {:.1?}",
+        started.elapsed()
+    );
     Ok(())
 }

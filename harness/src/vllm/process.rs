@@ -3,13 +3,13 @@
 
 use std::fs::{self, File};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
@@ -36,8 +36,14 @@ pub struct VllmServer {
 impl VllmServer {
     /// Starts `command` in a new process group with stdout and stderr in `log_path`. Returns
     /// at once: see [`VllmServer::wait_healthy`].
-    pub fn spawn(id: u64, address: SocketAddr, command: &ServeCommand, log_path: &Path) -> Result<Self> {
-        let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    pub fn spawn(
+        id: u64,
+        address: SocketAddr,
+        command: &ServeCommand,
+        log_path: &Path,
+    ) -> Result<Self> {
+        let log =
+            File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
         let log_err = log.try_clone().context("duplicating the log file handle")?;
         let child = Command::new(&command.program)
             .args(&command.args)
@@ -49,9 +55,25 @@ impl VllmServer {
             .spawn()
             .with_context(|| format!("starting {command}"))?;
         let pid = child.id();
-        log::info!("started vLLM {} {id} (pid {pid}) on {address}, log in {}", command.role.as_str(), log_path.display());
-        let http = reqwest::Client::builder().no_proxy().timeout(HTTP_TIMEOUT).build().context("building an HTTP client")?;
-        Ok(Self { id, role: command.role, address, log_path: log_path.to_owned(), child: Mutex::new(child), pid, http })
+        log::info!(
+            "started vLLM {} {id} (pid {pid}) on {address}, log in {}",
+            command.role.as_str(),
+            log_path.display()
+        );
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(HTTP_TIMEOUT)
+            .build()
+            .context("building an HTTP client")?;
+        Ok(Self {
+            id,
+            role: command.role,
+            address,
+            log_path: log_path.to_owned(),
+            child: Mutex::new(child),
+            pid,
+            http,
+        })
     }
 
     pub fn id(&self) -> u64 {
@@ -97,27 +119,40 @@ impl VllmServer {
 
     /// How many lines of the log contain `needle`.
     pub fn log_lines_containing(&self, needle: &str) -> Result<usize> {
-        let text = fs::read_to_string(&self.log_path).with_context(|| format!("reading {}", self.log_path.display()))?;
+        let text = fs::read_to_string(&self.log_path)
+            .with_context(|| format!("reading {}", self.log_path.display()))?;
         Ok(text.lines().filter(|line| line.contains(needle)).count())
     }
 
     /// `Some(status)` once the server process has exited.
     pub fn exit_status(&self) -> Result<Option<ExitStatus>> {
-        let mut child = self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        child.try_wait().with_context(|| format!("polling vLLM {}", self.name()))
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        child
+            .try_wait()
+            .with_context(|| format!("polling vLLM {}", self.name()))
     }
 
     /// An error carrying the log tail when the server has exited.
     pub fn ensure_running(&self) -> Result<()> {
         match self.exit_status()? {
             None => Ok(()),
-            Some(status) => Err(self.with_log_tail(anyhow!("vLLM {} exited: {status}", self.name()))),
+            Some(status) => {
+                Err(self.with_log_tail(anyhow!("vLLM {} exited: {status}", self.name())))
+            }
         }
     }
 
     /// Adds the log tail to an error about this instance.
     pub fn with_log_tail(&self, error: anyhow::Error) -> anyhow::Error {
-        error.context(format!("log of vLLM {} ({}) ends:\n{}", self.name(), self.log_path.display(), self.log_tail(40)))
+        error.context(format!(
+            "log of vLLM {} ({}) ends:\n{}",
+            self.name(),
+            self.log_path.display(),
+            self.log_tail(40)
+        ))
     }
 
     /// `GET /health` answers 200.
@@ -134,7 +169,9 @@ impl VllmServer {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                bail!(self.with_log_tail(anyhow!("vLLM {} was not healthy in time", self.name())));
+                return Err(
+                    self.with_log_tail(anyhow!("vLLM {} was not healthy in time", self.name()))
+                );
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
@@ -142,8 +179,15 @@ impl VllmServer {
 
     /// `GET /metrics` (Prometheus text).
     pub async fn metrics(&self) -> Result<String> {
-        let response = self.http.get(self.url("/metrics")).send().await.with_context(|| format!("GET {}", self.url("/metrics")))?;
-        let response = response.error_for_status().with_context(|| format!("vLLM {} /metrics", self.name()))?;
+        let response = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .with_context(|| format!("GET {}", self.url("/metrics")))?;
+        let response = response
+            .error_for_status()
+            .with_context(|| format!("vLLM {} /metrics", self.name()))?;
         response.text().await.context("reading /metrics")
     }
 
@@ -155,7 +199,10 @@ impl VllmServer {
     /// SIGTERM to the process group, then SIGKILL after a grace period; reaps the server.
     pub fn stop(&self) {
         let group = Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));
-        let mut child = self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if matches!(child.try_wait(), Ok(None)) {
             signal_group(group, Signal::SIGTERM);
             wait_for_exit(&mut child, STOP_GRACE);

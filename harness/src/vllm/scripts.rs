@@ -23,6 +23,8 @@ pub fn write_script(dir: &Path, name: &str, content: &str) -> Result<PathBuf> {
 
 /// A stable 32-bit FNV-1a fingerprint, in hex: names cache entries by the script that made them.
 pub fn fingerprint(text: &str) -> String {
-    let hash = text.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    let hash = text.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
     format!("{hash:08x}")
 }
