@@ -8,6 +8,8 @@
 mod client;
 mod errors;
 mod operations;
+#[path = "../common/reply.rs"]
+mod reply;
 mod routing;
 mod security;
 

@@ -63,7 +63,7 @@ async fn a_live_registry_adds_and_removes_workers_while_traffic_runs() {
     entries.push(added);
     registry.set_workers(&entries);
     let reply = eventually("the added worker serves pins", pinned("203"), |r| r.status == 200).await;
-    assert_eq!(reply.number("x-pinroute-decode-worker"), Some(203));
+    assert_eq!(reply.worker("decode"), Some(203));
 
     registry.set_workers(&deployment.entries(&[101, 202, 203]));
     eventually("the removed worker is unknown", pinned("201"), |r| r.status == 400).await.error(400, "unknown_worker");

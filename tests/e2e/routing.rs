@@ -40,9 +40,9 @@ async fn a_decode_pin_alone_is_served_with_prefill_chosen_freely() {
     for _ in 0..4 {
         deployment.clear_requests();
         let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "201")], &prompt()).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        assert_eq!(reply.number("x-pinroute-decode-worker"), Some(201));
-        let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+        reply.assert_ok("the request");
+        assert_eq!(reply.worker("decode"), Some(201));
+        let prefill = reply.worker("prefill").unwrap();
         assert!([101, 102].contains(&prefill), "{prefill}");
         let body = reply.json();
         assert_eq!(body["sim"]["worker_id"], 201);
@@ -68,9 +68,9 @@ async fn a_prefill_pin_with_its_rank_leaves_decode_free() {
     let deployment = disaggregated().await;
     let headers = [("x-dynamo-prefill-instance-id", "102"), ("x-dynamo-prefill-dp-rank", "1")];
     let reply = complete(&deployment, &headers, &prompt()).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.number("x-pinroute-prefill-worker"), Some(102));
-    let decode = reply.number("x-pinroute-decode-worker").unwrap();
+    reply.assert_ok("the request");
+    assert_eq!(reply.worker("prefill"), Some(102));
+    let decode = reply.worker("decode").unwrap();
     assert!([201, 202].contains(&decode), "{decode}: the draining 203 must never be chosen");
     let prefill_request = only_request(&deployment, 102);
     assert_eq!(prefill_request.header("x-data-parallel-rank"), Some("1"));
@@ -88,8 +88,8 @@ async fn both_pins_with_both_ranks() {
         ("x-dynamo-dp-rank", "1"),
     ];
     let reply = complete(&deployment, &headers, &prompt()).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!((reply.number("x-pinroute-prefill-worker"), reply.number("x-pinroute-decode-worker")), (Some(102), Some(202)));
+    reply.assert_ok("the request");
+    assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(102), Some(202)));
     assert_eq!(reply.number("x-sim-dp-rank"), Some(1));
     assert_eq!(only_request(&deployment, 102).header("x-data-parallel-rank"), Some("0"));
     assert_eq!(only_request(&deployment, 202).header("x-data-parallel-rank"), Some("1"));
@@ -117,16 +117,16 @@ async fn body_pins_work_and_a_header_beats_the_body() {
     let mut body = prompt();
     body["nvext"] = json!({"backend_instance_id": 202, "dp_rank": 1, "prefill_worker_id": 101});
     let reply = complete(&deployment, &[], &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!((reply.number("x-pinroute-prefill-worker"), reply.number("x-pinroute-decode-worker")), (Some(101), Some(202)));
+    reply.assert_ok("the request");
+    assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(101), Some(202)));
     assert_eq!(reply.number("x-sim-dp-rank"), Some(1));
     let forwarded = only_request(&deployment, 202).body;
     assert_eq!(forwarded["nvext"], body["nvext"], "other nvext content is not pinroute's business");
 
     body["nvext"] = json!({"decode_worker_id": 202});
     let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "201")], &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.number("x-pinroute-decode-worker"), Some(201));
+    reply.assert_ok("the request");
+    assert_eq!(reply.worker("decode"), Some(201));
 }
 
 #[tokio::test]
@@ -136,8 +136,8 @@ async fn a_clients_kv_transfer_params_are_dropped() {
     body["kv_transfer_params"] =
         json!({"do_remote_prefill": true, "remote_host": "10.1.2.3", "remote_port": 5555, "remote_request_id": "x"});
     let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "201")], &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+    reply.assert_ok("the request");
+    let prefill = reply.worker("prefill").unwrap();
     assert_prefill_hop(&only_request(&deployment, prefill), &body);
     let decode_params = &only_request(&deployment, 201).body["kv_transfer_params"];
     assert_ne!(decode_params["remote_host"], "10.1.2.3");
@@ -151,7 +151,7 @@ async fn streaming_flows_back_as_server_sent_events() {
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
     let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "202")], &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.assert_ok("the request");
     assert!(reply.header("content-type").unwrap().starts_with("text/event-stream"));
     let events: Vec<&str> = reply.text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(events.last(), Some(&"[DONE]"));
@@ -159,7 +159,7 @@ async fn streaming_flows_back_as_server_sent_events() {
     let decode_request = only_request(&deployment, 202);
     assert_eq!(decode_request.body["stream"], true);
     assert_eq!(decode_request.body["stream_options"], json!({"include_usage": true}));
-    let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+    let prefill = reply.worker("prefill").unwrap();
     assert_prefill_hop(&only_request(&deployment, prefill), &body);
 }
 
@@ -175,8 +175,8 @@ async fn chat_completions_take_two_hops_too() {
         Some(body.to_string()),
     )
     .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+    reply.assert_ok("the request");
+    let prefill = reply.worker("prefill").unwrap();
     let prefill_body = only_request(&deployment, prefill).body;
     assert_eq!((prefill_body["max_completion_tokens"].clone(), prefill_body["max_tokens"].clone()), (json!(1), json!(1)));
     assert_eq!(only_request(&deployment, 201).body["max_completion_tokens"], 4);
@@ -186,13 +186,13 @@ async fn chat_completions_take_two_hops_too() {
 async fn other_paths_go_to_a_decode_worker_without_a_prefill_hop() {
     let deployment = disaggregated().await;
     let reply = send(&deployment, reqwest::Method::GET, "/v1/models", &[("x-dynamo-worker-instance-id", "202")], None).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.number("x-pinroute-decode-worker"), Some(202));
+    reply.assert_ok("the request");
+    assert_eq!(reply.worker("decode"), Some(202));
     assert_eq!(reply.header("x-pinroute-prefill-worker"), None);
     assert_eq!(reply.json()["data"][0]["id"], "sim-model");
     let health = send(&deployment, reqwest::Method::GET, "/health", &[], None).await;
     assert_eq!(health.status, 200);
-    assert!([201, 202].contains(&health.number("x-pinroute-decode-worker").unwrap()));
+    assert!([201, 202].contains(&health.worker("decode").unwrap()));
 }
 
 #[tokio::test]
@@ -203,15 +203,15 @@ async fn an_aggregated_deployment_takes_one_hop() {
     let mut body = prompt();
     body["kv_transfer_params"] = json!({"do_remote_prefill": true});
     let reply = complete(&deployment, &headers, &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.number("x-pinroute-decode-worker"), Some(301));
+    reply.assert_ok("the request");
+    assert_eq!(reply.worker("decode"), Some(301));
     assert_eq!(reply.header("x-pinroute-prefill-worker"), None);
     assert_eq!(reply.number("x-sim-dp-rank"), Some(1));
     let request = only_request(&deployment, 301);
     assert!(request.body.get("kv_transfer_params").is_none());
     assert_eq!(request.body["max_tokens"], 5);
     let unpinned = complete(&deployment, &[], &prompt()).await;
-    assert_eq!(unpinned.status, 200, "{}", unpinned.text);
+    unpinned.assert_ok("the request");
 }
 
 #[tokio::test]
@@ -222,8 +222,8 @@ async fn an_unpinned_request_survives_a_dead_prefill_worker_and_falls_back_when_
     let deployment = start(spec).await;
     for _ in 0..4 {
         let reply = complete(&deployment, &[], &prompt()).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        assert_eq!(reply.number("x-pinroute-prefill-worker"), Some(101), "the live prefill worker served");
+        reply.assert_ok("the request");
+        assert_eq!(reply.worker("prefill"), Some(101), "the live prefill worker served");
         assert_eq!(reply.json()["sim"]["kv_from"], 101);
     }
 
@@ -232,7 +232,7 @@ async fn an_unpinned_request_survives_a_dead_prefill_worker_and_falls_back_when_
     spec.dead = vec![(108, SimRole::Prefill, 1), (109, SimRole::Prefill, 1)];
     let deployment = start(spec).await;
     let reply = complete(&deployment, &[], &prompt()).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.assert_ok("the request");
     assert_eq!(reply.header("x-pinroute-prefill-worker"), None, "no prefill hop served");
     assert_eq!(reply.json()["sim"]["kv_from"], Value::Null, "decode prefilled itself");
     assert!(only_request(&deployment, 201).body.get("kv_transfer_params").is_none());
@@ -246,10 +246,10 @@ async fn an_unpinned_decode_hop_whose_worker_refuses_connections_is_served_by_an
     let deployment = start(spec).await;
     for _ in 0..6 {
         let reply = complete(&deployment, &[], &prompt()).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        assert_eq!(reply.number("x-pinroute-decode-worker"), Some(201), "the live worker is named");
+        reply.assert_ok("the request");
+        assert_eq!(reply.worker("decode"), Some(201), "the live worker is named");
         let health = send(&deployment, reqwest::Method::GET, "/health", &[], None).await;
-        assert_eq!(health.status, 200, "{}", health.text);
+        health.assert_ok("the request");
     }
     let marked = deployment.envoy.stat("wasmcustom.pinroute.workers.marked_unhealthy").await.unwrap().unwrap_or(0);
     assert!(marked >= 1, "the dead workers were marked unhealthy");
@@ -259,9 +259,9 @@ async fn an_unpinned_decode_hop_whose_worker_refuses_connections_is_served_by_an
 async fn a_clients_request_id_reaches_both_hops_unchanged() {
     let deployment = disaggregated().await;
     let reply = complete(&deployment, &[("x-request-id", "client-id-42"), ("x-dynamo-worker-instance-id", "201")], &prompt()).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.assert_ok("the request");
     assert_eq!(reply.json()["id"], "cmpl-client-id-42");
-    let prefill = reply.number("x-pinroute-prefill-worker").unwrap();
+    let prefill = reply.worker("prefill").unwrap();
     assert_eq!(only_request(&deployment, prefill).header("x-request-id"), Some("client-id-42"));
     assert_eq!(only_request(&deployment, 201).header("x-request-id"), Some("client-id-42"));
 }

@@ -1,48 +1,9 @@
 //! Requests through the gateway (and, for controls, straight to one engine).
 
-use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
+pub use crate::reply::Reply;
 use crate::Gateway;
-
-pub struct Reply {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub text: String,
-}
-
-impl Reply {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    pub fn worker(&self, hop: &str) -> Option<u64> {
-        self.header(&format!("x-pinroute-{hop}-worker"))
-            .map(|v| v.parse().unwrap())
-    }
-
-    pub fn assert_ok(&self, what: &str) {
-        assert_eq!(self.status, 200, "{what}: {}", self.text);
-    }
-
-    /// Asserts an OpenAI-shaped pinroute error and returns its message.
-    pub fn error(&self, status: u16, code: &str) -> String {
-        assert_eq!(self.status, status, "{}", self.text);
-        let body = self.json();
-        assert_eq!(body["error"]["code"], code, "{}", self.text);
-        assert_eq!(self.header("x-pinroute-error-code"), Some(code));
-        let message = body["error"]["message"].as_str().unwrap().to_string();
-        assert!(
-            !message.contains("127.0.0.1"),
-            "an internal address leaked: {message}"
-        );
-        message
-    }
-}
 
 /// `POST <base><path>` with a JSON body and headers.
 pub async fn post(gateway: &Gateway, url: String, headers: &[(&str, &str)], body: &Value) -> Reply {
@@ -61,17 +22,11 @@ pub async fn post(gateway: &Gateway, url: String, headers: &[(&str, &str)], body
             panic!("no answer: {e}");
         }
     };
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    if status >= 500 {
+    let reply = Reply::read(response).await;
+    if reply.status >= 500 {
         gateway.pair.ensure_running().expect("an engine exited");
     }
-    Reply {
-        status,
-        headers,
-        text,
-    }
+    reply
 }
 
 /// Through Envoy.

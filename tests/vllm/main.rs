@@ -18,6 +18,8 @@
 )]
 
 mod client;
+#[path = "../common/reply.rs"]
+mod reply;
 mod scenarios;
 
 use std::io::Write as _;
