@@ -4,6 +4,9 @@
 //! when the core breaks a property of SPEC.md; a panic is what libFuzzer records as a
 //! crash. The targets in `fuzz_targets/` only decode the input and call these.
 
+use pinroute::policy::json::JsonObjectError;
+
+pub mod config;
 pub mod headers;
 pub mod json_object;
 pub mod nvext;
@@ -15,6 +18,11 @@ pub mod rewrite;
 #[track_caller]
 pub fn violated(what: impl std::fmt::Display) -> ! {
     panic!("property violated: {what}")
+}
+
+/// Whether `error` refuses a key that appears twice (that key, when one is given).
+pub fn is_duplicate_key(error: &JsonObjectError, key: Option<&str>) -> bool {
+    matches!(error, JsonObjectError::DuplicateKey(k) if key.is_none_or(|key| k == key))
 }
 
 #[cfg(test)]

@@ -13,11 +13,11 @@
 //! - fields other than the five routing fields never matter.
 
 use arbitrary::Arbitrary;
-use pinroute::policy::json::{JsonObject, JsonObjectError};
+use pinroute::policy::json::JsonObject;
 use pinroute::policy::pins::{Pins, parse_nvext};
 
 use crate::json_object::{check_nvext_error, pins_of};
-use crate::violated;
+use crate::{is_duplicate_key, violated};
 
 #[derive(Arbitrary, Debug)]
 pub struct Body {
@@ -90,6 +90,13 @@ const PATHS: [&str; 5] = [
     "nvext.dp_rank",
     "nvext.prefill_dp_rank",
 ];
+/// Enough members to cover every case; more only slow the fuzzer down.
+const MAX_MEMBERS: usize = 12;
+
+fn capped<T>(items: &[T]) -> &[T] {
+    items.get(..items.len().min(MAX_MEMBERS)).unwrap_or_default()
+}
+
 const OTHER_KEYS: [&str; 6] = ["annotations", "dp_rank_", "Dp_rank", "", "backend", "nvext"];
 
 pub fn check(body: &Body) {
@@ -97,7 +104,7 @@ pub fn check(body: &Body) {
     crate::json_object::check(text.as_bytes());
     let parsed = JsonObject::parse(text.as_bytes());
     if body.nvext_twice && !matches!(body.nvext, Nvext::Absent) {
-        let refused = matches!(&parsed, Err(JsonObjectError::DuplicateKey(k)) if k == "nvext");
+        let refused = parsed.as_ref().is_err_and(|e| is_duplicate_key(e, Some("nvext")));
         return assert!(refused, "{text}: nvext twice must be a duplicate key, got {parsed:?}");
     }
     let Ok(object) = parsed else { violated(format!("{text}: refused: {parsed:?}")) };
@@ -112,15 +119,15 @@ impl Body {
     fn render(&self) -> String {
         let mut members: Vec<(String, String)> = Vec::new();
         let filler = |i: usize, f: &Filler| (quote(&format!("f{i}")), f.value.render(self.space));
-        members.extend(self.before.iter().enumerate().map(|(i, f)| filler(i, f)));
+        let (before, after) = (capped(&self.before), capped(&self.after));
+        members.extend(before.iter().enumerate().map(|(i, f)| filler(i, f)));
         if let Some(nvext) = self.nvext.render(self.space) {
             members.push((quote("nvext"), nvext.clone()));
             if self.nvext_twice {
                 members.push((quote("nvext"), nvext));
             }
         }
-        let offset = self.before.len();
-        members.extend(self.after.iter().enumerate().map(|(i, f)| filler(offset + i, f)));
+        members.extend(after.iter().enumerate().map(|(i, f)| filler(before.len() + i, f)));
         object(&members, self.space)
     }
 }
@@ -134,7 +141,7 @@ impl Nvext {
             Nvext::NotAnObject(scalar) => Some(scalar.render(space)),
             Nvext::Object(fields) => {
                 let members: Vec<(String, String)> =
-                    fields.iter().map(|f| (f.key_text(), f.value.render(space))).collect();
+                    capped(fields).iter().map(|f| (f.key_text(), f.value.render(space))).collect();
                 Some(object(&members, space))
             }
         }
@@ -145,7 +152,7 @@ impl Nvext {
         let fields = match self {
             Nvext::Absent | Nvext::Null => return Ok(Pins::default()),
             Nvext::NotAnObject(_) => return Err(vec!["nvext"]),
-            Nvext::Object(fields) => fields,
+            Nvext::Object(fields) => capped(fields),
         };
         let names: Vec<&str> = fields.iter().map(|f| f.key.name()).collect();
         if names.iter().enumerate().any(|(i, n)| names.iter().skip(i + 1).any(|m| m == n)) {

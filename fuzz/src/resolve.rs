@@ -6,7 +6,7 @@
 //! Properties:
 //! - `Registry::new` accepts exactly the lists SPEC section 6 allows, and `from_json` of
 //!   the same list agrees with it;
-//! - resolution never panics and is deterministic;
+//! - resolution never panics and is deterministic, on the empty registry too;
 //! - it equals a model of SPEC section 3 written out here: route, or exact error and hop;
 //! - every target is a registry worker (so its address is a registry address) of the hop's
 //!   role; a pinned target is exactly the pinned worker; a rank is < `dp_size`;
@@ -24,7 +24,9 @@ use arbitrary::Arbitrary;
 use pinroute::policy::error::{Hop, RouteError, Unavailability};
 use pinroute::policy::pins::Pins;
 use pinroute::policy::registry::{Deployment, Registry, Role, Settings, Worker, WorkerId};
-use pinroute::policy::resolve::{Availability, DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop};
+use pinroute::policy::resolve::{
+    Availability, DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop,
+};
 use pinroute::policy::select::{Choice, session_weight};
 
 use crate::violated;
@@ -89,6 +91,12 @@ enum Retries {
 enum ChoiceSpec {
     Session(Vec<u8>),
     Turn(u64),
+    /// Outstanding requests per worker: `load[id % 8]`.
+    LeastLoaded(u64, [u8; 8]),
+}
+
+fn outstanding(load: &[u8; 8], worker: &Worker) -> u64 {
+    load.get(usize::try_from(worker.id % 8).unwrap_or(0)).map_or(0, |n| u64::from(*n))
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -127,8 +135,12 @@ impl Availability for Health {
 
 pub fn check(case: &Case) {
     let workers = case.workers();
-    let registry = check_registry(&workers);
-    let Some(registry) = registry else { return };
+    // No workers at all is the empty registry a live source starts from.
+    let registry = match check_registry(&workers) {
+        Some(registry) => registry,
+        None if workers.is_empty() => Registry::empty(),
+        None => return,
+    };
     let settings = Settings {
         prefill_retries: case.prefill_retries.value(),
         aggregated_fallback: case.aggregated_fallback,
@@ -138,9 +150,15 @@ pub fn check(case: &Case) {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
     };
+    let load = match &case.choice {
+        ChoiceSpec::LeastLoaded(_, load) => *load,
+        _ => [0; 8],
+    };
+    let by_load = |w: &Worker| outstanding(&load, w);
     let choice = match &case.choice {
         ChoiceSpec::Session(key) => Choice::Session(key),
         ChoiceSpec::Turn(turn) => Choice::Turn(*turn),
+        ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded { turn: *turn, outstanding: &by_load },
     };
     let pins = case.pins.pins(&workers);
     let world = World { registry: &registry, settings: &settings, health: &health, choice };
@@ -233,15 +251,12 @@ fn check_registry(workers: &[Worker]) -> Option<Registry> {
     registry.ok()
 }
 
-fn registry_is_valid(workers: &[Worker]) -> bool {
+pub fn registry_is_valid(workers: &[Worker]) -> bool {
     let unique_ids = workers.iter().map(|w| w.id).collect::<HashSet<_>>().len() == workers.len();
     let unique_addresses = workers.iter().map(|w| w.address).collect::<HashSet<_>>().len() == workers.len();
     let has = |role| workers.iter().any(|w| w.role == role);
-    let roles_ok = if has(Role::Aggregated) {
-        !has(Role::Prefill) && !has(Role::Decode)
-    } else {
-        has(Role::Decode)
-    };
+    let roles_ok =
+        if has(Role::Aggregated) { !has(Role::Prefill) && !has(Role::Decode) } else { has(Role::Decode) };
     unique_ids && unique_addresses && workers.iter().all(|w| w.dp_size > 0) && roles_ok
 }
 
@@ -299,14 +314,18 @@ impl World<'_> {
 
     fn expected_prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
         let hop = Hop::Prefill;
-        if let Some(target) = self.expected_pin(hop, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)? {
+        if let Some(target) =
+            self.expected_pin(hop, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)?
+        {
             return Ok(PrefillPlan::Pinned(target));
         }
         if self.registry.deployment() == Deployment::Aggregated {
             return Ok(PrefillPlan::Skip);
         }
         let mut order = self.expected_order(Role::Prefill);
-        order.truncate(usize::try_from(self.settings.prefill_retries).map_or(usize::MAX, |n| n.saturating_add(1)));
+        order.truncate(
+            usize::try_from(self.settings.prefill_retries).map_or(usize::MAX, |n| n.saturating_add(1)),
+        );
         if !order.is_empty() {
             Ok(PrefillPlan::Candidates(order))
         } else if self.settings.aggregated_fallback {
@@ -367,13 +386,16 @@ impl World<'_> {
             .filter(|w| w.role == role && self.health.unavailability(w).is_none())
             .collect();
         match self.choice {
-            Choice::Session(key) => pool.sort_by(|a, b| {
-                (session_weight(key, b), b.id).cmp(&(session_weight(key, a), a.id))
-            }),
-            Choice::Turn(turn) => {
-                pool.sort_by_key(|w| w.id);
-                let len = u64::try_from(pool.len()).unwrap_or(u64::MAX).max(1);
-                pool.rotate_left(usize::try_from(turn % len).unwrap_or(0));
+            Choice::Session(key) => pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id))),
+            Choice::Turn(turn) => round_robin(&mut pool, turn),
+            Choice::LeastLoaded { turn, outstanding } => {
+                round_robin(&mut pool, turn);
+                let first_two: Vec<u64> = pool.iter().take(2).map(|w| outstanding(w)).collect();
+                if let [first, second] = first_two.as_slice()
+                    && second < first
+                {
+                    pool.swap(0, 1);
+                }
             }
         }
         pool.into_iter().map(|w| Target { worker: w.clone(), rank: None, pinned: false }).collect()
@@ -402,7 +424,10 @@ impl World<'_> {
     fn check_target(&self, target: &Target, role: Role, pin: Option<WorkerId>, rank_pin: Option<u32>) {
         let worker = &target.worker;
         assert_eq!(self.registry.get(worker.id), Some(worker), "target is not the registry's worker");
-        assert!(self.registry.workers().iter().any(|w| w.address == worker.address), "address not in registry");
+        assert!(
+            self.registry.workers().iter().any(|w| w.address == worker.address),
+            "address not in registry"
+        );
         assert_eq!(worker.role, role, "target {} has the wrong role", worker.id);
         assert!(target.rank.is_none_or(|r| r < worker.dp_size), "rank {:?} >= dp_size", target.rank);
         assert_eq!(self.health.unavailability(worker), None, "target {} is not available", worker.id);
@@ -463,7 +488,12 @@ impl World<'_> {
     }
 
     /// Changing B, D and r leaves the prefill plan, or a prefill error, as it was.
-    fn check_prefill_ignores_token_pins(&self, pins: &Pins, actual: &Result<Route, RouteError>, other: &Pins) {
+    fn check_prefill_ignores_token_pins(
+        &self,
+        pins: &Pins,
+        actual: &Result<Route, RouteError>,
+        other: &Pins,
+    ) {
         let variant = Pins {
             backend_instance_id: other.backend_instance_id,
             decode_worker_id: other.decode_worker_id,
@@ -513,6 +543,13 @@ impl World<'_> {
     }
 }
 
+/// Round robin: by id, starting at the `turn`-th worker.
+fn round_robin(pool: &mut [&Worker], turn: u64) {
+    pool.sort_by_key(|w| w.id);
+    let len = u64::try_from(pool.len()).unwrap_or(u64::MAX).max(1);
+    pool.rotate_left(usize::try_from(turn % len).unwrap_or(0));
+}
+
 fn expected_status(error: &RouteError) -> (u16, &'static str) {
     match error {
         RouteError::RankWithoutWorker { .. } => (400, "rank_without_worker"),
@@ -540,7 +577,9 @@ fn expected_retry_after(error: &RouteError) -> Option<u32> {
 
 fn hop_and_worker(error: &RouteError) -> Option<(Hop, Option<WorkerId>)> {
     match *error {
-        RouteError::RankWithoutWorker { hop } | RouteError::NoWorkerAvailable { hop, .. } => Some((hop, None)),
+        RouteError::RankWithoutWorker { hop } | RouteError::NoWorkerAvailable { hop, .. } => {
+            Some((hop, None))
+        }
         RouteError::UnknownWorker { hop, worker }
         | RouteError::WrongRole { hop, worker, .. }
         | RouteError::RankOutOfRange { hop, worker, .. }

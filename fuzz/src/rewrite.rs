@@ -8,10 +8,12 @@
 //!   otherwise, `stream_options`, `min_tokens`, `min_completion_tokens` are gone, and
 //!   `kv_transfer_params` is exactly the fixed remote-decode request;
 //! - every other client member reaches both bodies byte-identical, in the client's order,
-//!   and nothing else is added;
+//!   and nothing else is added — but for the prefill body's `nvext`, which loses the decode
+//!   hop's pins (`backend_instance_id`, `decode_worker_id`, `dp_rank`) and keeps the rest
+//!   byte-identical;
 //! - the decode body's `kv_transfer_params` is exactly the prefill worker's (or absent when
-//!   it sent none): a client's `kv_transfer_params` never survives, and `dropped_client_kv`
-//!   says whether there was one;
+//!   it sent none): a client's `kv_transfer_params` never survives, and `one_hop_body`
+//!   rewrites exactly when there was one;
 //! - neither depends on the capacity hint.
 //!
 //! For every response: `prefill_kv_transfer_params` never panics, returns the response's
@@ -19,12 +21,14 @@
 //! for a body that is not an object or a `kv_transfer_params` of another type.
 
 use pinroute::policy::error::HopFailure;
-use pinroute::policy::json::{JsonObject, JsonObjectError};
-use pinroute::policy::rewrite::{DecodeBody, PREFILL_KV_TRANSFER_PARAMS, prefill_body, prefill_kv_transfer_params};
+use pinroute::policy::json::JsonObject;
+use pinroute::policy::rewrite::{
+    DecodeBody, PREFILL_KV_TRANSFER_PARAMS, one_hop_body, prefill_body, prefill_kv_transfer_params,
+};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::violated;
+use crate::{is_duplicate_key, violated};
 
 const KV: &str = "kv_transfer_params";
 /// Members the prefill body sets to its own values.
@@ -67,13 +71,32 @@ fn check_prefill_body(request: &JsonObject<'_>, len: usize) {
     for key in DROPPED_BY_PREFILL {
         assert_eq!(value(&out, key), None, "{key} must be dropped from {text}");
     }
-    let kept = |(k, _): &(String, &str)| !SET_BY_PREFILL.contains(&k.as_str());
+    let kept = |(k, _): &(String, &str)| !SET_BY_PREFILL.contains(&k.as_str()) && k != "nvext";
     assert_eq!(
         out.iter().filter(|m| kept(m)).collect::<Vec<_>>(),
         client.iter().filter(|m| kept(m) && !DROPPED_BY_PREFILL.contains(&m.0.as_str())).collect::<Vec<_>>(),
         "client members in the prefill body {text}"
     );
+    let client_nvext = client.iter().find(|(k, _)| k == "nvext").map(|(_, v)| *v);
+    check_prefill_nvext(client_nvext, value(&out, "nvext"));
     check_prefill_kv_value(value(&out, KV).unwrap_or_default());
+}
+
+/// The decode hop's pins are gone from the prefill body's `nvext`; the rest is the client's.
+fn check_prefill_nvext(client: Option<&str>, prefill: Option<&str>) {
+    const DECODE_PINS: &[&str] = &["backend_instance_id", "decode_worker_id", "dp_rank"];
+    let Some(client) = client else {
+        assert_eq!(prefill, None, "an nvext appeared in the prefill body");
+        return;
+    };
+    let Some(prefill) = prefill else { violated(format!("nvext {client} vanished from the prefill body")) };
+    match JsonObject::parse(client.as_bytes()) {
+        Ok(object) => {
+            let expected: Members<'_> = members(&object).into_iter().filter(|(k, _)| !DECODE_PINS.contains(&k.as_str())).collect();
+            assert_eq!(members_of(prefill), expected, "prefill nvext {prefill} from {client}");
+        }
+        Err(_) => assert_eq!(prefill, client, "a non-object nvext is passed as it is"),
+    }
 }
 
 fn check_prefill_kv_value(raw: &str) {
@@ -87,7 +110,11 @@ fn check_prefill_kv_value(raw: &str) {
 fn check_decode_body(request: &JsonObject<'_>, len: usize, kv: Option<&RawValue>) {
     let decode = DecodeBody::new(request, len);
     let client = members(request);
-    assert_eq!(decode.dropped_client_kv, client.iter().any(|(k, _)| k == KV), "dropped_client_kv");
+    let one_hop = one_hop_body(request, len);
+    assert_eq!(one_hop.is_some(), client.iter().any(|(k, _)| k == KV), "one_hop_body rewrites exactly a client's kv");
+    if let Some(one_hop) = one_hop {
+        assert_eq!(one_hop, decode.clone().finish(None), "one hop body is the decode body without kv");
+    }
     let text = decode.finish(kv);
     assert_eq!(DecodeBody::new(request, 0).finish(kv), text, "the capacity hint changed the decode body");
     let out = members_of(&text);
@@ -115,7 +142,7 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
             assert!(map.get(KV).is_none_or(Value::is_null), "kv_transfer_params {:?} lost", map.get(KV))
         }
         (Err(_), Ok(Value::Object(map))) => {
-            let duplicate = matches!(parsed, Err(JsonObjectError::DuplicateKey(_)));
+            let duplicate = parsed.as_ref().is_err_and(|e| is_duplicate_key(e, None));
             let not_object = map.get(KV).is_some_and(|kv| !kv.is_object() && !kv.is_null());
             assert!(duplicate || not_object, "a usable prefill response refused: {answer:?}");
         }

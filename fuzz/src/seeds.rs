@@ -25,6 +25,11 @@ fn structured<'a, T: Arbitrary<'a>>(data: &'a [u8]) -> Option<T> {
 }
 
 #[test]
+fn config() {
+    replay("config", crate::config::check);
+}
+
+#[test]
 fn headers() {
     replay("headers", crate::headers::check);
 }

@@ -150,14 +150,12 @@ impl Stream {
         self.count_pins(&pins);
         let (health, now) = (shared::health(), envoy::now_nanos());
         let route = self.resolver(&health, now).resolve(&pins)?;
-        let decode_body = DecodeBody::new(&request, body.len());
         let mut attempts = match route.prefill {
             PrefillPlan::Skip => {
                 if self.config.registry.deployment() == Deployment::Disaggregated {
                     self.metrics.count(Counter::AggregatedFallback);
                 }
-                let rewritten = decode_body.dropped_client_kv.then(|| decode_body.finish(None));
-                self.route(route.decode, rewritten, Some(body_size))?;
+                self.route(route.decode, rewrite::one_hop_body(&request, body.len()), Some(body_size))?;
                 return Ok(Action::Continue);
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -172,7 +170,7 @@ impl Stream {
             current: first,
             remaining: attempts,
             body: rewrite::prefill_body(&request, body.len()),
-            decode_body,
+            decode_body: DecodeBody::new(&request, body.len()),
             decode: route.decode,
             held_body_size: body_size,
             dispatched_at: 0,

@@ -4,6 +4,7 @@
 //! once and every field pinroute does not own (numbers, unicode escapes, member order)
 //! reaches the worker exactly as the client wrote it.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -48,8 +49,9 @@ impl fmt::Display for JsonObjectError {
 impl<'a> JsonObject<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<Self, JsonObjectError> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let members = de.deserialize_any(MembersVisitor).map_err(|e| classify(&e))??;
+        let members = de.deserialize_any(MembersVisitor).map_err(|e| classify(&e))?;
         de.end().map_err(|e| JsonObjectError::NotJson(e.to_string()))?;
+        let members = members?;
         if let Some((key, _)) = members.iter().find(|(_, value)| nests_deeper_than(value.get(), MAX_DEPTH - 1)) {
             return Err(JsonObjectError::TooDeep(key.clone()));
         }
@@ -123,16 +125,24 @@ impl<'de> Visitor<'de> for MembersVisitor {
         f.write_str("a JSON object")
     }
 
+    /// Reads every member, even after a duplicate key: the object must be read to its end
+    /// for the rest of the document to be checked.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut members: Vec<(String, &'de RawValue)> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut duplicate = None;
         while let Some(key) = map.next_key::<String>()? {
             let value: &'de RawValue = map.next_value()?;
-            if members.iter().any(|(k, _)| *k == key) {
-                return Ok(Err(JsonObjectError::DuplicateKey(key)));
+            if !seen.insert(key.clone()) {
+                duplicate.get_or_insert(key);
+                continue;
             }
             members.push((key, value));
         }
-        Ok(Ok(members))
+        Ok(match duplicate {
+            Some(key) => Err(JsonObjectError::DuplicateKey(key)),
+            None => Ok(members),
+        })
     }
 }
 

@@ -10,8 +10,12 @@ pub const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_rem
 
 const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 
+/// `nvext` fields that pin the decode hop: they never reach the prefill worker (SPEC 3).
+const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id", "dp_rank"];
+
 /// The prefill hop's body: the client's, capped at one token, not streamed, and asking for
-/// a remote decode. Any `kv_transfer_params` of the client's is dropped.
+/// a remote decode. Any `kv_transfer_params` of the client's is dropped, and so are the
+/// decode hop's pins in `nvext`.
 pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
     let mut out = ObjectWriter::with_capacity(capacity + PREFILL_KV_TRANSFER_PARAMS.len() + 64);
     let mut has_max_tokens = false;
@@ -28,6 +32,7 @@ pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
             }
             "max_completion_tokens" => out.member(key, "1"),
             "stream_options" | "min_tokens" | "min_completion_tokens" | KV_TRANSFER_PARAMS => {}
+            "nvext" => out.member(key, &without_decode_pins(value)),
             _ => out.member(key, value.get()),
         }
     }
@@ -41,27 +46,37 @@ pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
     out.finish()
 }
 
+/// `nvext` without the decode hop's pins; anything but an object is passed as it is.
+fn without_decode_pins(nvext: &RawValue) -> String {
+    let Ok(object) = JsonObject::parse(nvext.get().as_bytes()) else { return nvext.get().to_string() };
+    let mut out = ObjectWriter::with_capacity(nvext.get().len());
+    for (key, value) in object.members().filter(|(key, _)| !DECODE_NVEXT_FIELDS.contains(key)) {
+        out.member(key, value.get());
+    }
+    out.finish()
+}
+
+/// The body of a single-hop request (aggregated deployment or fallback): `None` when the
+/// client's body goes as it is, the body without the client's `kv_transfer_params` when it
+/// sent some.
+pub fn one_hop_body(request: &JsonObject<'_>, capacity: usize) -> Option<String> {
+    request.get(KV_TRANSFER_PARAMS).map(|_| DecodeBody::new(request, capacity).finish(None))
+}
+
 /// The token-generating hop's body, before the prefill answer is known: the client's
 /// body intact but for its `kv_transfer_params`, which a client must never steer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeBody {
     open: ObjectWriter,
-    /// The client sent `kv_transfer_params`: the body must be rewritten even for one hop.
-    pub dropped_client_kv: bool,
 }
 
 impl DecodeBody {
     pub fn new(request: &JsonObject<'_>, capacity: usize) -> Self {
         let mut open = ObjectWriter::with_capacity(capacity + 64);
-        let mut dropped_client_kv = false;
-        for (key, value) in request.members() {
-            if key == KV_TRANSFER_PARAMS {
-                dropped_client_kv = true;
-            } else {
-                open.member(key, value.get());
-            }
+        for (key, value) in request.members().filter(|(key, _)| *key != KV_TRANSFER_PARAMS) {
+            open.member(key, value.get());
         }
-        Self { open, dropped_client_kv }
+        Self { open }
     }
 
     /// The final body, carrying the prefill worker's `kv_transfer_params` when it sent any.

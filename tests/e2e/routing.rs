@@ -121,7 +121,9 @@ async fn body_pins_work_and_a_header_beats_the_body() {
     assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(101), Some(202)));
     assert_eq!(reply.number("x-sim-dp-rank"), Some(1));
     let forwarded = only_request(&deployment, 202).body;
-    assert_eq!(forwarded["nvext"], body["nvext"], "other nvext content is not pinroute's business");
+    assert_eq!(forwarded["nvext"], body["nvext"], "the decode hop gets the client's nvext");
+    let prefilled = only_request(&deployment, 101).body;
+    assert_eq!(prefilled["nvext"], json!({"prefill_worker_id": 101}), "decode pins never reach prefill");
 
     body["nvext"] = json!({"decode_worker_id": 202});
     let reply = complete(&deployment, &[("x-dynamo-worker-instance-id", "201")], &body).await;

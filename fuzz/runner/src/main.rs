@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-const TARGETS: [&str; 5] = ["headers", "json_object", "nvext", "resolve", "rewrite"];
+const TARGETS: [&str; 6] = ["config", "headers", "json_object", "nvext", "resolve", "rewrite"];
 const DEFAULT_SECONDS: u32 = 25;
 
 /// Coverage instrumentation for libFuzzer, as cargo-fuzz 0.13 sets it with `-s none`, plus
@@ -60,7 +60,8 @@ fn run() -> Result<bool, String> {
     let options = parse_args(std::env::args().skip(1))?;
     let fuzz_dir = fuzz_dir();
     let triple = host_triple()?;
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| fuzz_dir.join("target"), PathBuf::from);
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| fuzz_dir.join("target"), PathBuf::from);
     build(&fuzz_dir, &triple, &options.targets)?;
     let bin_dir = target_dir.join(&triple).join("release");
     let mut outcomes = Vec::new();
@@ -78,10 +79,17 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String>
             "--seconds" => {
                 let value = args.next().ok_or("--seconds needs a value")?;
                 options.seconds = value.parse().map_err(|_| format!("--seconds {value}: not a number"))?;
+                if options.seconds == 0 {
+                    return Err("--seconds must be at least 1 (libFuzzer reads 0 as no limit)".into());
+                }
             }
-            "-h" | "--help" => return Err(format!("usage: pinroute-fuzz [--seconds N] [{}]...", TARGETS.join("|"))),
+            "-h" | "--help" => {
+                return Err(format!("usage: pinroute-fuzz [--seconds N] [{}]...", TARGETS.join("|")));
+            }
             name if TARGETS.contains(&name) => options.targets.push(name.to_string()),
-            other => return Err(format!("unknown target or option {other:?}; targets: {}", TARGETS.join(", "))),
+            other => {
+                return Err(format!("unknown target or option {other:?}; targets: {}", TARGETS.join(", ")));
+            }
         }
     }
     if options.targets.is_empty() {
@@ -127,7 +135,13 @@ fn build(fuzz_dir: &Path, triple: &str, targets: &[String]) -> Result<(), String
 }
 
 /// Runs one target for `seconds` over its committed seeds plus a scratch corpus.
-fn fuzz(fuzz_dir: &Path, target_dir: &Path, bin_dir: &Path, target: &str, seconds: u32) -> Result<Outcome, String> {
+fn fuzz(
+    fuzz_dir: &Path,
+    target_dir: &Path,
+    bin_dir: &Path,
+    target: &str,
+    seconds: u32,
+) -> Result<Outcome, String> {
     let corpus = target_dir.join("corpus").join(target);
     let artifacts = fuzz_dir.join("artifacts").join(target);
     let log = target_dir.join("fuzz-logs").join(format!("{target}.log"));
@@ -178,11 +192,30 @@ fn print_summary(outcomes: &[Outcome], bin_dir: &Path) {
     }
     for o in outcomes.iter().filter(|o| !o.passed) {
         let text = std::fs::read_to_string(&o.log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        println!("\n--- {} failed; last lines of {} ---", o.target, o.log.display());
-        tail.iter().rev().for_each(|line| println!("{line}"));
-        println!("reproduce: {} <artifact printed above>", bin_dir.join(&o.target).display());
+        println!("\n--- {} failed (full log: {}) ---", o.target, o.log.display());
+        finding(&text).iter().for_each(|line| println!("{line}"));
+        println!("reproduce: {} <the test unit above>", bin_dir.join(&o.target).display());
     }
     let failed = outcomes.iter().filter(|o| !o.passed).count();
     println!("{} passed, {failed} failed", outcomes.len() - failed);
+}
+
+/// The lines of a libFuzzer log that say what was found: the panic message, libFuzzer's
+/// error, and where the input was written.
+fn finding(log: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut in_panic = false;
+    for line in log.lines() {
+        if line.contains("panicked at") {
+            in_panic = true;
+        } else if in_panic && (line.starts_with("stack backtrace") || line.starts_with("note:")) {
+            in_panic = false;
+        }
+        let notable =
+            ["ERROR: libFuzzer", "Test unit written to", "Base64:"].iter().any(|k| line.contains(k));
+        if in_panic || notable {
+            lines.push(line);
+        }
+    }
+    lines
 }

@@ -68,3 +68,12 @@ fn write_key_escapes() {
     write_key(&mut out, "a\"b");
     assert_eq!(out, r#""a\"b":"#);
 }
+
+#[test]
+fn a_duplicate_key_is_named_whatever_follows_it() {
+    let error = JsonObject::parse(br#"{"a": 1, "a": 2, "b": 3}"#).unwrap_err();
+    assert_eq!(error, JsonObjectError::DuplicateKey("a".into()));
+    let error = JsonObject::parse(br#"{"a": 1, "b": 2, "a": 3, "b": 4} x"#).unwrap_err();
+    assert!(matches!(error, JsonObjectError::NotJson(_)), "trailing data is still found: {error}");
+}
+

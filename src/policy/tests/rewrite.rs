@@ -23,7 +23,7 @@ fn the_prefill_body_asks_for_one_token_for_a_remote_decode() {
         body,
         json!({
             "model": "m", "prompt": "hi", "stream": false, "max_tokens": 1, "temperature": 0.7,
-            "nvext": {"backend_instance_id": 201},
+            "nvext": {},
             "kv_transfer_params": {
                 "do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
                 "remote_block_ids": null, "remote_host": null, "remote_port": null
@@ -55,8 +55,8 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
     let prefill = parse(&prefill_body(&object, request.len()));
     assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
     assert_eq!(prefill["kv_transfer_params"]["remote_host"], Value::Null);
+    assert_eq!(parse(&one_hop_body(&object, request.len()).unwrap()), json!({"prompt": "x"}));
     let decode = DecodeBody::new(&object, request.len());
-    assert!(decode.dropped_client_kv);
     assert_eq!(parse(&decode.clone().finish(None)), json!({"prompt": "x"}));
     let from_prefill = RawValue::from_string(r#"{"remote_engine_id":"e1"}"#.into()).unwrap();
     assert_eq!(
@@ -69,8 +69,8 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
 fn the_decode_body_keeps_the_clients_bytes() {
     let request = r#"{"prompt":"caf\u00e9 \ud83d\ude00","stream":true,"max_tokens":100,"n":123456789012345678901234567890,"t":1.50}"#;
     let object = JsonObject::parse(request.as_bytes()).unwrap();
+    assert_eq!(one_hop_body(&object, request.len()), None, "nothing to rewrite for one hop");
     let decode = DecodeBody::new(&object, request.len());
-    assert!(!decode.dropped_client_kv);
     assert_eq!(decode.clone().finish(None), request);
     let params = RawValue::from_string(r#"{"a":1}"#.into()).unwrap();
     let with_params = decode.finish(Some(&params));
@@ -112,4 +112,15 @@ fn an_unusable_prefill_answer_is_a_failure_of_the_hop() {
             String::from_utf8_lossy(response)
         );
     }
+}
+
+#[test]
+fn the_decode_hops_nvext_pins_never_reach_the_prefill_worker() {
+    let request = r#"{"prompt": "x", "nvext": {"backend_instance_id": 201, "decode_worker_id": 202, "dp_rank": 1,
+        "prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]}}"#;
+    let object = JsonObject::parse(request.as_bytes()).unwrap();
+    let body = parse(&prefill_body(&object, request.len()));
+    assert_eq!(body["nvext"], json!({"prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]}));
+    let decode = parse(&DecodeBody::new(&object, request.len()).finish(None));
+    assert_eq!(decode["nvext"]["dp_rank"], 1, "the decode hop keeps the client's nvext");
 }
