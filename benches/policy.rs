@@ -56,8 +56,22 @@ const HEADERS: [(&str, &[u8]); 10] = [
 ];
 
 const WORDS: [&str; 16] = [
-    "the", "prefill", "worker", "computes", "a", "cache", "that", "decode", "streams", "to",
-    "client", "with", "pinned", "routes", "caf\u{e9}", "\\n",
+    "the",
+    "prefill",
+    "worker",
+    "computes",
+    "a",
+    "cache",
+    "that",
+    "decode",
+    "streams",
+    "to",
+    "client",
+    "with",
+    "pinned",
+    "routes",
+    "caf\u{e9}",
+    "\\n",
 ];
 
 /// A completion request of about `size` bytes: the benchmark's client body.
@@ -84,7 +98,10 @@ struct Options {
 }
 
 fn options() -> Result<Options, String> {
-    let mut options = Options { sizes: DEFAULT_SIZES.to_vec(), budget: DEFAULT_BUDGET };
+    let mut options = Options {
+        sizes: DEFAULT_SIZES.to_vec(),
+        budget: DEFAULT_BUDGET,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -92,12 +109,18 @@ fn options() -> Result<Options, String> {
                 let list = args.next().ok_or("--sizes needs a value")?;
                 options.sizes = list
                     .split(',')
-                    .map(|s| s.trim().parse::<usize>().map_err(|e| format!("--sizes {s:?}: {e}")))
+                    .map(|s| {
+                        s.trim()
+                            .parse::<usize>()
+                            .map_err(|e| format!("--sizes {s:?}: {e}"))
+                    })
                     .collect::<Result<_, _>>()?;
             }
             "--budget-ms" => {
                 let ms = args.next().ok_or("--budget-ms needs a value")?;
-                let ms = ms.parse::<u64>().map_err(|e| format!("--budget-ms {ms:?}: {e}"))?;
+                let ms = ms
+                    .parse::<u64>()
+                    .map_err(|e| format!("--budget-ms {ms:?}: {e}"))?;
                 options.budget = Duration::from_millis(ms);
             }
             _ => {} // `cargo bench` passes `--bench`.
@@ -134,7 +157,9 @@ fn measure<F: FnMut()>(budget: Duration, mut f: F) -> (f64, u64) {
 }
 
 fn report(stage: &str, body_bytes: usize, (ns, iterations): (f64, u64)) {
-    println!(r#"{{"stage":"{stage}","body_bytes":{body_bytes},"ns_per_op":{ns:.1},"iterations":{iterations}}}"#);
+    println!(
+        r#"{{"stage":"{stage}","body_bytes":{body_bytes},"ns_per_op":{ns:.1},"iterations":{iterations}}}"#
+    );
 }
 
 fn header_hints() -> Result<HeaderHints, String> {
@@ -146,10 +171,13 @@ fn whole_request(config: &Config, body: &[u8], turn: u64) -> Result<(String, Str
     let hints = header_hints()?;
     let request = JsonObject::parse(body).map_err(|e| e.to_string())?;
     let body_pins = pins::parse_nvext(&request).map_err(|e| e.to_string())?;
-    let route = resolver(config, turn).resolve(&hints.pins.or(body_pins)).map_err(|e| e.to_string())?;
+    let route = resolver(config, turn)
+        .resolve(&hints.pins.or(body_pins))
+        .map_err(|e| e.to_string())?;
     let decode = DecodeBody::new(&request, body.len());
     let prefill = rewrite::prefill_body(&request, body.len());
-    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes()).map_err(|e| e.to_string())?;
+    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes())
+        .map_err(|e| e.to_string())?;
     black_box(route);
     Ok((prefill, decode.finish(params.as_deref())))
 }
@@ -168,27 +196,66 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
     let bytes = body.as_bytes();
     let request = JsonObject::parse(bytes).map_err(|e| e.to_string())?;
     let pins: Pins = header_hints()?.pins;
-    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes()).map_err(|e| e.to_string())?;
+    let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes())
+        .map_err(|e| e.to_string())?;
     whole_request(config, bytes, 0)?;
     let len = bytes.len();
-    report("headers", len, measure(budget, || drop(black_box(header_hints()))));
-    report("parse", len, measure(budget, || {
-        let parsed = JsonObject::parse(black_box(bytes));
-        drop(black_box(parsed.map(|object| pins::parse_nvext(&object).is_ok())));
-    }));
+    report(
+        "headers",
+        len,
+        measure(budget, || drop(black_box(header_hints()))),
+    );
+    report(
+        "parse",
+        len,
+        measure(budget, || {
+            let parsed = JsonObject::parse(black_box(bytes));
+            drop(black_box(
+                parsed.map(|object| pins::parse_nvext(&object).is_ok()),
+            ));
+        }),
+    );
     let mut turn = 0u64;
-    report("resolve", len, measure(budget, || {
-        turn = turn.wrapping_add(1);
-        drop(black_box(resolver(config, turn).resolve(black_box(&pins))));
-    }));
-    report("prefill_body", len, measure(budget, || drop(black_box(rewrite::prefill_body(&request, len)))));
-    report("decode_body", len, measure(budget, || {
-        drop(black_box(DecodeBody::new(&request, len).finish(params.as_deref())));
-    }));
-    report("prefill_response", len, measure(budget, || {
-        drop(black_box(rewrite::prefill_kv_transfer_params(black_box(PREFILL_RESPONSE.as_bytes()))));
-    }));
-    report("total", len, measure(budget, || drop(black_box(whole_request(config, black_box(bytes), 1)))));
+    report(
+        "resolve",
+        len,
+        measure(budget, || {
+            turn = turn.wrapping_add(1);
+            drop(black_box(resolver(config, turn).resolve(black_box(&pins))));
+        }),
+    );
+    report(
+        "prefill_body",
+        len,
+        measure(budget, || {
+            drop(black_box(rewrite::prefill_body(&request, len)))
+        }),
+    );
+    report(
+        "decode_body",
+        len,
+        measure(budget, || {
+            drop(black_box(
+                DecodeBody::new(&request, len).finish(params.as_deref()),
+            ));
+        }),
+    );
+    report(
+        "prefill_response",
+        len,
+        measure(budget, || {
+            drop(black_box(rewrite::prefill_kv_transfer_params(black_box(
+                PREFILL_RESPONSE.as_bytes(),
+            ))));
+        }),
+    );
+    report(
+        "total",
+        len,
+        measure(budget, || {
+            drop(black_box(whole_request(config, black_box(bytes), 1)))
+        }),
+    );
     Ok(())
 }
 

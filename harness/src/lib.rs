@@ -3,6 +3,7 @@ pub mod bench;
 pub mod envoy;
 pub mod load;
 pub mod sim;
+pub mod soak;
 pub mod registry_server;
 pub mod stack;
 pub mod vllm;

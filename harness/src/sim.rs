@@ -145,6 +145,24 @@ impl SimWorker {
     }
 }
 
+impl SimWorker {
+    /// Kills the worker the way a crashed process dies: the listener and every open
+    /// connection are closed at once, requests in flight get no answer (a stream stops
+    /// mid-body), with none of [`SimWorker::stop`]'s grace. Its KV entries are lost.
+    /// Returns once the port is free.
+    pub async fn kill(mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+            if let Err(error) = server.await
+                && !error.is_cancelled()
+            {
+                log::warn!("sim worker {}: server task failed: {error}", self.state.config.id);
+            }
+        }
+        log::info!("sim worker {} on {} killed", self.state.config.id, self.addr);
+    }
+}
+
 impl Drop for SimWorker {
     fn drop(&mut self) {
         self.shutdown.send_replace(true);

@@ -11,6 +11,11 @@ use crate::envoy::{BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary,
 use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
 
+/// Binding a restarted worker's old port is retried this often (the port is normally free
+/// at once: the listener of a killed worker is closed and tokio binds with `SO_REUSEADDR`).
+const RESTART_ATTEMPTS: u32 = 20;
+const RESTART_PAUSE: Duration = Duration::from_millis(100);
+
 /// What to run. Workers listen on `127.0.0.1` at `worker_ports` (0: any free port).
 #[derive(Debug, Clone)]
 pub struct StackSpec {
@@ -105,6 +110,39 @@ impl Stack {
 
     pub fn worker(&self, id: u64) -> Result<&SimWorker> {
         self.workers.iter().find(|w| w.config().id == id).ok_or_else(|| anyhow!("no sim worker {id}"))
+    }
+
+    /// Kills sim worker `id` abruptly ([`SimWorker::kill`]). Its registry entry stays, so its
+    /// address refuses connections until [`Stack::restart_worker`]; returns what that needs.
+    pub async fn kill_worker(&mut self, id: u64) -> Result<(SimConfig, SocketAddr)> {
+        let index = self
+            .workers
+            .iter()
+            .position(|w| w.config().id == id)
+            .ok_or_else(|| anyhow!("no running sim worker {id}"))?;
+        let worker = self.workers.remove(index);
+        let killed = (worker.config().clone(), worker.addr());
+        worker.kill().await;
+        Ok(killed)
+    }
+
+    /// Starts a fresh sim worker (no KV entries, no fault) on `addr`, the address its
+    /// registry entry names, e.g. one that [`Stack::kill_worker`] killed.
+    pub async fn restart_worker(&mut self, config: SimConfig, addr: SocketAddr) -> Result<()> {
+        let mut attempts = 0;
+        let worker = loop {
+            attempts += 1;
+            match SimWorker::start(config.clone(), addr).await {
+                Ok(worker) => break worker,
+                Err(error) if attempts < RESTART_ATTEMPTS => {
+                    log::debug!("restarting sim worker {} on {addr}: {error:#}", config.id);
+                    tokio::time::sleep(RESTART_PAUSE).await;
+                }
+                Err(error) => return Err(error.context(format!("restarting sim worker {} on {addr}", config.id))),
+            }
+        };
+        self.workers.push(worker);
+        Ok(())
     }
 
     pub fn url(&self, path: &str) -> String {

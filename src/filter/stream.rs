@@ -235,6 +235,10 @@ impl Stream {
             Ok(token) => {
                 log::debug!("pinroute: request {} prefill on worker {}", self.request_id, prefill.current.worker.id);
                 shared::add_outstanding(prefill.current.worker.id, 1);
+                if prefill.remaining.is_empty() {
+                    // No retry can need it: Envoy holds its own copy of what was sent.
+                    prefill.body = String::new();
+                }
                 prefill.token = token;
                 prefill.dispatched_at = envoy::now_nanos();
                 self.phase = Phase::Prefill(Box::new(prefill));
@@ -350,6 +354,9 @@ impl Stream {
         let worker = self.served_decode_worker(decode);
         envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = envoy::response_status().unwrap_or(0);
+        if !(500..=599).contains(&status) {
+            return Ok(());
+        }
         let Some(failure) = decode_failure(status, envoy::response_code_details().as_deref()) else {
             return Ok(());
         };

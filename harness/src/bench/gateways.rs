@@ -27,6 +27,10 @@ pub enum Scenario {
     Floor,
     /// Prefill sent directly, decode through Envoy without the filter (what Envoy costs).
     Envoy,
+    /// Both hops sent by the client, both through Envoy without the filter: what Envoy
+    /// costs for the two hops pinroute sends, so that pinroute minus this is the filter.
+    #[serde(rename = "envoy-2hop")]
+    EnvoyTwoHops,
     /// One request to Envoy with the pinroute filter: the full two-hop flow with pins.
     Pinroute,
     /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
@@ -34,14 +38,29 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [Scenario::Floor, Scenario::Envoy, Scenario::Pinroute, Scenario::Python];
+    pub const ALL: [Scenario; 5] = [
+        Scenario::Floor,
+        Scenario::Envoy,
+        Scenario::EnvoyTwoHops,
+        Scenario::Pinroute,
+        Scenario::Python,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scenario::Floor => "floor",
             Scenario::Envoy => "envoy",
+            Scenario::EnvoyTwoHops => "envoy-2hop",
             Scenario::Pinroute => "pinroute",
             Scenario::Python => "python",
+        }
+    }
+
+    /// Whether the scenario's proxy is an Envoy.
+    pub fn runs_envoy(self) -> bool {
+        match self {
+            Scenario::Envoy | Scenario::EnvoyTwoHops | Scenario::Pinroute => true,
+            Scenario::Floor | Scenario::Python => false,
         }
     }
 
@@ -49,6 +68,9 @@ impl Scenario {
         match self {
             Scenario::Floor => "no proxy: the client sends prefill, then decode",
             Scenario::Envoy => "Envoy without the filter on the decode hop (prefill direct)",
+            Scenario::EnvoyTwoHops => {
+                "Envoy without the filter on both hops (the client sends both)"
+            }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
         }
@@ -68,7 +90,9 @@ impl FromStr for Scenario {
         Scenario::ALL
             .into_iter()
             .find(|s| s.as_str() == text.trim().to_ascii_lowercase())
-            .with_context(|| format!("unknown scenario {text:?}: expected floor, envoy, pinroute or python"))
+            .with_context(|| {
+                format!("unknown scenario {text:?}: expected floor, envoy, envoy-2hop, pinroute or python")
+            })
     }
 }
 
@@ -105,21 +129,30 @@ pub struct GatewayInputs<'a> {
 }
 
 /// Starts the proxy of `scenario` (`None` for the floor).
-pub async fn start_gateway(scenario: Scenario, inputs: &GatewayInputs<'_>) -> Result<Option<Gateway>> {
+pub async fn start_gateway(
+    scenario: Scenario,
+    inputs: &GatewayInputs<'_>,
+) -> Result<Option<Gateway>> {
     let dir = inputs.work_dir.join(scenario.as_str());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(match scenario {
         Scenario::Floor => None,
-        Scenario::Envoy => {
-            let yaml = plain_bootstrap(inputs.sims.decode)?;
-            Some(Gateway::Envoy(Envoy::start(inputs.envoy_binary, &yaml, &dir).await?))
+        Scenario::Envoy | Scenario::EnvoyTwoHops => {
+            let yaml = plain_bootstrap(&inputs.sims)?;
+            Some(Gateway::Envoy(
+                Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
+            ))
         }
         Scenario::Pinroute => {
             let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm)?;
-            Some(Gateway::Envoy(Envoy::start(inputs.envoy_binary, &yaml, &dir).await?))
+            Some(Gateway::Envoy(
+                Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
+            ))
         }
         Scenario::Python => {
-            let Some(python) = inputs.python else { bail!("the Python scenario needs the bench venv") };
+            let Some(python) = inputs.python else {
+                bail!("the Python scenario needs the bench venv")
+            };
             let proxy = PythonProxy::start(python, inputs.repo_root, &inputs.sims, &dir).await?;
             Some(Gateway::Python(proxy))
         }
@@ -148,24 +181,37 @@ fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path) -> Result<String> {
     })
 }
 
-/// `envoy/plain.yaml` for a decode worker, with the limits of the pinroute bootstrap.
-pub fn plain_bootstrap(decode: SocketAddr) -> Result<String> {
+/// `envoy/plain.yaml` for the workers, with the limits of the pinroute bootstrap.
+pub fn plain_bootstrap(sims: &SimAddresses) -> Result<String> {
+    let (prefill, decode) = (sims.prefill, sims.decode);
     let buffer_limit = buffer_limit_bytes(Settings::default().max_body_bytes)?;
     let values = [
         ("{{ADMIN_IP}}", "\"127.0.0.1\"".to_string()),
         ("{{ADMIN_PORT}}", "0".to_string()),
         ("{{LISTEN_IP}}", "\"127.0.0.1\"".to_string()),
         ("{{LISTEN_PORT}}", "0".to_string()),
+        ("{{PREFILL_IP}}", format!("\"{}\"", prefill.ip())),
+        ("{{PREFILL_PORT}}", prefill.port().to_string()),
         ("{{DECODE_IP}}", format!("\"{}\"", decode.ip())),
         ("{{DECODE_PORT}}", decode.port().to_string()),
         ("{{BUFFER_LIMIT_BYTES}}", buffer_limit.to_string()),
         ("{{ROUTE_TIMEOUT}}", envoy_duration(DEFAULT_ROUTE_TIMEOUT)),
         ("{{CONNECT_TIMEOUT}}", envoy_duration(CONNECT_TIMEOUT)),
-        ("{{MAX_UPSTREAM_REQUESTS}}", MAX_UPSTREAM_REQUESTS.to_string()),
+        (
+            "{{MAX_UPSTREAM_REQUESTS}}",
+            MAX_UPSTREAM_REQUESTS.to_string(),
+        ),
     ];
-    let rendered = values.iter().fold(PLAIN_TEMPLATE.to_string(), |text, (marker, value)| text.replace(marker, value));
+    let rendered = values
+        .iter()
+        .fold(PLAIN_TEMPLATE.to_string(), |text, (marker, value)| {
+            text.replace(marker, value)
+        });
     if let Some(line) = rendered.lines().find(|line| line.contains("{{")) {
-        bail!("envoy/plain.yaml has an unknown placeholder: {}", line.trim());
+        bail!(
+            "envoy/plain.yaml has an unknown placeholder: {}",
+            line.trim()
+        );
     }
     Ok(rendered)
 }
@@ -177,7 +223,12 @@ mod tests {
 
     #[test]
     fn plain_bootstrap_renders_every_marker() {
-        let yaml = plain_bootstrap("127.0.0.1:8201".parse().unwrap()).unwrap();
+        let sims = SimAddresses {
+            prefill: "127.0.0.1:8101".parse().unwrap(),
+            decode: "127.0.0.1:8201".parse().unwrap(),
+        };
+        let yaml = plain_bootstrap(&sims).unwrap();
+        assert!(yaml.contains("port_value: 8101"), "{yaml}");
         assert!(yaml.contains("port_value: 8201"), "{yaml}");
         assert!(!yaml.contains("wasm"), "{yaml}");
     }
@@ -185,6 +236,10 @@ mod tests {
     #[test]
     fn scenarios_parse() {
         assert_eq!("Pinroute".parse::<Scenario>().unwrap(), Scenario::Pinroute);
+        assert_eq!(
+            "envoy-2hop".parse::<Scenario>().unwrap(),
+            Scenario::EnvoyTwoHops
+        );
         assert!("nginx".parse::<Scenario>().is_err());
     }
 }

@@ -15,8 +15,10 @@ use crate::wasm::{TARGET, ensure_target};
 /// Keeps glibc from handing the freed 256 KB bodies back to the kernel after every
 /// iteration (and faulting them in again on the next): the filter runs in wasm linear
 /// memory, which never shrinks, so the native figures should not pay for that either.
-const NATIVE_MALLOC_ENV: [(&str, &str); 2] =
-    [("MALLOC_TRIM_THRESHOLD_", "268435456"), ("MALLOC_MMAP_THRESHOLD_", "268435456")];
+const NATIVE_MALLOC_ENV: [(&str, &str); 2] = [
+    ("MALLOC_TRIM_THRESHOLD_", "268435456"),
+    ("MALLOC_MMAP_THRESHOLD_", "268435456"),
+];
 
 const NODE_RUNNER: &str = r#"import { readFile } from "node:fs/promises";
 import { WASI } from "node:wasi";
@@ -52,7 +54,10 @@ pub struct MicroRun {
 
 impl MicroRun {
     pub fn ns(&self, stage: &str, body_bytes: usize) -> Option<f64> {
-        self.rows.iter().find(|r| r.stage == stage && r.body_bytes == body_bytes).map(|r| r.ns_per_op)
+        self.rows
+            .iter()
+            .find(|r| r.stage == stage && r.body_bytes == body_bytes)
+            .map(|r| r.ns_per_op)
     }
 }
 
@@ -60,19 +65,32 @@ impl MicroRun {
 pub fn run_micro(sizes: &[usize], budget_ms: u64) -> Result<Vec<MicroRun>> {
     let args = vec![
         "--sizes".to_string(),
-        sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+        sizes
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         "--budget-ms".to_string(),
         budget_ms.to_string(),
     ];
     let native = build_bench(None)?;
     ensure_target()?;
     let wasm = build_bench(Some(TARGET))?;
-    let mut runs = vec![MicroRun { runtime: "native".into(), rows: parse_rows(&run_native(&native, &args)?)? }];
+    let mut runs = vec![MicroRun {
+        runtime: "native".into(),
+        rows: parse_rows(&run_native(&native, &args)?)?,
+    }];
     log::info!("policy micro-benchmark under wasmtime");
     let output = wasmtime_runner::run_command(&wasm, &args)?;
-    runs.push(MicroRun { runtime: "wasmtime".into(), rows: parse_rows(&output)? });
+    runs.push(MicroRun {
+        runtime: "wasmtime".into(),
+        rows: parse_rows(&output)?,
+    });
     match run_node(&wasm, &args) {
-        Ok(Some(output)) => runs.push(MicroRun { runtime: "v8".into(), rows: parse_rows(&output)? }),
+        Ok(Some(output)) => runs.push(MicroRun {
+            runtime: "v8".into(),
+            rows: parse_rows(&output)?,
+        }),
         Ok(None) => log::warn!("node not found: the micro-benchmark skips V8"),
         Err(e) => log::warn!("the micro-benchmark under V8 (node) failed: {e:#}"),
     }
@@ -83,13 +101,22 @@ pub fn run_micro(sizes: &[usize], budget_ms: u64) -> Result<Vec<MicroRun>> {
 fn build_bench(target: Option<&str>) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
-    command
-        .current_dir(repo_root())
-        .args(["bench", "--no-run", "-p", "pinroute", "--bench", "policy", "--message-format=json"]);
+    command.current_dir(repo_root()).args([
+        "bench",
+        "--no-run",
+        "-p",
+        "pinroute",
+        "--bench",
+        "policy",
+        "--message-format=json",
+    ]);
     if let Some(target) = target {
         command.args(["--target", target]);
     }
-    log::info!("building the policy micro-benchmark ({})", target.unwrap_or("native"));
+    log::info!(
+        "building the policy micro-benchmark ({})",
+        target.unwrap_or("native")
+    );
     let output = command
         .stderr(Stdio::inherit())
         .output()
@@ -117,7 +144,9 @@ fn bench_executable(messages: &str) -> Result<PathBuf> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<Artifact>(line).ok())
-        .filter(|a| a.reason == "compiler-artifact" && a.target.as_ref().is_some_and(|t| t.name == "policy"))
+        .filter(|a| {
+            a.reason == "compiler-artifact" && a.target.as_ref().is_some_and(|t| t.name == "policy")
+        })
         .find_map(|a| a.executable)
         .context("no compiler-artifact for the bench `policy`")
 }
@@ -137,11 +166,19 @@ fn run_native(executable: &Path, args: &[String]) -> Result<String> {
 }
 
 fn run_node(wasm: &Path, args: &[String]) -> Result<Option<String>> {
-    if Command::new("node").arg("--version").stdout(Stdio::null()).status().is_err() {
+    if Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
         return Ok(None);
     }
     log::info!("policy micro-benchmark under V8 (node)");
-    let runner = tempfile::Builder::new().prefix("pinroute-bench-").suffix(".mjs").tempfile()?;
+    let runner = tempfile::Builder::new()
+        .prefix("pinroute-bench-")
+        .suffix(".mjs")
+        .tempfile()?;
     std::fs::write(runner.path(), NODE_RUNNER).context("writing the node runner")?;
     let output = Command::new("node")
         .arg(runner.path())
@@ -153,7 +190,9 @@ fn run_node(wasm: &Path, args: &[String]) -> Result<Option<String>> {
     if !output.status.success() {
         bail!("node {} failed: {}", wasm.display(), output.status);
     }
-    Ok(Some(String::from_utf8(output.stdout).context("the benchmark printed non-UTF-8")?))
+    Ok(Some(
+        String::from_utf8(output.stdout).context("the benchmark printed non-UTF-8")?,
+    ))
 }
 
 fn parse_rows(output: &str) -> Result<Vec<MicroRow>> {
@@ -174,14 +213,23 @@ mod tests {
         let messages = r#"{"reason":"compiler-artifact","target":{"name":"pinroute"},"executable":null}
 {"reason":"compiler-artifact","target":{"name":"policy"},"executable":"/t/policy-1"}
 {"reason":"build-finished","success":true}"#;
-        assert_eq!(bench_executable(messages).unwrap(), PathBuf::from("/t/policy-1"));
+        assert_eq!(
+            bench_executable(messages).unwrap(),
+            PathBuf::from("/t/policy-1")
+        );
     }
 
     #[test]
     fn parses_rows() {
-        let rows = parse_rows("noise\n{\"stage\":\"parse\",\"body_bytes\":10,\"ns_per_op\":1.5,\"iterations\":3}\n").unwrap();
+        let rows = parse_rows(
+            "noise\n{\"stage\":\"parse\",\"body_bytes\":10,\"ns_per_op\":1.5,\"iterations\":3}\n",
+        )
+        .unwrap();
         assert_eq!(rows.len(), 1);
-        let run = MicroRun { runtime: "native".into(), rows };
+        let run = MicroRun {
+            runtime: "native".into(),
+            rows,
+        };
         assert_eq!(run.ns("parse", 10), Some(1.5));
     }
 }

@@ -22,11 +22,17 @@ pub fn own_ticks() -> Result<u64> {
 /// `utime + stime` from a `/proc/<pid>/stat` line (fields 14 and 15; the command name in
 /// field 2 may contain spaces and parentheses, so fields are counted from its last `)`).
 fn stat_ticks(stat: &str) -> Result<u64> {
-    let after_name = stat.rsplit_once(')').map(|(_, rest)| rest).context("no `)` in stat")?;
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no `)` in stat")?;
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let field = |index: usize| -> Result<u64> {
-        let text = fields.get(index).with_context(|| format!("stat has no field {}", index + 3))?;
-        text.parse().with_context(|| format!("stat field {} is {text:?}", index + 3))
+        let text = fields
+            .get(index)
+            .with_context(|| format!("stat has no field {}", index + 3))?;
+        text.parse()
+            .with_context(|| format!("stat field {} is {text:?}", index + 3))
     };
     Ok(field(11)? + field(12)?)
 }
@@ -40,7 +46,11 @@ pub fn peak_rss_kib(pid: u32) -> Result<u64> {
 
 fn status_kib(status: &str, key: &str) -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with(key))?;
-    line.trim_start_matches(key).split_whitespace().next()?.parse().ok()
+    line.trim_start_matches(key)
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Resets a process's peak resident memory to its current size (`clear_refs` 5), so the
@@ -66,17 +76,26 @@ fn parse_machine_ticks(text: &str) -> Result<MachineTicks> {
     let Some(line) = text.lines().find(|line| line.starts_with("cpu ")) else {
         bail!("/proc/stat has no `cpu` line");
     };
-    let values: Vec<u64> = line.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
     // user nice system idle iowait irq softirq steal (guest time is included in user).
     let total: u64 = values.iter().take(8).sum();
     let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
-    Ok(MachineTicks { busy: total.saturating_sub(idle), total })
+    Ok(MachineTicks {
+        busy: total.saturating_sub(idle),
+        total,
+    })
 }
 
 /// The 1, 5 and 15 minute load averages.
 pub fn load_average() -> Result<[f64; 3]> {
     let text = fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
-    let mut values = text.split_whitespace().map(|v| v.parse::<f64>().unwrap_or(f64::NAN));
+    let mut values = text
+        .split_whitespace()
+        .map(|v| v.parse::<f64>().unwrap_or(f64::NAN));
     Ok([
         values.next().unwrap_or(f64::NAN),
         values.next().unwrap_or(f64::NAN),
@@ -103,7 +122,10 @@ mod tests {
 
     #[test]
     fn reads_peak_memory() {
-        assert_eq!(status_kib("Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n", "VmHWM:"), Some(1234));
+        assert_eq!(
+            status_kib("Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n", "VmHWM:"),
+            Some(1234)
+        );
         let pid = std::process::id();
         assert!(peak_rss_kib(pid).unwrap() > 0);
         reset_peak_rss(pid).unwrap();
@@ -112,7 +134,13 @@ mod tests {
     #[test]
     fn reads_machine_ticks() {
         let ticks = parse_machine_ticks("cpu  10 1 5 100 4 0 2 0 0 0\ncpu0 1 2 3\n").unwrap();
-        assert_eq!(ticks, MachineTicks { busy: 18, total: 122 });
+        assert_eq!(
+            ticks,
+            MachineTicks {
+                busy: 18,
+                total: 122
+            }
+        );
         assert!(machine_ticks().unwrap().total > 0);
         assert_eq!(load_average().unwrap().len(), 3);
     }

@@ -35,10 +35,20 @@ pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
         eprintln!("pinroute-harness: python3 -m venv {}", venv.display());
         run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     }
-    eprintln!("pinroute-harness: pip install -r {REQUIREMENTS} into {}", venv.display());
+    eprintln!(
+        "pinroute-harness: pip install -r {REQUIREMENTS} into {}",
+        venv.display()
+    );
     run_visibly(
         Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-r",
+            ])
             .arg(&requirements_path),
     )?;
     fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
@@ -50,7 +60,8 @@ fn lock_file(venv: &Path) -> Result<File> {
     fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let path = venv.with_extension("lock");
     let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock().with_context(|| format!("locking {}", path.display()))?;
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
     Ok(file)
 }
 
@@ -74,10 +85,16 @@ pub struct PythonProxy {
 }
 
 impl PythonProxy {
-    pub async fn start(python: &Path, repo_root: &Path, sims: &SimAddresses, work_dir: &Path) -> Result<Self> {
+    pub async fn start(
+        python: &Path,
+        repo_root: &Path,
+        sims: &SimAddresses,
+        work_dir: &Path,
+    ) -> Result<Self> {
         let address = crate::stack::refusing_address()?;
         let log_path = work_dir.join("python-proxy.log");
-        let log = File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
         let child = Command::new(python)
             .arg(repo_root.join(PROXY_SCRIPT))
             .args(["--listen", &address.to_string()])
@@ -102,26 +119,40 @@ impl PythonProxy {
     }
 
     async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
-        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()?;
         let url = format!("http://{}/health", self.address);
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
                 bail!("the Python proxy exited ({status}): {}", tail(log_path));
             }
-            if http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            if http
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
                 return Ok(());
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
-        bail!("the Python proxy did not answer {url} within {READY_TIMEOUT:?}: {}", tail(log_path))
+        bail!(
+            "the Python proxy did not answer {url} within {READY_TIMEOUT:?}: {}",
+            tail(log_path)
+        )
     }
 }
 
 fn tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n")
+    lines
+        .get(lines.len().saturating_sub(20)..)
+        .unwrap_or_default()
+        .join("\n")
 }
 
 impl Drop for PythonProxy {

@@ -40,7 +40,8 @@ impl SimProcess {
     /// Starts `<this executable> bench --serve-sims` and waits for its addresses.
     pub async fn start(token_latency: Duration, log_path: &Path) -> Result<SimProcess> {
         let executable = std::env::current_exe().context("locating this executable")?;
-        let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let log =
+            File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
         let mut child = Command::new(executable)
             .args(["bench", "--serve-sims", "--token-latency-us"])
             .arg(token_latency.as_micros().to_string())
@@ -50,16 +51,25 @@ impl SimProcess {
             .spawn()
             .context("starting the sim worker process")?;
         let stdin = child.stdin.take();
-        let stdout = child.stdout.take().context("no stdout of the sim worker process")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("no stdout of the sim worker process")?;
         let reading = tokio::task::spawn_blocking(move || first_line(stdout));
         let line = match tokio::time::timeout(START_TIMEOUT, reading).await {
             Ok(Ok(line)) => line,
             Ok(Err(e)) => Err(anyhow::Error::from(e)),
             Err(_) => Err(anyhow::anyhow!("no addresses within {START_TIMEOUT:?}")),
         };
-        let mut process = SimProcess { child, stdin, addresses: placeholder_addresses() };
-        let line = line.with_context(|| format!("sim worker process (log: {})", log_path.display()))?;
-        process.addresses = serde_json::from_str(&line).with_context(|| format!("sim addresses {line:?}"))?;
+        let mut process = SimProcess {
+            child,
+            stdin,
+            addresses: placeholder_addresses(),
+        };
+        let line =
+            line.with_context(|| format!("sim worker process (log: {})", log_path.display()))?;
+        process.addresses =
+            serde_json::from_str(&line).with_context(|| format!("sim addresses {line:?}"))?;
         Ok(process)
     }
 
@@ -70,12 +80,17 @@ impl SimProcess {
 
 fn placeholder_addresses() -> SimAddresses {
     let none = SocketAddr::from(([127, 0, 0, 1], 0));
-    SimAddresses { prefill: none, decode: none }
+    SimAddresses {
+        prefill: none,
+        decode: none,
+    }
 }
 
 fn first_line(stdout: std::process::ChildStdout) -> Result<String> {
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).context("reading the sim worker process")?;
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("reading the sim worker process")?;
     if line.trim().is_empty() {
         bail!("the sim worker process exited without printing its addresses");
     }
@@ -102,9 +117,13 @@ pub async fn serve_sims(token_latency: Duration) -> Result<()> {
     let decode = SimConfig::new(DECODE_ID, SimRole::Decode).with_token_latency(token_latency);
     let prefill = SimWorker::start(prefill, any).await?;
     let decode = SimWorker::start(decode, any).await?;
-    let addresses = SimAddresses { prefill: prefill.addr(), decode: decode.addr() };
+    let addresses = SimAddresses {
+        prefill: prefill.addr(),
+        decode: decode.addr(),
+    };
     let mut stdout = std::io::stdout();
-    writeln!(stdout, "{}", serde_json::to_string(&addresses)?).context("printing the sim addresses")?;
+    writeln!(stdout, "{}", serde_json::to_string(&addresses)?)
+        .context("printing the sim addresses")?;
     stdout.flush().context("printing the sim addresses")?;
     let forget = tokio::spawn(async move {
         loop {
@@ -115,7 +134,12 @@ pub async fn serve_sims(token_latency: Duration) -> Result<()> {
     });
     let mut stdin = tokio::io::stdin();
     let mut buffer = [0u8; 64];
-    while stdin.read(&mut buffer).await.map(|n| n > 0).unwrap_or(false) {}
+    while stdin
+        .read(&mut buffer)
+        .await
+        .map(|n| n > 0)
+        .unwrap_or(false)
+    {}
     forget.abort();
     Ok(())
 }

@@ -30,7 +30,8 @@ type C<'a> = Caller<'a, Wasi>;
 /// Runs `module_path` with `args` (after the program name) and returns its stdout.
 pub fn run_command(module_path: &Path, args: &[String]) -> Result<String> {
     let engine = Engine::default();
-    let bytes = std::fs::read(module_path).with_context(|| format!("reading {}", module_path.display()))?;
+    let bytes =
+        std::fs::read(module_path).with_context(|| format!("reading {}", module_path.display()))?;
     let module = Module::new(&engine, &bytes)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("compiling {}", module_path.display()))?;
@@ -47,8 +48,12 @@ pub fn run_command(module_path: &Path, args: &[String]) -> Result<String> {
     let mut store = Store::new(&engine, state);
     let mut linker: Linker<Wasi> = Linker::new(&engine);
     add_wasi(&mut linker).map_err(anyhow::Error::from)?;
-    linker.define_unknown_imports_as_traps(&module).map_err(anyhow::Error::from)?;
-    let instance = linker.instantiate(&mut store, &module).map_err(anyhow::Error::from)?;
+    linker
+        .define_unknown_imports_as_traps(&module)
+        .map_err(anyhow::Error::from)?;
+    let instance = linker
+        .instantiate(&mut store, &module)
+        .map_err(anyhow::Error::from)?;
     let start = instance
         .get_typed_func::<(), ()>(&mut store, "_start")
         .map_err(anyhow::Error::from)
@@ -59,42 +64,71 @@ pub fn run_command(module_path: &Path, args: &[String]) -> Result<String> {
     match (outcome, state.exit_code) {
         (Ok(()), None | Some(0)) | (Err(_), Some(0)) => {}
         (_, Some(code)) => bail!("{} exited with {code}: {stderr}", module_path.display()),
-        (Err(trap), None) => return Err(anyhow!("{trap:?}")).context(format!("running {}: {stderr}", module_path.display())),
+        (Err(trap), None) => {
+            return Err(anyhow!("{trap:?}"))
+                .context(format!("running {}: {stderr}", module_path.display()));
+        }
     }
     String::from_utf8(state.stdout.clone()).context("the benchmark printed non-UTF-8")
 }
 
 fn add_wasi(linker: &mut Linker<Wasi>) -> wasmtime::Result<()> {
-    linker.func_wrap(WASI, "args_sizes_get", |mut c: C<'_>, count: u32, size: u32| {
-        let (n, bytes) = list_sizes(&c.data().args);
-        Ok(errno(write_u32(&mut c, count, n).and_then(|()| write_u32(&mut c, size, bytes))))
-    })?;
+    linker.func_wrap(
+        WASI,
+        "args_sizes_get",
+        |mut c: C<'_>, count: u32, size: u32| {
+            let (n, bytes) = list_sizes(&c.data().args);
+            Ok(errno(
+                write_u32(&mut c, count, n).and_then(|()| write_u32(&mut c, size, bytes)),
+            ))
+        },
+    )?;
     linker.func_wrap(WASI, "args_get", |mut c: C<'_>, argv: u32, buf: u32| {
         let args = c.data().args.clone();
         Ok(errno(write_list(&mut c, &args, argv, buf)))
     })?;
-    linker.func_wrap(WASI, "environ_sizes_get", |mut c: C<'_>, count: u32, size: u32| {
-        Ok(errno(write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0))))
+    linker.func_wrap(
+        WASI,
+        "environ_sizes_get",
+        |mut c: C<'_>, count: u32, size: u32| {
+            Ok(errno(
+                write_u32(&mut c, count, 0).and_then(|()| write_u32(&mut c, size, 0)),
+            ))
+        },
+    )?;
+    linker.func_wrap(WASI, "environ_get", |_: C<'_>, _: u32, _: u32| {
+        Ok(ERRNO_SUCCESS)
     })?;
-    linker.func_wrap(WASI, "environ_get", |_: C<'_>, _: u32, _: u32| Ok(ERRNO_SUCCESS))?;
-    linker.func_wrap(WASI, "clock_time_get", |mut c: C<'_>, clock: u32, _precision: u64, out: u32| {
-        let nanos = clock_nanos(c.data(), clock);
-        Ok(errno(write_bytes(&mut c, out, &nanos.to_le_bytes())))
-    })?;
+    linker.func_wrap(
+        WASI,
+        "clock_time_get",
+        |mut c: C<'_>, clock: u32, _precision: u64, out: u32| {
+            let nanos = clock_nanos(c.data(), clock);
+            Ok(errno(write_bytes(&mut c, out, &nanos.to_le_bytes())))
+        },
+    )?;
     linker.func_wrap(WASI, "random_get", |mut c: C<'_>, buf: u32, len: u32| {
         let bytes = pseudo_random(c.data_mut(), len as usize);
         Ok(errno(write_bytes(&mut c, buf, &bytes)))
     })?;
-    linker.func_wrap(WASI, "fd_write", |mut c: C<'_>, fd: u32, iovs: u32, iovs_len: u32, written: u32| {
-        Ok(match fd {
-            1 | 2 => errno(fd_write(&mut c, fd, iovs, iovs_len, written)),
-            _ => ERRNO_BADF,
-        })
-    })?;
-    linker.func_wrap(WASI, "proc_exit", |mut c: C<'_>, code: u32| -> wasmtime::Result<()> {
-        c.data_mut().exit_code = Some(code);
-        Err(wasmtime::Error::msg(format!("proc_exit({code})")))
-    })?;
+    linker.func_wrap(
+        WASI,
+        "fd_write",
+        |mut c: C<'_>, fd: u32, iovs: u32, iovs_len: u32, written: u32| {
+            Ok(match fd {
+                1 | 2 => errno(fd_write(&mut c, fd, iovs, iovs_len, written)),
+                _ => ERRNO_BADF,
+            })
+        },
+    )?;
+    linker.func_wrap(
+        WASI,
+        "proc_exit",
+        |mut c: C<'_>, code: u32| -> wasmtime::Result<()> {
+            c.data_mut().exit_code = Some(code);
+            Err(wasmtime::Error::msg(format!("proc_exit({code})")))
+        },
+    )?;
     Ok(())
 }
 
@@ -104,7 +138,9 @@ fn errno(result: Result<(), u32>) -> u32 {
 
 fn clock_nanos(state: &Wasi, clock: u32) -> u64 {
     if clock == CLOCK_REALTIME {
-        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         return u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX);
     }
     u64::try_from(state.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -127,19 +163,26 @@ fn pseudo_random(state: &mut Wasi, len: usize) -> Vec<u8> {
 
 fn list_sizes(items: &[Vec<u8>]) -> (u32, u32) {
     let bytes: usize = items.iter().map(|item| item.len() + 1).sum();
-    (u32::try_from(items.len()).unwrap_or(u32::MAX), u32::try_from(bytes).unwrap_or(u32::MAX))
+    (
+        u32::try_from(items.len()).unwrap_or(u32::MAX),
+        u32::try_from(bytes).unwrap_or(u32::MAX),
+    )
 }
 
 /// Writes NUL-terminated `items` at `buf` and their addresses at `pointers`.
 fn write_list(c: &mut C<'_>, items: &[Vec<u8>], pointers: u32, buf: u32) -> Result<(), u32> {
     let mut at = buf;
     for (index, item) in items.iter().enumerate() {
-        let slot = pointers.checked_add(u32::try_from(index * 4).map_err(|_| ERRNO_INVAL)?).ok_or(ERRNO_FAULT)?;
+        let slot = pointers
+            .checked_add(u32::try_from(index * 4).map_err(|_| ERRNO_INVAL)?)
+            .ok_or(ERRNO_FAULT)?;
         write_u32(c, slot, at)?;
         let mut terminated = item.clone();
         terminated.push(0);
         write_bytes(c, at, &terminated)?;
-        at = at.checked_add(u32::try_from(terminated.len()).map_err(|_| ERRNO_INVAL)?).ok_or(ERRNO_FAULT)?;
+        at = at
+            .checked_add(u32::try_from(terminated.len()).map_err(|_| ERRNO_INVAL)?)
+            .ok_or(ERRNO_FAULT)?;
     }
     Ok(())
 }
@@ -172,13 +215,17 @@ fn memory(c: &mut C<'_>) -> Result<Memory, u32> {
 fn read_bytes(c: &mut C<'_>, ptr: u32, len: u32) -> Result<Vec<u8>, u32> {
     let memory = memory(c)?;
     let mut buf = vec![0u8; len as usize];
-    memory.read(&*c, ptr as usize, &mut buf).map_err(|_| ERRNO_FAULT)?;
+    memory
+        .read(&*c, ptr as usize, &mut buf)
+        .map_err(|_| ERRNO_FAULT)?;
     Ok(buf)
 }
 
 fn write_bytes(c: &mut C<'_>, ptr: u32, bytes: &[u8]) -> Result<(), u32> {
     let memory = memory(c)?;
-    memory.write(&mut *c, ptr as usize, bytes).map_err(|_| ERRNO_FAULT)
+    memory
+        .write(&mut *c, ptr as usize, bytes)
+        .map_err(|_| ERRNO_FAULT)
 }
 
 fn write_u32(c: &mut C<'_>, ptr: u32, value: u32) -> Result<(), u32> {

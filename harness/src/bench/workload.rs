@@ -23,8 +23,22 @@ const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
 const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
 
 const WORDS: [&str; 16] = [
-    "the", "prefill", "worker", "computes", "a", "cache", "that", "decode", "streams", "to",
-    "client", "with", "pinned", "routes", "caf\u{e9}", "\\n",
+    "the",
+    "prefill",
+    "worker",
+    "computes",
+    "a",
+    "cache",
+    "that",
+    "decode",
+    "streams",
+    "to",
+    "client",
+    "with",
+    "pinned",
+    "routes",
+    "caf\u{e9}",
+    "\\n",
 ];
 
 /// The request bodies of one prompt size, built once and shared by every request.
@@ -43,13 +57,19 @@ impl Bodies {
     /// Bodies whose client request is about `size` bytes, asking for `max_tokens` tokens.
     pub fn new(size: usize, max_tokens: u32) -> Bodies {
         let prompt = prompt_text(size.saturating_sub(64));
-        let client = format!(r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":{max_tokens},"stream":true}}"#);
+        let client = format!(
+            r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":{max_tokens},"stream":true}}"#
+        );
         let prefill = format!(
             r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":1,"stream":false,"kv_transfer_params":{PREFILL_KV_TRANSFER_PARAMS}}}"#
         );
         let client = Bytes::from(client);
         let client_open = client.slice(..client.len().saturating_sub(1));
-        Bodies { client, client_open, prefill: Bytes::from(prefill) }
+        Bodies {
+            client,
+            client_open,
+            prefill: Bytes::from(prefill),
+        }
     }
 }
 
@@ -70,22 +90,60 @@ fn prompt_text(len: usize) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// The client sends the prefill hop to `prefill`, then the decode hop to `decode`
-    /// (the decode worker itself, or Envoy in front of it).
-    TwoHops { prefill: SocketAddr, decode: SocketAddr },
+    /// (the decode worker itself, or Envoy in front of it: `via_envoy`).
+    TwoHops {
+        prefill: SocketAddr,
+        decode: SocketAddr,
+        via_envoy: bool,
+    },
     /// One request to a proxy that sends both hops.
     Proxy { proxy: SocketAddr, pinned: bool },
 }
 
 impl Route {
-    /// The route of `scenario`, given the workers and the proxy's address.
-    pub fn of(scenario: Scenario, prefill: SocketAddr, decode: SocketAddr, gateway: Option<SocketAddr>) -> Route {
-        match (scenario, gateway) {
-            (Scenario::Envoy, Some(envoy)) => Route::TwoHops { prefill, decode: envoy },
-            (Scenario::Pinroute, Some(proxy)) => Route::Proxy { proxy, pinned: true },
-            (Scenario::Python, Some(proxy)) => Route::Proxy { proxy, pinned: false },
-            _ => Route::TwoHops { prefill, decode },
-        }
+    /// The route of `scenario`, given the workers and the proxy's address (`None` only
+    /// for the floor).
+    pub fn of(
+        scenario: Scenario,
+        prefill: SocketAddr,
+        decode: SocketAddr,
+        gateway: Option<SocketAddr>,
+    ) -> anyhow::Result<Route> {
+        Ok(match (scenario, gateway) {
+            (Scenario::Floor, _) => Route::TwoHops {
+                prefill,
+                decode,
+                via_envoy: false,
+            },
+            (Scenario::Envoy, Some(envoy)) => Route::TwoHops {
+                prefill,
+                decode: envoy,
+                via_envoy: true,
+            },
+            (Scenario::EnvoyTwoHops, Some(envoy)) => Route::TwoHops {
+                prefill: envoy,
+                decode: envoy,
+                via_envoy: true,
+            },
+            (Scenario::Pinroute, Some(proxy)) => Route::Proxy {
+                proxy,
+                pinned: true,
+            },
+            (Scenario::Python, Some(proxy)) => Route::Proxy {
+                proxy,
+                pinned: false,
+            },
+            (scenario, None) => anyhow::bail!("the {scenario} scenario needs its proxy running"),
+        })
     }
+}
+
+/// The addresses of a client-sent two-hop request.
+#[derive(Debug, Clone, Copy)]
+struct Hops {
+    prefill: SocketAddr,
+    decode: SocketAddr,
+    via_envoy: bool,
 }
 
 /// The benchmark workload: every request is the same completion.
@@ -99,8 +157,22 @@ impl Workload for Completion {
         let request_id = format!("bench-{}-{seq}", user.id);
         let started = Instant::now();
         match self.route {
-            Route::TwoHops { prefill, decode } => self.two_hops(user, &request_id, prefill, decode, started).await,
-            Route::Proxy { proxy, pinned } => self.through_proxy(user, &request_id, proxy, pinned, started).await,
+            Route::TwoHops {
+                prefill,
+                decode,
+                via_envoy,
+            } => {
+                let hops = Hops {
+                    prefill,
+                    decode,
+                    via_envoy,
+                };
+                self.two_hops(user, &request_id, hops, started).await
+            }
+            Route::Proxy { proxy, pinned } => {
+                self.through_proxy(user, &request_id, proxy, pinned, started)
+                    .await
+            }
         }
     }
 
@@ -114,22 +186,35 @@ impl Completion {
         &self,
         user: &mut VirtualUser,
         request_id: &str,
-        prefill: SocketAddr,
-        decode: SocketAddr,
+        hops: Hops,
         started: Instant,
     ) -> Sample {
-        let request = post(request_id, ChunkedBody::from(self.bodies.prefill.clone()), &[]);
-        let prefill_answer = match user.connections.exchange(prefill, request).await {
+        let request = post(
+            request_id,
+            ChunkedBody::from(self.bodies.prefill.clone()),
+            &[PREFILL_HOP],
+        );
+        let prefill_answer = match user.connections.exchange(hops.prefill, request).await {
             Ok(exchange) => exchange,
             Err(error) => return Sample::transport_failure(LABEL, started, &error),
         };
         let params = match kv_transfer_params(&prefill_answer) {
             Ok(params) => params,
-            Err(problem) => return Sample::from_exchange(LABEL, started, &prefill_answer, Some(problem)),
+            Err(problem) => {
+                return Sample::from_exchange(LABEL, started, &prefill_answer, Some(problem));
+            }
         };
         let body = ChunkedBody::new([self.bodies.client_open.clone(), Bytes::from(params)]);
-        match user.connections.exchange(decode, post(request_id, body, &[])).await {
-            Ok(exchange) => Sample::from_exchange(LABEL, started, &exchange, stream_problem(&exchange)),
+        match user
+            .connections
+            .exchange(hops.decode, post(request_id, body, &[]))
+            .await
+        {
+            Ok(exchange) => {
+                let problem = stream_problem(&exchange)
+                    .or_else(|| hops.via_envoy.then(|| envoy_problem(&exchange)).flatten());
+                Sample::from_exchange(LABEL, started, &exchange, problem)
+            }
             Err(error) => Sample::transport_failure(LABEL, started, &error),
         }
     }
@@ -143,10 +228,15 @@ impl Completion {
         started: Instant,
     ) -> Sample {
         let pins: &[(&str, &str)] = if pinned { &PINS } else { &[] };
-        let request = post(request_id, ChunkedBody::from(self.bodies.client.clone()), pins);
+        let request = post(
+            request_id,
+            ChunkedBody::from(self.bodies.client.clone()),
+            pins,
+        );
         match user.connections.exchange(proxy, request).await {
             Ok(exchange) => {
-                let problem = stream_problem(&exchange).or_else(|| pinned.then(|| prefill_problem(&exchange)).flatten());
+                let problem = stream_problem(&exchange)
+                    .or_else(|| pinned.then(|| prefill_problem(&exchange)).flatten());
                 Sample::from_exchange(LABEL, started, &exchange, problem)
             }
             Err(error) => Sample::transport_failure(LABEL, started, &error),
@@ -154,14 +244,19 @@ impl Completion {
     }
 }
 
+/// Marks the prefill hop, which plain Envoy (`envoy/plain.yaml`) routes to the prefill worker.
+const PREFILL_HOP: (&str, &str) = ("x-bench-hop", "prefill");
+
 /// The sim workers' ids ([`PREFILL_ID`], `DECODE_ID`) as header values.
 const PREFILL_PIN: &str = "101";
 const DECODE_PIN: &str = "201";
 
 /// The pins of the pinroute scenario: the prefill worker, and the decode worker through
 /// the generic Dynamo header.
-const PINS: [(&str, &str); 2] =
-    [("x-dynamo-prefill-instance-id", PREFILL_PIN), ("x-dynamo-worker-instance-id", DECODE_PIN)];
+const PINS: [(&str, &str); 2] = [
+    ("x-dynamo-prefill-instance-id", PREFILL_PIN),
+    ("x-dynamo-worker-instance-id", DECODE_PIN),
+];
 
 fn post(request_id: &str, body: ChunkedBody, extra: &[(&str, &str)]) -> Request<ChunkedBody> {
     let mut builder = Request::post(PATH)
@@ -172,7 +267,9 @@ fn post(request_id: &str, body: ChunkedBody, extra: &[(&str, &str)]) -> Request<
     for (name, value) in extra {
         builder = builder.header(*name, *value);
     }
-    builder.body(body).unwrap_or_else(|_| Request::new(ChunkedBody::empty()))
+    builder
+        .body(body)
+        .unwrap_or_else(|_| Request::new(ChunkedBody::empty()))
 }
 
 #[derive(Deserialize)]
@@ -184,10 +281,14 @@ struct PrefillAnswer<'a> {
 /// `,"kv_transfer_params":{...}}`: what closes the decode body, from the prefill's answer.
 fn kv_transfer_params(prefill: &Exchange) -> Result<String, String> {
     if !prefill.status.is_success() {
-        return Err(format!("prefill answered {}: {}", prefill.status, String::from_utf8_lossy(&prefill.body)));
+        return Err(format!(
+            "prefill answered {}: {}",
+            prefill.status,
+            String::from_utf8_lossy(&prefill.body)
+        ));
     }
-    let answer: PrefillAnswer<'_> =
-        serde_json::from_slice(&prefill.body).map_err(|e| format!("prefill answer is not JSON: {e}"))?;
+    let answer: PrefillAnswer<'_> = serde_json::from_slice(&prefill.body)
+        .map_err(|e| format!("prefill answer is not JSON: {e}"))?;
     match answer.kv_transfer_params {
         Some(params) => Ok(format!(r#","kv_transfer_params":{}}}"#, params.get())),
         None => Err("the prefill answer has no kv_transfer_params".into()),
@@ -197,15 +298,34 @@ fn kv_transfer_params(prefill: &Exchange) -> Result<String, String> {
 fn stream_problem(exchange: &Exchange) -> Option<String> {
     if !exchange.status.is_success() {
         let body = String::from_utf8_lossy(&exchange.body);
-        return Some(format!("HTTP {}: {}", exchange.status, body.chars().take(300).collect::<String>()));
+        return Some(format!(
+            "HTTP {}: {}",
+            exchange.status,
+            body.chars().take(300).collect::<String>()
+        ));
     }
-    (!exchange.tail.ends_with(STREAM_END)).then(|| "the SSE stream did not end with data: [DONE]".to_string())
+    (!exchange.tail.ends_with(STREAM_END))
+        .then(|| "the SSE stream did not end with data: [DONE]".to_string())
+}
+
+/// Envoy's router adds this header to every response it forwards.
+const ENVOY_HEADER: &str = "x-envoy-upstream-service-time";
+
+fn envoy_problem(exchange: &Exchange) -> Option<String> {
+    match exchange.header(ENVOY_HEADER) {
+        Some(_) => None,
+        None => Some(format!(
+            "no {ENVOY_HEADER}: the decode hop did not go through Envoy"
+        )),
+    }
 }
 
 fn prefill_problem(exchange: &Exchange) -> Option<String> {
     match exchange.header(PREFILL_WORKER_HEADER) {
         Some(PREFILL_PIN) => None,
-        other => Some(format!("{PREFILL_WORKER_HEADER} is {other:?}: the prefill hop was not taken on worker {PREFILL_ID}")),
+        other => Some(format!(
+            "{PREFILL_WORKER_HEADER} is {other:?}: the prefill hop was not taken on worker {PREFILL_ID}"
+        )),
     }
 }
 
@@ -232,7 +352,11 @@ mod tests {
             let prefill: serde_json::Value = serde_json::from_slice(&bodies.prefill).unwrap();
             assert_eq!(prefill["max_tokens"], 1);
             assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
-            let decode = [&bodies.client_open[..], br#","kv_transfer_params":{"a":1}}"#].concat();
+            let decode = [
+                &bodies.client_open[..],
+                br#","kv_transfer_params":{"a":1}}"#,
+            ]
+            .concat();
             let decode: serde_json::Value = serde_json::from_slice(&decode).unwrap();
             assert_eq!(decode["kv_transfer_params"]["a"], 1);
         }

@@ -23,7 +23,7 @@ pub struct Args {
     /// a short micro-benchmark. Explicit options below still apply.
     #[arg(long)]
     quick: bool,
-    /// Scenarios to run, comma-separated: floor, envoy, pinroute, python.
+    /// Scenarios to run, comma-separated: floor, envoy, envoy-2hop, pinroute, python.
     #[arg(long, value_delimiter = ',', value_parser = parse_scenario)]
     scenarios: Option<Vec<Scenario>>,
     /// Prompt sizes (client body bytes), comma-separated: 1k, 32k, 256k, or a number.

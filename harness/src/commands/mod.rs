@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod envoy_config;
 pub mod sim_worker;
+pub mod soak;
 pub mod test;
 pub mod up;
 

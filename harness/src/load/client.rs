@@ -43,6 +43,20 @@ impl fmt::Display for TransportError {
 
 impl std::error::Error for TransportError {}
 
+/// An exchange without a complete response, and the response head if one arrived.
+#[derive(Debug)]
+pub struct FailedExchange {
+    /// Status and headers, when the failure came while reading the body.
+    pub head: Option<(StatusCode, HeaderMap)>,
+    pub error: TransportError,
+}
+
+impl FailedExchange {
+    fn without_head(error: TransportError) -> Self {
+        FailedExchange { head: None, error }
+    }
+}
+
 /// A finished request/response exchange.
 #[derive(Debug)]
 pub struct Exchange {
@@ -90,13 +104,28 @@ impl Connections {
         server: SocketAddr,
         request: Request<ChunkedBody>,
     ) -> Result<Exchange, TransportError> {
-        let sender = self.ready_sender(server).await?;
+        self.exchange_keeping_head(server, request)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`Connections::exchange`], but a failure keeps the response head when one arrived
+    /// (a body cut short, such as a stream whose upstream died).
+    pub async fn exchange_keeping_head(
+        &mut self,
+        server: SocketAddr,
+        request: Request<ChunkedBody>,
+    ) -> Result<Exchange, FailedExchange> {
+        let sender = self.ready_sender(server).await.map_err(FailedExchange::without_head)?;
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| TransportError::Send(server, e))?;
+            .map_err(|e| FailedExchange::without_head(TransportError::Send(server, e)))?;
         let (parts, body) = response.into_parts();
-        let received = read_body(body).await.map_err(|e| TransportError::Body(server, e))?;
+        let received = read_body(body).await.map_err(|e| FailedExchange {
+            head: Some((parts.status, parts.headers.clone())),
+            error: TransportError::Body(server, e),
+        })?;
         Ok(Exchange {
             status: parts.status,
             headers: parts.headers,
@@ -161,7 +190,8 @@ impl Received {
         self.first_byte.get_or_insert_with(Instant::now);
         self.len += chunk.len() as u64;
         let room = KEPT_BODY_BYTES.saturating_sub(self.kept.len());
-        self.kept.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
+        self.kept
+            .extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
         self.tail.extend_from_slice(chunk);
         let excess = self.tail.len().saturating_sub(TAIL_BYTES);
         self.tail.drain(..excess);

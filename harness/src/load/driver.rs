@@ -67,7 +67,9 @@ impl Sample {
         Sample {
             label,
             class: StatusClass::of_status(exchange.status.as_u16()),
-            first_byte: exchange.first_byte_or_end().saturating_duration_since(started),
+            first_byte: exchange
+                .first_byte_or_end()
+                .saturating_duration_since(started),
             last_byte: exchange.last_byte.saturating_duration_since(started),
             expected: problem.is_none(),
             problem,
@@ -75,7 +77,11 @@ impl Sample {
     }
 
     /// A sample for a request that got no complete response.
-    pub fn transport_failure(label: &'static str, started: Instant, error: &TransportError) -> Sample {
+    pub fn transport_failure(
+        label: &'static str,
+        started: Instant,
+        error: &TransportError,
+    ) -> Sample {
         let elapsed = started.elapsed();
         Sample {
             label,
@@ -165,7 +171,10 @@ pub async fn run_load<W: Workload>(workload: Arc<W>, spec: &LoadSpec) -> LoadRep
         tokio::spawn(async move { run_user(&*workload, id, &window, timeout).await })
     });
     let handles: Vec<_> = users.collect();
-    let mut report = LoadReport { concurrency: spec.concurrency.max(1), ..LoadReport::default() };
+    let mut report = LoadReport {
+        concurrency: spec.concurrency.max(1),
+        ..LoadReport::default()
+    };
     for handle in handles {
         match handle.await {
             Ok(recorder) => report.merge(recorder),
@@ -203,7 +212,9 @@ impl Window {
     /// Whether a new request may start.
     fn open(&self) -> bool {
         match self.stop {
-            Stop::Duration(length) => self.begin.elapsed() < self.measure_from.duration_since(self.begin) + length,
+            Stop::Duration(length) => {
+                self.begin.elapsed() < self.measure_from.duration_since(self.begin) + length
+            }
             Stop::Requests(_) => !self.done.load(Ordering::Relaxed),
         }
     }
@@ -221,7 +232,8 @@ impl Window {
                     self.done.store(true, Ordering::Relaxed);
                 }
                 if index < wanted {
-                    let nanos = u64::try_from(at.duration_since(self.measure_from).as_nanos()).unwrap_or(u64::MAX);
+                    let nanos = u64::try_from(at.duration_since(self.measure_from).as_nanos())
+                        .unwrap_or(u64::MAX);
                     self.last_counted_nanos.fetch_max(nanos, Ordering::Relaxed);
                 }
                 index < wanted
@@ -232,7 +244,9 @@ impl Window {
     fn measured(&self) -> Duration {
         match self.stop {
             Stop::Duration(length) => length,
-            Stop::Requests(_) => Duration::from_nanos(self.last_counted_nanos.load(Ordering::Relaxed)),
+            Stop::Requests(_) => {
+                Duration::from_nanos(self.last_counted_nanos.load(Ordering::Relaxed))
+            }
         }
     }
 }
@@ -251,7 +265,10 @@ struct Recorder {
 impl Recorder {
     fn record(&mut self, sample: Sample) {
         self.outcomes.record(sample.class, sample.expected);
-        self.by_label.entry(sample.label).or_default().record(sample.class, sample.expected);
+        self.by_label
+            .entry(sample.label)
+            .or_default()
+            .record(sample.class, sample.expected);
         if sample.expected {
             self.first_byte.record(sample.first_byte);
             self.last_byte.record(sample.last_byte);
@@ -265,8 +282,16 @@ impl Recorder {
     }
 }
 
-async fn run_user<W: Workload>(workload: &W, id: usize, window: &Window, timeout: Duration) -> Recorder {
-    let mut user = VirtualUser { id, connections: Connections::default() };
+async fn run_user<W: Workload>(
+    workload: &W,
+    id: usize,
+    window: &Window,
+    timeout: Duration,
+) -> Recorder {
+    let mut user = VirtualUser {
+        id,
+        connections: Connections::default(),
+    };
     let mut recorder = Recorder::default();
     let mut seq = 0u64;
     while window.open() {

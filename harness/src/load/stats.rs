@@ -83,7 +83,8 @@ impl Latencies {
 
     pub fn record(&mut self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.histogram.saturating_record(micros.clamp(1, MAX_TRACKED_MICROS));
+        self.histogram
+            .saturating_record(micros.clamp(1, MAX_TRACKED_MICROS));
     }
 
     pub fn add(&mut self, other: &Latencies) {

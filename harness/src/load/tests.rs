@@ -16,7 +16,10 @@ async fn server() -> SocketAddr {
     let router = Router::new()
         .route("/ok", get(|| async { "hello" }))
         .route("/echo", post(|body: Bytes| async move { body }))
-        .route("/fail", get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "no") }))
+        .route(
+            "/fail",
+            get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "no") }),
+        )
         .route(
             "/slow",
             get(|| async {
@@ -42,10 +45,14 @@ impl Workload for Mix {
             _ => ("ok", "/ok", StatusCode::OK),
         };
         let started = Instant::now();
-        let request = Request::get(path).header("host", "test").body(ChunkedBody::empty()).unwrap();
+        let request = Request::get(path)
+            .header("host", "test")
+            .body(ChunkedBody::empty())
+            .unwrap();
         match user.connections.exchange(self.server, request).await {
             Ok(exchange) => {
-                let problem = (exchange.status != expected).then(|| format!("{path}: {}", exchange.status));
+                let problem =
+                    (exchange.status != expected).then(|| format!("{path}: {}", exchange.status));
                 Sample::from_exchange(label, started, &exchange, problem)
             }
             Err(error) => Sample::transport_failure(label, started, &error),
@@ -54,7 +61,12 @@ impl Workload for Mix {
 }
 
 fn spec(concurrency: usize, stop: Stop) -> LoadSpec {
-    LoadSpec { concurrency, stop, warmup: Duration::ZERO, request_timeout: Duration::from_secs(5) }
+    LoadSpec {
+        concurrency,
+        stop,
+        warmup: Duration::ZERO,
+        request_timeout: Duration::from_secs(5),
+    }
 }
 
 #[tokio::test]
@@ -68,7 +80,10 @@ async fn counts_classes_per_label_and_reuses_connections() {
     assert_eq!(report.by_label["fail"].total, fails);
     assert_eq!(report.first_byte.count(), 90);
     assert!(report.throughput() > 0.0);
-    assert_eq!(report.connections_opened, 4, "one keep-alive connection per user");
+    assert_eq!(
+        report.connections_opened, 4,
+        "one keep-alive connection per user"
+    );
 }
 
 struct Echo {
@@ -81,8 +96,15 @@ impl Workload for Echo {
         let started = Instant::now();
         let (head, tail) = self.body.split_at(self.body.len() / 2);
         let body = ChunkedBody::new([self.body.slice_ref(head), self.body.slice_ref(tail)]);
-        let request = Request::post("/echo").header("host", "test").body(body).unwrap();
-        let exchange = user.connections.exchange(self.server, request).await.unwrap();
+        let request = Request::post("/echo")
+            .header("host", "test")
+            .body(body)
+            .unwrap();
+        let exchange = user
+            .connections
+            .exchange(self.server, request)
+            .await
+            .unwrap();
         let problem = (exchange.body_len != self.body.len() as u64
             || !self.body.ends_with(&exchange.tail)
             || exchange.tail.len() != TAIL_BYTES)
@@ -94,7 +116,11 @@ impl Workload for Echo {
 #[tokio::test]
 async fn chunked_bodies_arrive_whole() {
     let server = server().await;
-    let body = Bytes::from((0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>());
+    let body = Bytes::from(
+        (0..300_000u32)
+            .map(|i| b'a' + (i % 26) as u8)
+            .collect::<Vec<u8>>(),
+    );
     let report = run_load(Arc::new(Echo { server, body }), &spec(2, Stop::Requests(6))).await;
     assert_eq!(report.outcomes.unexpected, 0, "{:?}", report.problems);
 }
@@ -106,7 +132,10 @@ struct Slow {
 impl Workload for Slow {
     async fn call(&self, user: &mut VirtualUser, _seq: u64) -> Sample {
         let started = Instant::now();
-        let request = Request::get("/slow").header("host", "test").body(ChunkedBody::empty()).unwrap();
+        let request = Request::get("/slow")
+            .header("host", "test")
+            .body(ChunkedBody::empty())
+            .unwrap();
         match user.connections.exchange(self.server, request).await {
             Ok(exchange) => Sample::from_exchange("slow", started, &exchange, None),
             Err(error) => Sample::transport_failure("slow", started, &error),
@@ -117,11 +146,18 @@ impl Workload for Slow {
 #[tokio::test]
 async fn slow_requests_time_out() {
     let server = server().await;
-    let spec = LoadSpec { request_timeout: Duration::from_millis(50), ..spec(2, Stop::Requests(4)) };
+    let spec = LoadSpec {
+        request_timeout: Duration::from_millis(50),
+        ..spec(2, Stop::Requests(4))
+    };
     let report = run_load(Arc::new(Slow { server }), &spec).await;
     assert_eq!(report.outcomes.count(StatusClass::Timeout), 4);
     assert_eq!(report.outcomes.unexpected, 4);
-    assert_eq!(report.first_byte.count(), 0, "failed requests have no latency");
+    assert_eq!(
+        report.first_byte.count(),
+        0,
+        "failed requests have no latency"
+    );
 }
 
 #[tokio::test]
@@ -141,7 +177,15 @@ async fn duration_runs_stop_on_time_after_the_warmup() {
 #[tokio::test]
 async fn unreachable_servers_are_transport_failures() {
     let closed = crate::stack::refusing_address().unwrap();
-    let report = run_load(Arc::new(Mix { server: closed }), &spec(1, Stop::Requests(3))).await;
+    let report = run_load(
+        Arc::new(Mix { server: closed }),
+        &spec(1, Stop::Requests(3)),
+    )
+    .await;
     assert_eq!(report.outcomes.count(StatusClass::Transport), 3);
-    assert!(report.problems[0].contains("connecting to"), "{:?}", report.problems);
+    assert!(
+        report.problems[0].contains("connecting to"),
+        "{:?}",
+        report.problems
+    );
 }

@@ -245,12 +245,43 @@ fn stream_include_usage(object: &Map<String, Value>, stream: bool) -> Result<boo
 /// A rough token count: words of every string, one per number.
 fn count_tokens(value: &Value) -> u64 {
     match value {
-        Value::String(text) => text.split_whitespace().count() as u64,
+        Value::String(text) => count_words(text.as_bytes()),
         Value::Number(_) => 1,
         Value::Array(items) => items.iter().map(count_tokens).sum(),
         Value::Object(map) => map.values().map(count_tokens).sum(),
         Value::Null | Value::Bool(_) => 0,
     }
+}
+
+/// Runs of bytes between separators (ASCII whitespace and other bytes up to 0x20): what
+/// `split_whitespace().count()` gives for ASCII text, eight bytes at a time, so that the
+/// workers stay cheap next to the gateway they benchmark with 256 KB prompts.
+fn count_words(text: &[u8]) -> u64 {
+    let (chunks, rest) = text.as_chunks::<8>();
+    let mut words = 0u64;
+    // 1 when the byte before the current chunk is a separator (the start of the text is).
+    let mut carry = 1u64;
+    for chunk in chunks {
+        let separators = separator_bytes(u64::from_le_bytes(*chunk));
+        let after_separator = (separators << 8) | (carry << 7);
+        words += u64::from((!separators & after_separator & HIGH_BITS).count_ones());
+        carry = separators >> 63;
+    }
+    let mut after_separator = carry == 1;
+    for byte in rest {
+        let separator = *byte <= b' ';
+        words += u64::from(!separator && after_separator);
+        after_separator = separator;
+    }
+    words
+}
+
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `x` that is at most 0x20 (no carries cross bytes: each
+/// byte's low seven bits plus 0x5f stay below 0x100).
+fn separator_bytes(x: u64) -> u64 {
+    !(((x & !HIGH_BITS) + 0x5f5f_5f5f_5f5f_5f5f) | x) & HIGH_BITS
 }
 
 fn is_true(object: &Map<String, Value>, field: &str) -> bool {
@@ -511,6 +542,17 @@ mod tests {
             parse_kv_request(Some(&no_port)),
             KvRequest::Invalid(_)
         ));
+    }
+
+    #[test]
+    fn words_are_counted_between_ascii_spaces() {
+        let long = "the prefill caf\u{e9} \\n worker\t x\r\n".repeat(300);
+        for text in [
+            "", "  ", "one", " two  words\n", "caf\u{e9} au\tlait\r\n", "abcdefgh ijklmnop",
+            "        x", "x        ", long.as_str(),
+        ] {
+            assert_eq!(count_words(text.as_bytes()), text.split_whitespace().count() as u64, "{text:?}");
+        }
     }
 
     #[test]

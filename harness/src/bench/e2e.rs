@@ -1,0 +1,281 @@
+//! The end-to-end runs: every scenario, prompt size and concurrency against the same sim
+//! workers, with the CPU and memory of every process involved.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::time::Instant;
+
+use super::gateways::{Gateway, GatewayInputs, Scenario, start_gateway};
+use super::plot::short_size;
+use super::procfs::{self, MachineTicks, TICKS_PER_SECOND};
+use super::results::{CpuUse, RunResult};
+use super::workload::{Bodies, Completion, Route};
+use crate::load::{LoadReport, LoadSpec, Stop, run_load};
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct E2eOptions {
+    pub scenarios: Vec<Scenario>,
+    pub sizes: Vec<usize>,
+    pub concurrencies: Vec<usize>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub max_tokens: u32,
+    pub request_timeout: Duration,
+}
+
+impl E2eOptions {
+    fn run_count(&self) -> u64 {
+        (self.scenarios.len() * self.sizes.len() * self.concurrencies.len()) as u64
+    }
+}
+
+/// The processes whose CPU is measured.
+#[derive(Debug, Clone, Copy)]
+struct Pids {
+    proxy: Option<u32>,
+    sims: u32,
+}
+
+/// CPU counters at one instant.
+#[derive(Debug, Clone, Copy)]
+struct Snapshot {
+    at: Instant,
+    proxy: Option<u64>,
+    sims: u64,
+    loadgen: u64,
+    machine: MachineTicks,
+}
+
+fn snapshot(pids: Pids) -> Result<Snapshot> {
+    Ok(Snapshot {
+        at: Instant::now(),
+        proxy: pids.proxy.map(procfs::process_ticks).transpose()?,
+        sims: procfs::process_ticks(pids.sims)?,
+        loadgen: procfs::own_ticks()?,
+        machine: procfs::machine_ticks()?,
+    })
+}
+
+/// Runs everything in `options`; the sim workers are already running. Every proxy is
+/// started first and the scenarios take turns at each size and concurrency, so that other
+/// work on the machine, if any, weighs on all of them alike.
+pub async fn run_e2e(
+    options: &E2eOptions,
+    inputs: &GatewayInputs<'_>,
+    sims_pid: u32,
+) -> Result<Vec<RunResult>> {
+    let progress = progress_bar(options.run_count());
+    let mut gateways = Vec::new();
+    for scenario in &options.scenarios {
+        progress.set_message(format!("starting {scenario}"));
+        gateways.push((*scenario, start_gateway(*scenario, inputs).await?));
+    }
+    let mut results = Vec::new();
+    for size in &options.sizes {
+        let contenders = contenders(&gateways, *size, options, inputs, sims_pid).await?;
+        for concurrency in &options.concurrencies {
+            for contender in &contenders {
+                let scenario = contender.scenario;
+                progress.set_message(format!("{scenario} {} c={concurrency}", short_size(*size)));
+                let run =
+                    measure(&contender.workload, options, *concurrency, contender.pids).await?;
+                let result = run_result(scenario, *size, &contender.workload, run);
+                progress.suspend(|| eprintln!("{}", one_line(&result)));
+                results.push(result);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    results.sort_by_key(|r| (r.size, r.scenario, r.concurrency));
+    Ok(results)
+}
+
+/// A scenario ready to be measured at one prompt size.
+struct Contender {
+    scenario: Scenario,
+    workload: Arc<Completion>,
+    pids: Pids,
+}
+
+/// Every scenario's workload at `size`, each checked with a few requests.
+async fn contenders(
+    gateways: &[(Scenario, Option<Gateway>)],
+    size: usize,
+    options: &E2eOptions,
+    inputs: &GatewayInputs<'_>,
+    sims_pid: u32,
+) -> Result<Vec<Contender>> {
+    let mut contenders = Vec::new();
+    for (scenario, gateway) in gateways {
+        let address = gateway.as_ref().map(Gateway::address);
+        let workload = Arc::new(Completion {
+            route: Route::of(*scenario, inputs.sims.prefill, inputs.sims.decode, address)?,
+            bodies: Bodies::new(size, options.max_tokens),
+        });
+        check_workload(&workload, *scenario, options.request_timeout).await?;
+        let pids = Pids {
+            proxy: gateway.as_ref().map(Gateway::pid),
+            sims: sims_pid,
+        };
+        contenders.push(Contender {
+            scenario: *scenario,
+            workload,
+            pids,
+        });
+    }
+    Ok(contenders)
+}
+
+fn progress_bar(runs: u64) -> ProgressBar {
+    let bar = ProgressBar::new(runs);
+    let style =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("=> "));
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
+
+/// A few requests one at a time: the scenario works before it is measured.
+async fn check_workload(
+    workload: &Arc<Completion>,
+    scenario: Scenario,
+    timeout: Duration,
+) -> Result<()> {
+    let spec = LoadSpec {
+        concurrency: 1,
+        stop: Stop::Requests(3),
+        warmup: Duration::ZERO,
+        request_timeout: timeout,
+    };
+    let report = run_load(workload.clone(), &spec).await;
+    if report.outcomes.unexpected > 0 {
+        bail!(
+            "the {scenario} scenario does not work: {}",
+            report.problems.join("; ")
+        );
+    }
+    Ok(())
+}
+
+struct Measured {
+    report: LoadReport,
+    cpu: CpuUse,
+    peak_rss_mib: Option<f64>,
+}
+
+/// One closed-loop run, with CPU counters read at the edges of the measured period.
+async fn measure(
+    workload: &Arc<Completion>,
+    options: &E2eOptions,
+    concurrency: usize,
+    pids: Pids,
+) -> Result<Measured> {
+    if let Some(pid) = pids.proxy {
+        procfs::reset_peak_rss(pid)?;
+    }
+    let spec = LoadSpec {
+        concurrency,
+        stop: Stop::Duration(options.duration),
+        warmup: options.warmup,
+        request_timeout: options.request_timeout,
+    };
+    let measure_from = Instant::now() + options.warmup;
+    let first = tokio::spawn(snapshot_at(measure_from, pids));
+    let last = tokio::spawn(snapshot_at(measure_from + options.duration, pids));
+    let report = run_load(workload.clone(), &spec).await;
+    let (first, last) = (first.await??, last.await??);
+    let cpu = cpu_use(&first, &last, report.outcomes.total);
+    let peak_rss_mib = pids
+        .proxy
+        .map(procfs::peak_rss_kib)
+        .transpose()?
+        .map(|kib| kib as f64 / 1024.0);
+    Ok(Measured {
+        report,
+        cpu,
+        peak_rss_mib,
+    })
+}
+
+async fn snapshot_at(at: Instant, pids: Pids) -> Result<Snapshot> {
+    tokio::time::sleep_until(at).await;
+    snapshot(pids)
+}
+
+fn cpu_use(first: &Snapshot, last: &Snapshot, requests: u64) -> CpuUse {
+    let seconds = last.at.duration_since(first.at).as_secs_f64().max(1e-9);
+    let cpu_seconds = |a: u64, b: u64| b.saturating_sub(a) as f64 / TICKS_PER_SECOND;
+    let cores = |cpu: f64| cpu / seconds;
+    let proxy = first.proxy.zip(last.proxy).map(|(a, b)| cpu_seconds(a, b));
+    let sims = cpu_seconds(first.sims, last.sims);
+    let loadgen = cpu_seconds(first.loadgen, last.loadgen);
+    let machine = cpu_seconds(first.machine.busy, last.machine.busy);
+    let ours = sims + loadgen + proxy.unwrap_or(0.0);
+    CpuUse {
+        proxy_cores: proxy.map(cores),
+        proxy_s_per_1k: proxy
+            .filter(|_| requests > 0)
+            .map(|cpu| cpu * 1000.0 / requests as f64),
+        sims_cores: cores(sims),
+        loadgen_cores: cores(loadgen),
+        machine_busy_cores: cores(machine),
+        others_cores: cores((machine - ours).max(0.0)),
+    }
+}
+
+fn run_result(
+    scenario: Scenario,
+    size: usize,
+    workload: &Completion,
+    measured: Measured,
+) -> RunResult {
+    let report = &measured.report;
+    RunResult {
+        scenario,
+        size,
+        body_bytes: workload.bodies.client.len(),
+        concurrency: report.concurrency,
+        completed: report.outcomes.total,
+        throughput_rps: report.throughput(),
+        unexpected: report.outcomes.unexpected,
+        classes: report.outcomes.classes.clone(),
+        problems: report.problems.clone(),
+        ttfb: report.first_byte_summary(),
+        last_byte: report.last_byte_summary(),
+        cpu: measured.cpu,
+        proxy_peak_rss_mib: measured.peak_rss_mib,
+        vs_floor: None,
+    }
+}
+
+fn one_line(r: &RunResult) -> String {
+    let proxy = r
+        .cpu
+        .proxy_cores
+        .map_or(String::new(), |c| format!(" proxy {c:.2} cores"));
+    let errors = if r.unexpected > 0 {
+        format!(" ERRORS {}: {}", r.unexpected, r.problems.join("; "))
+    } else {
+        String::new()
+    };
+    format!(
+        "{:<8} {:>6} B c={:<3} {:>7.0} req/s  TTFB p50 {:.2} p99 {:.2} ms  last p50 {:.2} ms {proxy} sims {:.2} loadgen {:.2} busy {:.2} (others {:.2}){errors}",
+        r.scenario.as_str(),
+        r.body_bytes,
+        r.concurrency,
+        r.throughput_rps,
+        r.ttfb.p50_ms,
+        r.ttfb.p99_ms,
+        r.last_byte.p50_ms,
+        r.cpu.sims_cores,
+        r.cpu.loadgen_cores,
+        r.cpu.machine_busy_cores,
+        r.cpu.others_cores,
+    )
+}

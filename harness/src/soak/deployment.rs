@@ -1,0 +1,63 @@
+//! The soak's deployment: which sim workers run, which ones the chaos kills, and the
+//! filter settings that differ from the defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::sim::{SimConfig, SimRole};
+use crate::stack::StackSpec;
+
+/// Prefill workers: `(id, dp_size)`.
+pub const PREFILL_WORKERS: [(u64, u32); 2] = [(101, 1), (102, 2)];
+/// Decode workers: `(id, dp_size)`.
+pub const DECODE_WORKERS: [(u64, u32); 3] = [(201, 1), (202, 2), (203, 1)];
+/// The prefill worker the chaos kills and restarts.
+pub const PREFILL_VICTIM: u64 = 102;
+/// The decode worker the chaos kills and restarts.
+pub const DECODE_VICTIM: u64 = 202;
+/// Passive health period: short, so that a restarted worker is back in service (and pins to
+/// it succeed again) well within the run.
+pub const UNHEALTHY_PERIOD: Duration = Duration::from_millis(1000);
+
+/// What every sim worker costs per generated token.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerTiming {
+    pub token_latency: Duration,
+}
+
+/// The stack: every worker of [`PREFILL_WORKERS`] and [`DECODE_WORKERS`], no draining one.
+pub fn stack_spec(wasm: PathBuf, timing: WorkerTiming) -> StackSpec {
+    let prefill = PREFILL_WORKERS
+        .iter()
+        .map(|(id, dp)| (*id, SimRole::Prefill, *dp));
+    let decode = DECODE_WORKERS
+        .iter()
+        .map(|(id, dp)| (*id, SimRole::Decode, *dp));
+    let workers = prefill
+        .chain(decode)
+        .map(|(id, role, dp)| {
+            SimConfig::new(id, role)
+                .with_dp_size(dp)
+                .with_token_latency(timing.token_latency)
+        })
+        .collect();
+    let mut spec = StackSpec::new(workers, wasm);
+    let period_ms = u64::try_from(UNHEALTHY_PERIOD.as_millis()).unwrap_or(u64::MAX);
+    spec.settings = json!({ "unhealthy_period_ms": period_ms });
+    spec
+}
+
+/// The data-parallel size of a registry worker, `None` for an unknown id.
+pub fn dp_size(id: u64) -> Option<u32> {
+    PREFILL_WORKERS
+        .iter()
+        .chain(DECODE_WORKERS.iter())
+        .find(|(known, _)| *known == id)
+        .map(|(_, dp)| *dp)
+}
+
+pub fn is_decode_worker(id: u64) -> bool {
+    DECODE_WORKERS.iter().any(|(known, _)| *known == id)
+}

@@ -1,0 +1,227 @@
+//! Watching Envoy during the soak: its memory (RSS from `/proc`, and its allocator's own
+//! stats), the wasm VM failure stats, and error lines in its log.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::chaos::Progress;
+use crate::envoy::Envoy;
+
+/// Envoy stats that move when a wasm VM fails. With `failure_policy: FAIL_CLOSED` a failed
+/// VM is not replaced (its requests get 503s); with `FAIL_RELOAD` the `vm_reload_*`
+/// counters count the replacements. A VM created after start-up (`created` grows, `active`
+/// changes) is a replacement too.
+pub const VM_FAILURE_COUNTERS: [&str; 3] = [
+    "wasm.pinroute.vm_reload_success",
+    "wasm.pinroute.vm_reload_failure",
+    "wasm.pinroute.vm_reload_backoff",
+];
+pub const VM_CREATED: &str = "wasm.envoy.wasm.runtime.v8.created";
+pub const VM_ACTIVE: &str = "wasm.envoy.wasm.runtime.v8.active";
+/// Counters that show what the faults set in motion (retries, fallbacks, health marks).
+pub const CONTEXT_COUNTERS: [&str; 10] = [
+    "cluster.pinroute_decode_pool.upstream_rq_retry",
+    "cluster.pinroute_decode_pool.upstream_rq_retry_success",
+    "cluster.pinroute_decode_pool.upstream_rq_retry_overflow",
+    "cluster.pinroute_decode_pool.upstream_cx_connect_fail",
+    "cluster.pinroute_decode.upstream_cx_connect_fail",
+    "cluster.pinroute_prefill.upstream_cx_connect_fail",
+    "wasmcustom.pinroute.prefill.retried",
+    "wasmcustom.pinroute.prefill.aggregated_fallback",
+    "wasmcustom.pinroute.workers.marked_unhealthy",
+    "wasmcustom.pinroute.decode.failed",
+];
+const MEMORY_ALLOCATED: &str = "server.memory_allocated";
+const MEMORY_HEAP: &str = "server.memory_heap_size";
+/// What a wasm VM failure leaves in Envoy's log (V8 traps, Rust panics, failed callbacks).
+const VM_FAILURE_MARKERS: [&str; 5] = [
+    "RuntimeError",
+    "Uncaught",
+    "panicked",
+    "wasm_fail",
+    "Function: proxy_on",
+];
+const RSS_POLL: Duration = Duration::from_millis(100);
+/// RSS is called warm once this fraction of the requests has been sent.
+const WARM_FRACTION: f64 = 0.1;
+
+/// The Envoy stats the report compares from start to end.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EnvoyStats {
+    pub vm_failure_counters: Vec<(String, u64)>,
+    pub vm_created: u64,
+    pub vm_active: u64,
+    pub memory_allocated: u64,
+    pub memory_heap_size: u64,
+    /// [`CONTEXT_COUNTERS`] (0 when Envoy has not created the stat yet).
+    pub context: Vec<(String, u64)>,
+}
+
+impl EnvoyStats {
+    pub async fn read(envoy: &Envoy) -> Result<EnvoyStats> {
+        let mut counters = Vec::new();
+        for name in VM_FAILURE_COUNTERS {
+            counters.push((name.to_string(), stat(envoy, name).await?));
+        }
+        let mut context = Vec::new();
+        for name in CONTEXT_COUNTERS {
+            let value = envoy
+                .stat(name)
+                .await
+                .with_context(|| format!("reading Envoy stat {name}"))?;
+            context.push((name.to_string(), value.unwrap_or(0)));
+        }
+        Ok(EnvoyStats {
+            context,
+            vm_failure_counters: counters,
+            vm_created: stat(envoy, VM_CREATED).await?,
+            vm_active: stat(envoy, VM_ACTIVE).await?,
+            memory_allocated: stat(envoy, MEMORY_ALLOCATED).await?,
+            memory_heap_size: stat(envoy, MEMORY_HEAP).await?,
+        })
+    }
+
+    /// VM failures between `self` (start) and `end`: reload counters, plus VMs created or
+    /// lost since the start.
+    pub fn vm_failures_until(&self, end: &EnvoyStats) -> u64 {
+        let sum = |stats: &EnvoyStats| {
+            stats
+                .vm_failure_counters
+                .iter()
+                .map(|(_, value)| value)
+                .sum::<u64>()
+        };
+        let reloads = sum(end).saturating_sub(sum(self));
+        let created = end.vm_created.saturating_sub(self.vm_created);
+        let lost = self.vm_active.abs_diff(end.vm_active);
+        reloads + created + lost
+    }
+}
+
+/// How much each context counter grew from `start` to `end`.
+pub fn context_growth(start: &EnvoyStats, end: &EnvoyStats) -> Vec<(String, u64)> {
+    end.context
+        .iter()
+        .map(|(name, value)| {
+            let before = start
+                .context
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |(_, v)| *v);
+            (name.clone(), value.saturating_sub(before))
+        })
+        .collect()
+}
+
+async fn stat(envoy: &Envoy, name: &str) -> Result<u64> {
+    let value = envoy
+        .stat(name)
+        .await
+        .with_context(|| format!("reading Envoy stat {name}"))?;
+    value.with_context(|| format!("Envoy has no stat {name}"))
+}
+
+/// Envoy's resident memory over the run, in KiB.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RssKib {
+    pub start: u64,
+    /// Once a tenth of the requests was sent: connections open, allocator warm.
+    pub warm: u64,
+    pub peak: u64,
+    pub end: u64,
+}
+
+/// `VmRSS` of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .with_context(|| format!("no VmRSS in {path}"))?;
+    let kib = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|value| value.parse().ok());
+    kib.with_context(|| format!("unreadable {line:?} in {path}"))
+}
+
+/// Samples the RSS of `pid` until the load is done.
+pub async fn watch_rss(pid: u32, progress: &Progress, total: u64) -> Result<RssKib> {
+    let start = rss_kib(pid)?;
+    let mut rss = RssKib {
+        start,
+        warm: 0,
+        peak: start,
+        end: start,
+    };
+    let warm_after = (total as f64 * WARM_FRACTION) as u64;
+    while !progress.is_done() {
+        tokio::time::sleep(RSS_POLL).await;
+        let now = rss_kib(pid)?;
+        rss.peak = rss.peak.max(now);
+        if rss.warm == 0 && progress.sent() >= warm_after {
+            rss.warm = now;
+        }
+    }
+    rss.end = rss_kib(pid)?;
+    rss.peak = rss.peak.max(rss.end);
+    if rss.warm == 0 {
+        rss.warm = rss.end;
+    }
+    Ok(rss)
+}
+
+/// Error lines of Envoy's log, and those that tell of a wasm VM failure.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LogScan {
+    pub error_lines: u64,
+    pub vm_failure_lines: u64,
+    /// The first error lines, for the report.
+    pub first_errors: Vec<String>,
+}
+
+const KEPT_LOG_LINES: usize = 10;
+
+pub fn scan_log(path: &Path) -> Result<LogScan> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut scan = LogScan::default();
+    for line in text
+        .lines()
+        .filter(|line| line.contains("[error]") || line.contains("[critical]"))
+    {
+        scan.error_lines += 1;
+        if VM_FAILURE_MARKERS
+            .iter()
+            .any(|marker| line.contains(marker))
+        {
+            scan.vm_failure_lines += 1;
+        }
+        if scan.first_errors.len() < KEPT_LOG_LINES {
+            scan.first_errors.push(line.chars().take(400).collect());
+        }
+    }
+    Ok(scan)
+}
+
+/// Envoy's response flags by request id, from the access log (`... STATUS FLAGS upstream=...
+/// request_id=ID`).
+pub fn access_log_flags(path: &Path) -> Result<HashMap<String, String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text.lines().filter_map(flags_of_line).collect())
+}
+
+fn flags_of_line(line: &str) -> Option<(String, String)> {
+    let (_, after_request) = line.rsplit_once("\" ")?;
+    let mut fields = after_request.split_whitespace();
+    let _status = fields.next()?;
+    let flags = fields.next()?.to_string();
+    let request_id = fields.find_map(|field| field.strip_prefix("request_id="))?;
+    Some((request_id.to_string(), flags))
+}
