@@ -12,19 +12,19 @@ use pinroute_harness::soak::report::SoakReport;
 use pinroute_harness::soak::{SoakOptions, run_soak};
 use pinroute_harness::wasm::build_filter;
 
-const FULL_REQUESTS: u64 = 30_000;
-const QUICK_REQUESTS: u64 = 6_000;
+const FULL_REQUESTS: u64 = 60_000;
+const QUICK_REQUESTS: u64 = 12_000;
 const MIN_CONCURRENCY: usize = 64;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Requests to send [default: 30000, quick: 6000].
+    /// Requests to send [default: 60000, quick: 12000].
     #[arg(long)]
     requests: Option<u64>,
     /// Closed-loop virtual users (at least 64).
     #[arg(long, default_value_t = MIN_CONCURRENCY)]
     concurrency: usize,
-    /// The CI run: 6000 requests, one kill and restart of each victim.
+    /// The CI run: 12000 requests, one kill and restart of each victim.
     #[arg(long)]
     quick: bool,
     /// Use this filter instead of building it.

@@ -24,6 +24,9 @@ use crate::stack::Stack;
 /// that unpinned selection takes it back while it is still down (twice per outage), as when
 /// a real worker takes minutes to restart.
 pub const MIN_DOWNTIME: Duration = Duration::from_millis(2500);
+/// A restarted worker runs at least this long before it is killed again: longer than the
+/// passive-health period and the workload's margin, so that it is seen back in service.
+pub const MIN_UPTIME: Duration = Duration::from_millis(2500);
 const POLL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,7 +37,7 @@ pub enum Action {
 }
 
 /// One chaos action, due once this fraction of the run's requests has been sent (a restart
-/// also waits for [`MIN_DOWNTIME`]). Each worker's steps run in order, the workers' timelines
+/// also waits for [`MIN_DOWNTIME`], a kill of a restarted worker for [`MIN_UPTIME`]). Each worker's steps run in order, the workers' timelines
 /// independently of each other.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Step {
@@ -205,6 +208,7 @@ pub async fn run_chaos(
         stack,
         outages,
         killed: HashMap::new(),
+        restarted: HashMap::new(),
         records: Vec::new(),
         started,
     };
@@ -214,7 +218,8 @@ pub async fn run_chaos(
         if load_done {
             drop_kills(&mut pending, &chaos.killed);
         }
-        if let Some(index) = next_due(&pending, &chaos.killed, progress.sent(), total, load_done) {
+        let reached = |step: &Step| load_done || progress.sent() as f64 >= step.at * total as f64;
+        if let Some(index) = chaos.next_due(&pending, reached) {
             let step = pending.remove(index);
             chaos.run(step, progress.sent(), !load_done).await?;
         } else {
@@ -225,34 +230,6 @@ pub async fn run_chaos(
 }
 
 type Killed = HashMap<u64, (SimConfig, SocketAddr, Instant)>;
-
-/// The first step, in each worker's order, that may run now.
-fn next_due(
-    pending: &[Step],
-    killed: &Killed,
-    sent: u64,
-    total: u64,
-    load_done: bool,
-) -> Option<usize> {
-    let mut seen = Vec::new();
-    for (index, step) in pending.iter().enumerate() {
-        if seen.contains(&step.worker) {
-            continue;
-        }
-        seen.push(step.worker);
-        let reached = load_done || sent as f64 >= step.at * total as f64;
-        let ready = match step.action {
-            Action::Kill => true,
-            Action::Restart => killed
-                .get(&step.worker)
-                .is_some_and(|(_, _, at)| at.elapsed() >= MIN_DOWNTIME),
-        };
-        if reached && ready {
-            return Some(index);
-        }
-    }
-    None
-}
 
 /// After the load: no more kills, and no restart of a worker that is running.
 fn drop_kills(pending: &mut Vec<Step>, killed: &Killed) {
@@ -269,16 +246,49 @@ struct Chaos<'a> {
     stack: &'a mut Stack,
     outages: &'a Outages,
     killed: Killed,
+    /// When each worker was last restarted.
+    restarted: HashMap<u64, Instant>,
     records: Vec<ChaosRecord>,
     started: Instant,
 }
 
 impl Chaos<'_> {
+    /// The first step, in each worker's order, that may run now.
+    fn next_due(&self, pending: &[Step], reached: impl Fn(&Step) -> bool) -> Option<usize> {
+        let mut seen = Vec::new();
+        for (index, step) in pending.iter().enumerate() {
+            if seen.contains(&step.worker) {
+                continue;
+            }
+            seen.push(step.worker);
+            if reached(step) && self.ready(step) {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// A restart waits for [`MIN_DOWNTIME`] since the kill, a kill for [`MIN_UPTIME`] since
+    /// the last restart.
+    fn ready(&self, step: &Step) -> bool {
+        match step.action {
+            Action::Kill => self
+                .restarted
+                .get(&step.worker)
+                .is_none_or(|at| at.elapsed() >= MIN_UPTIME),
+            Action::Restart => self
+                .killed
+                .get(&step.worker)
+                .is_some_and(|(_, _, at)| at.elapsed() >= MIN_DOWNTIME),
+        }
+    }
+
     async fn run(&mut self, step: Step, sent: u64, during_load: bool) -> Result<()> {
         match step.action {
             Action::Kill => kill(self.stack, step.worker, self.outages, &mut self.killed).await?,
             Action::Restart => {
-                restart(self.stack, step.worker, self.outages, &mut self.killed).await?
+                restart(self.stack, step.worker, self.outages, &mut self.killed).await?;
+                self.restarted.insert(step.worker, Instant::now());
             }
         }
         log::info!(

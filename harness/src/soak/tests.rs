@@ -445,3 +445,55 @@ fn a_kill_in_progress_counts_for_requests_that_end_meanwhile() {
     assert!(!outages.killed_during(201, t.started, t.ended));
     assert!(!outages.killed_during(202, t.started, t.started + Duration::from_millis(5)));
 }
+
+/// The soak's kill is abrupt: a stream in flight is cut, the port refuses connections, and a
+/// worker restarts on the same address.
+#[tokio::test]
+async fn a_killed_sim_worker_cuts_its_streams_and_restarts_on_its_address() {
+    use crate::sim::{SimConfig, SimRole, SimWorker};
+    let config =
+        SimConfig::new(7, SimRole::Aggregated).with_token_latency(Duration::from_millis(100));
+    let worker = SimWorker::start(config.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = worker.addr();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = json!({"model": "sim-model", "prompt": "x", "max_tokens": 50, "stream": true});
+    let mut response = client
+        .post(format!("http://{addr}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.chunk().await.unwrap().is_some(), "the first token");
+    worker.kill().await;
+    let rest = async {
+        loop {
+            match response.chunk().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    };
+    assert!(rest.await.is_err(), "the stream is cut, not ended");
+    assert!(
+        client
+            .get(format!("http://{addr}/health"))
+            .send()
+            .await
+            .is_err(),
+        "the port refuses"
+    );
+    let again = SimWorker::start(config, addr).await.unwrap();
+    assert!(
+        client
+            .get(format!("http://{addr}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    again.stop().await;
+}
