@@ -335,7 +335,7 @@ impl Stream {
         self.metrics.count_error(error);
         self.phase = Phase::Answered;
         let retry_after = error.retry_after_secs().map(|s| s.to_string());
-        let mut headers = vec![("content-type", "application/json"), ("x-pinroute-error-code", error.code())];
+        let mut headers = vec![("content-type", "application/json"), (headers::ERROR_CODE_HEADER, error.code())];
         if let Some(seconds) = &retry_after {
             headers.push(("retry-after", seconds));
         }
@@ -373,7 +373,7 @@ impl Stream {
         envoy::set_response_header(":status", Some(&error.status().to_string()))?;
         envoy::set_response_header("content-type", Some("application/json"))?;
         envoy::set_response_header("content-length", None)?;
-        envoy::set_response_header("x-pinroute-error-code", Some(error.code()))?;
+        envoy::set_response_header(headers::ERROR_CODE_HEADER, Some(error.code()))?;
         self.response_error = Some(error);
         Ok(())
     }

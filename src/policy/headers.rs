@@ -29,6 +29,8 @@ pub fn must_strip(name: &str, upstream_header: &str) -> bool {
 /// Response headers naming the workers that served.
 pub const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
 pub const DECODE_WORKER_HEADER: &str = "x-pinroute-decode-worker";
+/// Response header repeating the `code` of an error pinroute answered.
+pub const ERROR_CODE_HEADER: &str = "x-pinroute-error-code";
 
 #[cfg(test)]
 #[path = "tests/headers.rs"]

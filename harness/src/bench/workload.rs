@@ -12,15 +12,14 @@ use serde_json::value::RawValue;
 
 use super::gateways::Scenario;
 use super::sims::PREFILL_ID;
+use pinroute::policy::headers::PREFILL_WORKER_HEADER;
+use pinroute::policy::rewrite::PREFILL_KV_TRANSFER_PARAMS;
+
 use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
 
 const PATH: &str = "/v1/completions";
 const LABEL: &str = "completion";
 const STREAM_END: &[u8] = b"data: [DONE]\n\n";
-/// The header pinroute adds to name the prefill worker it used.
-const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
-
-const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
 
 const WORDS: [&str; 16] = [
     "the",

@@ -32,10 +32,8 @@ use super::chaos::Outages;
 use super::deployment::{UNHEALTHY_PERIOD, is_decode_worker};
 use super::mix::{Expect, MODELS, Planned};
 use crate::load::{Exchange, TransportError};
+use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL_WORKER_HEADER};
 
-const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
-const DECODE_WORKER_HEADER: &str = "x-pinroute-decode-worker";
-const ERROR_CODE_HEADER: &str = "x-pinroute-error-code";
 const SIM_WORKER_HEADER: &str = "x-sim-worker-id";
 const SIM_RANK_HEADER: &str = "x-sim-dp-rank";
 const STREAM_END: &[u8] = b"data: [DONE]\n\n";
