@@ -18,6 +18,13 @@ pub fn lock_file(venv: &Path) -> Result<File> {
     Ok(file)
 }
 
+/// `python -m pip install` without prompts or version nags; the caller adds what to install.
+pub fn pip_install(python: &Path) -> Command {
+    let mut command = Command::new(python);
+    command.args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"]);
+    command
+}
+
 /// Runs an install step with its output on stderr, failing on a non-zero exit.
 pub fn run_visibly(command: &mut Command) -> Result<()> {
     let description = format!("{command:?}");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::sims::SimAddresses;
-use crate::venv::{lock_file, run_visibly};
+use crate::venv::{lock_file, pip_install, run_visibly};
 
 pub const VENV_DIR: &str = ".cache/bench-venv";
 const REQUIREMENTS: &str = "harness/python/bench-requirements.txt";
@@ -40,18 +40,7 @@ pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
         "pinroute-harness: pip install -r {REQUIREMENTS} into {}",
         venv.display()
     );
-    run_visibly(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "-r",
-            ])
-            .arg(&requirements_path),
-    )?;
+    run_visibly(pip_install(&python).arg("-r").arg(&requirements_path))?;
     fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(python)
 }

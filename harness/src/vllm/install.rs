@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use crate::venv::{existing_file, lock_file, run_visibly};
+use crate::venv::{existing_file, lock_file, pip_install, run_visibly};
 
 /// Names a python interpreter that can already `import vllm`; nothing is installed then.
 pub const VLLM_PYTHON_ENV: &str = "PINROUTE_VLLM_PYTHON";
@@ -76,14 +76,7 @@ fn install(venv: &Path) -> Result<()> {
     if !python.is_file() {
         run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
     }
-    run_visibly(Command::new(&python).args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-input",
-        UV_REQUIREMENT,
-    ]))?;
+    run_visibly(pip_install(&python).args(["--quiet", UV_REQUIREMENT]))?;
     let overrides = venv.join("pinroute-overrides.txt");
     fs::write(&overrides, format!("{TORCH_OVERRIDE}\n"))
         .with_context(|| format!("writing {}", overrides.display()))?;
