@@ -12,8 +12,8 @@
 //! - `parse`: `JsonObject::parse` of the body and `parse_nvext`;
 //! - `resolve`: `Resolver::resolve` of a pinned prefill and decode worker;
 //! - `prefill_body`: the prefill hop's body (`rewrite::prefill_body`);
-//! - `decode_body`: the decode hop's body (`DecodeBody::new` + `finish` with the prefill's
-//!   `kv_transfer_params`);
+//! - `decode_body`: the edit that makes the held body the decode hop's (`DecodeBody::new` +
+//!   `finish` with the prefill's `kv_transfer_params`);
 //! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
 //! - `total`: all of the above, as one request.
 
@@ -24,7 +24,7 @@ use pinroute::policy::json::JsonObject;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
 use pinroute::policy::registry::Config;
 use pinroute::policy::resolve::{RegistryOnly, Resolver};
-use pinroute::policy::rewrite::{self, DecodeBody};
+use pinroute::policy::rewrite::{self, BodyEdit, DecodeBody};
 use pinroute::policy::select::Choice;
 
 const DEFAULT_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
@@ -167,14 +167,14 @@ fn header_hints() -> Result<HeaderHints, String> {
 }
 
 /// Every stage of one request, as the filter runs them.
-fn whole_request(config: &Config, body: &[u8], turn: u64) -> Result<(String, String), String> {
+fn whole_request(config: &Config, body: &[u8], turn: u64) -> Result<(String, Option<BodyEdit>), String> {
     let hints = header_hints()?;
     let request = JsonObject::parse(body).map_err(|e| e.to_string())?;
     let body_pins = pins::parse_nvext(&request).map_err(|e| e.to_string())?;
     let route = resolver(config, turn)
         .resolve(&hints.pins.or(body_pins))
         .map_err(|e| e.to_string())?;
-    let decode = DecodeBody::new(&request, body.len());
+    let decode = DecodeBody::new(&request, body);
     let prefill = rewrite::prefill_body(&request, body.len());
     let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes())
         .map_err(|e| e.to_string())?;
@@ -236,7 +236,7 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
         len,
         measure(budget, || {
             drop(black_box(
-                DecodeBody::new(&request, len).finish(params.as_deref()),
+                DecodeBody::new(&request, bytes).finish(params.as_deref()),
             ));
         }),
     );

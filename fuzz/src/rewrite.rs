@@ -12,9 +12,10 @@
 //!   hop's pins (`backend_instance_id`, `decode_worker_id`, `dp_rank`) and keeps the rest
 //!   byte-identical;
 //! - the decode body's `kv_transfer_params` is exactly the prefill worker's (or absent when
-//!   it sent none): a client's `kv_transfer_params` never survives, and `one_hop_body`
-//!   rewrites exactly when there was one;
-//! - neither depends on the capacity hint.
+//!   it sent none): a client's `kv_transfer_params` never survives, and the held body is
+//!   left as it is when there was none and the prefill worker sent none;
+//! - the edit's announced length is the edited body's, and the prefill body does not depend
+//!   on the capacity hint.
 //!
 //! For every response: `prefill_kv_transfer_params` never panics, returns the response's
 //! own `kv_transfer_params` object byte-identical, `None` for absent or `null`, and an error
@@ -23,7 +24,7 @@
 use pinroute::policy::error::HopFailure;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::rewrite::{
-    DecodeBody, PREFILL_KV_TRANSFER_PARAMS, one_hop_body, prefill_body, prefill_kv_transfer_params,
+    DecodeBody, PREFILL_KV_TRANSFER_PARAMS, prefill_body, prefill_kv_transfer_params,
 };
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -48,10 +49,10 @@ pub fn check(data: &[u8]) {
     if let Ok(request) = JsonObject::parse(body) {
         check_prefill_body(&request, body.len());
         match kv {
-            Some(Ok(params)) => check_decode_body(&request, body.len(), params.as_deref()),
+            Some(Ok(params)) => check_decode_body(&request, body, params.as_deref()),
             Some(Err(_)) | None => {
-                check_decode_body(&request, body.len(), None);
-                check_decode_body(&request, body.len(), Some(raw(TYPICAL_KV)).as_deref());
+                check_decode_body(&request, body, None);
+                check_decode_body(&request, body, Some(raw(TYPICAL_KV)).as_deref());
             }
         }
     }
@@ -107,16 +108,16 @@ fn check_prefill_kv_value(raw: &str) {
     assert_eq!(read(raw), expected, "prefill kv_transfer_params");
 }
 
-fn check_decode_body(request: &JsonObject<'_>, len: usize, kv: Option<&RawValue>) {
-    let decode = DecodeBody::new(request, len);
+fn check_decode_body(request: &JsonObject<'_>, held: &[u8], kv: Option<&RawValue>) {
+    let edit = DecodeBody::new(request, held).finish(kv);
     let client = members(request);
-    let one_hop = one_hop_body(request, len);
-    assert_eq!(one_hop.is_some(), client.iter().any(|(k, _)| k == KV), "one_hop_body rewrites exactly a client's kv");
-    if let Some(one_hop) = one_hop {
-        assert_eq!(one_hop, decode.clone().finish(None), "one hop body is the decode body without kv");
+    let client_kv = client.iter().any(|(k, _)| k == KV);
+    assert_eq!(edit.is_none(), kv.is_none() && !client_kv, "edited without need, or not edited when needed");
+    let bytes = edit.as_ref().map_or_else(|| held.to_vec(), |e| e.apply(held));
+    if let Some(edit) = &edit {
+        assert_eq!(edit.edited_len(held.len()), bytes.len(), "announced length of {edit:?}");
     }
-    let text = decode.finish(kv);
-    assert_eq!(DecodeBody::new(request, 0).finish(kv), text, "the capacity hint changed the decode body");
+    let Ok(text) = String::from_utf8(bytes) else { violated("the decode body is not UTF-8") };
     let out = members_of(&text);
     assert_eq!(value(&out, KV), kv.map(RawValue::get), "decode kv_transfer_params in {text}");
     let not_kv = |(k, _): &&(String, &str)| k != KV;

@@ -32,9 +32,10 @@ pub fn request_body(size: usize) -> Result<Vec<u8>, Status> {
     Ok(hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size)?.unwrap_or_default())
 }
 
-/// Replaces the whole buffered request body (`old_size` bytes) with `body`.
-pub fn replace_request_body(old_size: usize, body: &[u8]) -> Result<(), Status> {
-    hostcalls::set_buffer(BufferType::HttpRequestBody, 0, old_size, body)
+/// Replaces the first `replaced` bytes of the buffered request body with `with` (Envoy
+/// drains them and prepends `with`; the rest of the body is not copied).
+pub fn edit_request_body(replaced: usize, with: &[u8]) -> Result<(), Status> {
+    hostcalls::set_buffer(BufferType::HttpRequestBody, 0, replaced, with)
 }
 
 pub fn replace_response_body(old_size: usize, body: &[u8]) -> Result<(), Status> {

@@ -17,7 +17,7 @@ use crate::policy::json::JsonObject;
 use crate::policy::pins::{self, HeaderHints, Pins};
 use crate::policy::registry::{Config, Deployment, Worker, WorkerId};
 use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
-use crate::policy::rewrite::{self, DecodeBody};
+use crate::policy::rewrite::{self, BodyEdit, DecodeBody};
 use crate::policy::select::Choice;
 
 /// Paths whose body is read and which take the prefill hop.
@@ -155,7 +155,8 @@ impl Stream {
                 if self.config.registry.deployment() == Deployment::Disaggregated {
                     self.metrics.count(Counter::AggregatedFallback);
                 }
-                self.route(route.decode, rewrite::one_hop_body(&request, body.len()), Some(body_size))?;
+                let edit = DecodeBody::new(&request, &body).finish(None);
+                self.route(route.decode, edit, Some(body_size))?;
                 return Ok(Action::Continue);
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -170,7 +171,7 @@ impl Stream {
             current: first,
             remaining: attempts,
             body: rewrite::prefill_body(&request, body.len()),
-            decode_body: DecodeBody::new(&request, body.len()),
+            decode_body: DecodeBody::new(&request, &body),
             decode: route.decode,
             held_body_size: body_size,
             dispatched_at: 0,
@@ -262,8 +263,8 @@ impl Stream {
             Ok(kv_transfer_params) => {
                 self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
-                let body = prefill.decode_body.finish(kv_transfer_params.as_deref());
-                self.route(prefill.decode, Some(body), Some(prefill.held_body_size))
+                let edit = prefill.decode_body.finish(kv_transfer_params.as_deref());
+                self.route(prefill.decode, edit, Some(prefill.held_body_size))
             }
             Err(failure) => self.on_prefill_failure(prefill, failure),
         }
@@ -287,13 +288,13 @@ impl Stream {
         }
         log::info!("pinroute: request {}: no prefill worker left, decode prefills itself", self.request_id);
         self.metrics.count(Counter::AggregatedFallback);
-        let body = prefill.decode_body.finish(None);
-        self.route(prefill.decode, Some(body), Some(prefill.held_body_size))
+        let edit = prefill.decode_body.finish(None);
+        self.route(prefill.decode, edit, Some(prefill.held_body_size))
     }
 
-    /// Sends the request on to its token-generating worker, with `body` replacing the held
+    /// Sends the request on to its token-generating worker, with `edit` made to the held
     /// body (of `held_body_size` bytes, when the filter holds one) when given.
-    fn route(&mut self, decode: TokenHop, body: Option<String>, held_body_size: Option<usize>) -> Result<(), RouteError> {
+    fn route(&mut self, decode: TokenHop, edit: Option<BodyEdit>, held_body_size: Option<usize>) -> Result<(), RouteError> {
         let target = &decode.target;
         let address = target.worker.address.to_string();
         envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
@@ -302,10 +303,10 @@ impl Stream {
         let rank = target.rank.map(|r| r.to_string());
         envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
         if let Some(held) = held_body_size {
-            if let Some(body) = &body {
-                envoy::replace_request_body(held, body.as_bytes()).map_err(host_failure)?;
+            if let Some(edit) = &edit {
+                envoy::edit_request_body(edit.replaced, edit.with.as_bytes()).map_err(host_failure)?;
             }
-            let length = body.as_ref().map_or(held, String::len).to_string();
+            let length = edit.as_ref().map_or(held, |e| e.edited_len(held)).to_string();
             envoy::set_request_header("content-length", Some(&length)).map_err(host_failure)?;
         }
         log::debug!("pinroute: request {} {} on worker {}", self.request_id, decode.hop, target.worker.id);

@@ -56,35 +56,73 @@ fn without_decode_pins(nvext: &RawValue) -> String {
     out.finish()
 }
 
-/// The body of a single-hop request (aggregated deployment or fallback): `None` when the
-/// client's body goes as it is, the body without the client's `kv_transfer_params` when it
-/// sent some.
-pub fn one_hop_body(request: &JsonObject<'_>, capacity: usize) -> Option<String> {
-    request.get(KV_TRANSFER_PARAMS).map(|_| DecodeBody::new(request, capacity).finish(None))
+/// A change to the body Envoy holds: its first `replaced` bytes become `with`. Envoy drains
+/// and prepends, so an edit costs what it writes, not the size of the prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyEdit {
+    pub replaced: usize,
+    pub with: String,
 }
 
-/// The token-generating hop's body, before the prefill answer is known: the client's
-/// body intact but for its `kv_transfer_params`, which a client must never steer.
+impl BodyEdit {
+    /// The length of the edited body, from the held one's.
+    pub fn edited_len(&self, held: usize) -> usize {
+        held.saturating_sub(self.replaced) + self.with.len()
+    }
+
+    /// The edited body, as Envoy makes it.
+    pub fn apply(&self, held: &[u8]) -> Vec<u8> {
+        let rest = held.get(self.replaced..).unwrap_or_default();
+        [self.with.as_bytes(), rest].concat()
+    }
+}
+
+/// The token-generating hop's body, before the prefill answer is known: the client's body
+/// intact but for its `kv_transfer_params`, which a client must never steer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodeBody {
-    open: ObjectWriter,
+pub enum DecodeBody {
+    /// The client sent none: its body stays as Envoy holds it, and the prefill worker's
+    /// `kv_transfer_params` go in right after its `{`, the first `open` bytes.
+    Held { open: usize, empty: bool },
+    /// The client sent some: the body is rebuilt without them, replacing all `held` bytes.
+    Rebuilt { open: ObjectWriter, held: usize },
 }
 
 impl DecodeBody {
-    pub fn new(request: &JsonObject<'_>, capacity: usize) -> Self {
-        let mut open = ObjectWriter::with_capacity(capacity + 64);
+    /// `held` is the client's body, the bytes `request` was parsed from.
+    pub fn new(request: &JsonObject<'_>, held: &[u8]) -> Self {
+        if request.get(KV_TRANSFER_PARAMS).is_none() {
+            let open = held.iter().position(|&b| b == b'{').map_or(0, |at| at + 1);
+            return Self::Held { open, empty: request.members().next().is_none() };
+        }
+        let mut open = ObjectWriter::with_capacity(held.len() + 64);
         for (key, value) in request.members().filter(|(key, _)| *key != KV_TRANSFER_PARAMS) {
             open.member(key, value.get());
         }
-        Self { open }
+        Self::Rebuilt { open, held: held.len() }
     }
 
-    /// The final body, carrying the prefill worker's `kv_transfer_params` when it sent any.
-    pub fn finish(mut self, kv_transfer_params: Option<&RawValue>) -> String {
-        if let Some(params) = kv_transfer_params {
-            self.open.member(KV_TRANSFER_PARAMS, params.get());
+    /// The edit that makes the held body the final one, carrying the prefill worker's
+    /// `kv_transfer_params` when it sent any; `None` when the held body goes as it is.
+    pub fn finish(self, kv_transfer_params: Option<&RawValue>) -> Option<BodyEdit> {
+        match self {
+            Self::Held { open, empty } => kv_transfer_params.map(|params| {
+                let mut with = String::with_capacity(params.get().len() + KV_TRANSFER_PARAMS.len() + 4);
+                with.push('{');
+                write_key(&mut with, KV_TRANSFER_PARAMS);
+                with.push_str(params.get());
+                if !empty {
+                    with.push(',');
+                }
+                BodyEdit { replaced: open, with }
+            }),
+            Self::Rebuilt { mut open, held } => {
+                if let Some(params) = kv_transfer_params {
+                    open.member(KV_TRANSFER_PARAMS, params.get());
+                }
+                Some(BodyEdit { replaced: held, with: open.finish() })
+            }
         }
-        self.open.finish()
     }
 }
 
@@ -103,7 +141,7 @@ pub fn prefill_kv_transfer_params(response: &[u8]) -> Result<Option<Box<RawValue
 
 /// Writes `{"k":v,...}` member by member.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct ObjectWriter {
+pub struct ObjectWriter {
     out: String,
     empty: bool,
 }

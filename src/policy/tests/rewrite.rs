@@ -8,6 +8,14 @@ fn parse(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
 
+/// The decode hop's body as Envoy sends it, after the edit.
+fn decoded(request: &str, kv_transfer_params: Option<&RawValue>) -> String {
+    let object = JsonObject::parse(request.as_bytes()).unwrap();
+    let edit = DecodeBody::new(&object, request.as_bytes()).finish(kv_transfer_params);
+    let body = edit.map_or_else(|| request.as_bytes().to_vec(), |e| e.apply(request.as_bytes()));
+    String::from_utf8(body).unwrap()
+}
+
 fn prefill(request: &str) -> Value {
     parse(&prefill_body(&JsonObject::parse(request.as_bytes()).unwrap(), request.len()))
 }
@@ -55,12 +63,12 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
     let prefill = parse(&prefill_body(&object, request.len()));
     assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
     assert_eq!(prefill["kv_transfer_params"]["remote_host"], Value::Null);
-    assert_eq!(parse(&one_hop_body(&object, request.len()).unwrap()), json!({"prompt": "x"}));
-    let decode = DecodeBody::new(&object, request.len());
-    assert_eq!(parse(&decode.clone().finish(None)), json!({"prompt": "x"}));
+    let edit = DecodeBody::new(&object, request.as_bytes()).finish(None).unwrap();
+    assert_eq!(edit.replaced, request.len(), "the whole body is rebuilt");
+    assert_eq!(parse(&decoded(request, None)), json!({"prompt": "x"}));
     let from_prefill = RawValue::from_string(r#"{"remote_engine_id":"e1"}"#.into()).unwrap();
     assert_eq!(
-        parse(&decode.finish(Some(&from_prefill))),
+        parse(&decoded(request, Some(&from_prefill))),
         json!({"prompt": "x", "kv_transfer_params": {"remote_engine_id": "e1"}})
     );
 }
@@ -69,12 +77,12 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
 fn the_decode_body_keeps_the_clients_bytes() {
     let request = r#"{"prompt":"caf\u00e9 \ud83d\ude00","stream":true,"max_tokens":100,"n":123456789012345678901234567890,"t":1.50}"#;
     let object = JsonObject::parse(request.as_bytes()).unwrap();
-    assert_eq!(one_hop_body(&object, request.len()), None, "nothing to rewrite for one hop");
-    let decode = DecodeBody::new(&object, request.len());
-    assert_eq!(decode.clone().finish(None), request);
+    assert_eq!(DecodeBody::new(&object, request.as_bytes()).finish(None), None, "nothing to rewrite");
     let params = RawValue::from_string(r#"{"a":1}"#.into()).unwrap();
-    let with_params = decode.finish(Some(&params));
-    assert_eq!(with_params, format!("{},\"kv_transfer_params\":{{\"a\":1}}}}", &request[..request.len() - 1]));
+    let edit = DecodeBody::new(&object, request.as_bytes()).finish(Some(&params)).unwrap();
+    assert_eq!(edit, BodyEdit { replaced: 1, with: r#"{"kv_transfer_params":{"a":1},"#.into() }, "only the brace is replaced");
+    assert_eq!(decoded(request, Some(&params)), format!("{{\"kv_transfer_params\":{{\"a\":1}},{}", &request[1..]));
+    assert_eq!(edit.edited_len(request.len()), decoded(request, Some(&params)).len());
 }
 
 #[test]
@@ -89,7 +97,9 @@ fn the_prefill_body_keeps_every_other_field_byte_for_byte() {
 #[test]
 fn an_empty_object_stays_valid() {
     let object = JsonObject::parse(b"{}").unwrap();
-    assert_eq!(DecodeBody::new(&object, 2).finish(None), "{}");
+    assert_eq!(DecodeBody::new(&object, b"{}").finish(None), None);
+    let params = RawValue::from_string("{}".into()).unwrap();
+    assert_eq!(parse(&decoded(" \n{ } ", Some(&params))), json!({"kv_transfer_params": {}}));
     assert_eq!(prefill_body(&object, 2).chars().next(), Some('{'));
     parse(&prefill_body(&object, 2));
 }
@@ -121,6 +131,6 @@ fn the_decode_hops_nvext_pins_never_reach_the_prefill_worker() {
     let object = JsonObject::parse(request.as_bytes()).unwrap();
     let body = parse(&prefill_body(&object, request.len()));
     assert_eq!(body["nvext"], json!({"prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]}));
-    let decode = parse(&DecodeBody::new(&object, request.len()).finish(None));
+    let decode = parse(&decoded(request, None));
     assert_eq!(decode["nvext"]["dp_rank"], 1, "the decode hop keeps the client's nvext");
 }
