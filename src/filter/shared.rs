@@ -26,15 +26,20 @@ pub fn health() -> HealthTable {
     }
 }
 
-/// Takes `worker` out of unpinned selection for `period`, for every thread.
+/// Takes `worker` out of unpinned selection for `period` (longer after repeated outages),
+/// for every thread.
 pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
-    let until = now.saturating_add(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX));
+    let period = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = hostcalls::get_shared_data(HEALTH_KEY).unwrap_or((None, None));
         let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
-        table.mark(worker, until, now);
+        let until = table.mark(worker, period, now);
         match hostcalls::set_shared_data(HEALTH_KEY, Some(&table.encode()), cas) {
-            Ok(()) => return,
+            Ok(()) => {
+                let seconds = until.saturating_sub(now) as f64 / 1e9;
+                log::info!("pinroute: worker {worker} out of unpinned selection for {seconds:.1} s");
+                return;
+            }
             Err(Status::CasMismatch) => continue,
             Err(status) => {
                 log::error!("pinroute: cannot record worker {worker} as unhealthy: {status:?}");

@@ -6,60 +6,100 @@ use super::registry::{Worker, WorkerId};
 use super::resolve::Availability;
 
 /// Workers out of service, each until an instant in nanoseconds since the Unix epoch.
+/// A worker that fails again soon after it returned is out twice as long as the time
+/// before, up to `2^MAX_DOUBLINGS` periods, so a dead worker is not tried every period.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct HealthTable {
-    unhealthy: Vec<(WorkerId, u64)>,
+    entries: Vec<Outage>,
 }
 
-const ENTRY_BYTES: usize = 16;
+/// Doublings of the unhealthy period for repeated outages.
+pub const MAX_DOUBLINGS: u64 = 3;
+/// The longest outage, in unhealthy periods.
+pub const MAX_OUTAGE_PERIODS: u64 = 1 << MAX_DOUBLINGS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outage {
+    worker: WorkerId,
+    until: u64,
+    doublings: u64,
+}
+
+impl Outage {
+    fn length(&self, period: u64) -> u64 {
+        period.saturating_mul(1 << self.doublings.min(MAX_DOUBLINGS))
+    }
+
+    /// Still counted as recent: out of service, or back for less than its last outage lasted.
+    fn remembered(&self, period: u64, now: u64) -> bool {
+        self.until.saturating_add(self.length(period)) > now
+    }
+}
+
+const ENTRY_BYTES: usize = 24;
 
 impl HealthTable {
-    /// Reads the shared-data encoding: `(id, until)` pairs of little-endian u64s. Bytes that
-    /// do not form whole entries are ignored.
+    /// Reads the shared-data encoding: `(id, until, doublings)` triples of little-endian
+    /// u64s. Bytes that do not form whole entries are ignored.
     pub fn decode(bytes: &[u8]) -> Self {
-        let unhealthy = bytes
+        let entries = bytes
             .chunks_exact(ENTRY_BYTES)
-            .map(|entry| {
-                let (id, until) = entry.split_at(8);
-                (u64_le(id), u64_le(until))
+            .map(|entry| Outage {
+                worker: u64_le(entry.get(..8)),
+                until: u64_le(entry.get(8..16)),
+                doublings: u64_le(entry.get(16..)),
             })
             .collect();
-        Self { unhealthy }
+        Self { entries }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.unhealthy.len() * ENTRY_BYTES);
-        for (id, until) in &self.unhealthy {
-            bytes.extend_from_slice(&id.to_le_bytes());
-            bytes.extend_from_slice(&until.to_le_bytes());
+        let mut bytes = Vec::with_capacity(self.entries.len() * ENTRY_BYTES);
+        for outage in &self.entries {
+            for word in [outage.worker, outage.until, outage.doublings] {
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
         }
         bytes
     }
 
-    /// Marks `worker` out of service until `until`, forgetting entries that expired by `now`.
-    pub fn mark(&mut self, worker: WorkerId, until: u64, now: u64) {
-        self.unhealthy.retain(|(id, end)| *id != worker && *end > now);
-        self.unhealthy.push((worker, until));
+    /// Takes `worker` out of service at `now` for `period` nanoseconds, or twice as long as
+    /// its last outage if it failed again soon after returning; forgets old outages.
+    /// Returns when it comes back.
+    pub fn mark(&mut self, worker: WorkerId, period: u64, now: u64) -> u64 {
+        let previous = self.entries.iter().find(|o| o.worker == worker).copied();
+        self.entries.retain(|o| o.worker != worker && o.remembered(period, now));
+        let doublings = match previous.filter(|o| o.remembered(period, now)) {
+            None => 0,
+            Some(current) if current.until > now => current.doublings,
+            Some(returned) => (returned.doublings + 1).min(MAX_DOUBLINGS),
+        };
+        let mut outage = Outage { worker, until: 0, doublings };
+        outage.until = now.saturating_add(outage.length(period));
+        if let Some(current) = previous.filter(|o| o.until > now) {
+            outage.until = outage.until.max(current.until);
+        }
+        self.entries.push(outage);
+        outage.until
     }
 
     /// When `worker` returns to service, if it is out of service at `now`.
     pub fn unhealthy_until(&self, worker: WorkerId, now: u64) -> Option<u64> {
-        self.unhealthy.iter().find(|(id, until)| *id == worker && *until > now).map(|(_, until)| *until)
+        self.entries.iter().find(|o| o.worker == worker && o.until > now).map(|o| o.until)
     }
 
+    /// Outages remembered, past ones included.
     pub fn len(&self) -> usize {
-        self.unhealthy.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.unhealthy.is_empty()
+        self.entries.is_empty()
     }
 }
 
-fn u64_le(bytes: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(bytes.get(..8).unwrap_or(&[0; 8]));
-    u64::from_le_bytes(word)
+fn u64_le(bytes: Option<&[u8]>) -> u64 {
+    bytes.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
 }
 
 /// Availability at an instant: draining from the registry, unhealthy from the table.

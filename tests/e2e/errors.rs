@@ -227,3 +227,23 @@ async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
     let back = complete(&deployment, &pin, &prompt()).await;
     back.assert_ok("the request");
 }
+
+#[tokio::test]
+async fn a_worker_failing_again_on_its_return_is_out_twice_as_long() {
+    let mut spec = disaggregated_spec();
+    spec.settings = json!({"unhealthy_period_ms": 1000});
+    let deployment = start(spec).await;
+    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
+    let pin = [("x-dynamo-worker-instance-id", "201")];
+    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    deployment.worker(201).unwrap().set_fault(Fault::None);
+    let reply = complete(&deployment, &pin, &prompt()).await;
+    reply.error(503, "worker_unavailable");
+    assert_eq!(reply.header("retry-after"), Some("2"), "second outage: two periods");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    complete(&deployment, &pin, &prompt()).await.error(503, "worker_unavailable");
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    complete(&deployment, &pin, &prompt()).await.assert_ok("the request after two periods");
+}

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pinroute::policy::health::MAX_OUTAGE_PERIODS;
 use serde_json::json;
 
 use crate::sim::{SimConfig, SimRole};
@@ -20,6 +21,9 @@ pub const DECODE_VICTIM: u64 = 202;
 /// Passive health period: short, so that a restarted worker is back in service (and pins to
 /// it succeed again) well within the run.
 pub const UNHEALTHY_PERIOD: Duration = Duration::from_millis(1000);
+/// The longest a worker can stay out of service after its last failure: the period, doubled
+/// for each repeated outage.
+pub const LONGEST_OUTAGE: Duration = Duration::from_secs(UNHEALTHY_PERIOD.as_secs() * MAX_OUTAGE_PERIODS);
 
 /// What every sim worker costs per generated token.
 #[derive(Debug, Clone, Copy)]

@@ -34,7 +34,7 @@ use anyhow::{Context, Result};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
 use crate::stack::Stack;
 use chaos::{Action, Step, run_chaos};
-use deployment::{UNHEALTHY_PERIOD, WorkerTiming, stack_spec};
+use deployment::{LONGEST_OUTAGE, WorkerTiming, stack_spec};
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
 use recovery::Recovery;
 use report::{Measured, SoakReport};
@@ -82,7 +82,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         shared: shared.clone(),
         max_tokens: options.max_tokens,
         answer_timeout: ANSWER_TIMEOUT,
-        aftermath: UNHEALTHY_PERIOD + AFTERMATH_MARGIN,
+        aftermath: LONGEST_OUTAGE + AFTERMATH_MARGIN,
     };
     log::info!(
         "soak: {} requests at concurrency {}",
@@ -102,7 +102,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         watch_rss(pid, &shared.progress, options.requests),
     );
     let chaos = chaos?;
-    tokio::time::sleep(UNHEALTHY_PERIOD + AFTERMATH_MARGIN).await;
+    tokio::time::sleep(LONGEST_OUTAGE + AFTERMATH_MARGIN).await;
     settle_with_access_log(&shared, stack.envoy.access_log_path()).await?;
     let recovery = Recovery::check(stack.envoy.listen()).await;
     let measured = Measured {

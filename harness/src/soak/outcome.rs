@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::chaos::Outages;
-use super::deployment::{UNHEALTHY_PERIOD, is_decode_worker};
+use super::deployment::{LONGEST_OUTAGE, is_decode_worker};
 use super::mix::{Expect, MODELS, Planned};
 use crate::load::{Exchange, TransportError};
 use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL_WORKER_HEADER};
@@ -427,10 +427,10 @@ fn pinned_failure_problem(exchange: &Exchange) -> Option<String> {
     }
 }
 
-/// A worker out of service after a failure returns within the passive-health period:
-/// `Retry-After` is the seconds left, rounded up.
+/// A worker out of service after a failure returns within its outage, at most
+/// `LONGEST_OUTAGE`: `Retry-After` is the seconds left, rounded up.
 fn retry_after_problem(exchange: &Exchange) -> Option<String> {
-    let most = UNHEALTHY_PERIOD.as_millis().div_ceil(1000);
+    let most = LONGEST_OUTAGE.as_millis().div_ceil(1000);
     let seconds = exchange
         .header("retry-after")
         .and_then(|value| value.parse::<u128>().ok());
