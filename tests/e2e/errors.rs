@@ -5,7 +5,7 @@ use pinroute_harness::stack::StackSpec;
 use serde_json::json;
 
 use crate::client::{complete, prompt, send};
-use crate::{disaggregated, disaggregated_spec, start, wasm, worker};
+use crate::{Deployment, disaggregated, disaggregated_spec, start, wasm, worker};
 
 #[tokio::test]
 async fn bad_pins_are_typed_400s_naming_worker_hop_and_reason() {
@@ -206,14 +206,22 @@ async fn unpinned_prefill_faults_are_absorbed_by_retries() {
     }
 }
 
-#[tokio::test]
-async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
+const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
+
+/// A deployment whose decode worker 201 answers 503 and has just failed a pinned request.
+async fn with_201_failed(unhealthy_period_ms: u64) -> Deployment {
     let mut spec = disaggregated_spec();
-    spec.settings = json!({"unhealthy_period_ms": 1500});
+    spec.settings = json!({ "unhealthy_period_ms": unhealthy_period_ms });
     let deployment = start(spec).await;
     deployment.worker(201).unwrap().set_fault(Fault::Status(503));
-    let pin = [("x-dynamo-worker-instance-id", "201")];
-    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    complete(&deployment, &PIN_201, &prompt()).await.error(502, "pinned_worker_failed");
+    deployment
+}
+
+#[tokio::test]
+async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
+    let deployment = with_201_failed(1500).await;
+    let pin = PIN_201;
     deployment.worker(201).unwrap().set_fault(Fault::None);
     let reply = complete(&deployment, &pin, &prompt()).await;
     assert!(reply.error(503, "worker_unavailable").contains("unhealthy"));
@@ -230,12 +238,8 @@ async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
 
 #[tokio::test]
 async fn a_worker_failing_again_on_its_return_is_out_twice_as_long() {
-    let mut spec = disaggregated_spec();
-    spec.settings = json!({"unhealthy_period_ms": 1000});
-    let deployment = start(spec).await;
-    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
-    let pin = [("x-dynamo-worker-instance-id", "201")];
-    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    let deployment = with_201_failed(1000).await;
+    let pin = PIN_201;
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
     deployment.worker(201).unwrap().set_fault(Fault::None);
