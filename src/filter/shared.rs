@@ -8,7 +8,9 @@ use proxy_wasm::types::Status;
 use crate::policy::health::HealthTable;
 use crate::policy::registry::WorkerId;
 
-const HEALTH_KEY: &str = "pinroute.health";
+/// Versioned with `HealthTable`'s encoding: a filter reloaded in a running Envoy never reads
+/// a table an older one wrote.
+const HEALTH_KEY: &str = "pinroute.health.v2";
 /// Compare-and-swap attempts before a health update is given up (and logged).
 const CAS_ATTEMPTS: usize = 16;
 
@@ -33,11 +35,14 @@ pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = hostcalls::get_shared_data(HEALTH_KEY).unwrap_or((None, None));
         let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
+        let already_out = table.unhealthy_until(worker, now).is_some();
         let until = table.mark(worker, period, now);
         match hostcalls::set_shared_data(HEALTH_KEY, Some(&table.encode()), cas) {
             Ok(()) => {
-                let seconds = until.saturating_sub(now) as f64 / 1e9;
-                log::info!("pinroute: worker {worker} out of unpinned selection for {seconds:.1} s");
+                if !already_out {
+                    let seconds = until.saturating_sub(now) as f64 / 1e9;
+                    log::info!("pinroute: worker {worker} out of unpinned selection for {seconds:.1} s");
+                }
                 return;
             }
             Err(Status::CasMismatch) => continue,

@@ -47,7 +47,7 @@ impl HealthTable {
             .map(|entry| Outage {
                 worker: u64_le(entry.get(..8)),
                 until: u64_le(entry.get(8..16)),
-                doublings: u64_le(entry.get(16..)),
+                doublings: u64_le(entry.get(16..)).min(MAX_DOUBLINGS),
             })
             .collect();
         Self { entries }
@@ -72,7 +72,7 @@ impl HealthTable {
         let doublings = match previous.filter(|o| o.remembered(period, now)) {
             None => 0,
             Some(current) if current.until > now => current.doublings,
-            Some(returned) => (returned.doublings + 1).min(MAX_DOUBLINGS),
+            Some(returned) => returned.doublings.saturating_add(1).min(MAX_DOUBLINGS),
         };
         let mut outage = Outage { worker, until: 0, doublings };
         outage.until = now.saturating_add(outage.length(period));

@@ -70,3 +70,10 @@ fn the_encoding_round_trips_and_tolerates_garbage() {
     assert_eq!(HealthTable::decode(&bytes), table);
     assert!(HealthTable::decode(&[9; 23]).is_empty());
 }
+
+#[test]
+fn a_corrupt_doubling_count_is_capped() {
+    let bytes = [7u64, 5 * SECOND, u64::MAX].map(u64::to_le_bytes).concat();
+    let mut table = HealthTable::decode(&bytes);
+    assert_eq!(table.mark(7, SECOND, 6 * SECOND), 14 * SECOND, "at most 8 periods");
+}
