@@ -14,14 +14,12 @@ use crate::policy::error::{Hop, HopFailure, RouteError};
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
+use crate::policy::paths;
 use crate::policy::pins::{self, HeaderHints, Pins};
 use crate::policy::registry::{Config, Deployment, Worker, WorkerId};
 use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
 use crate::policy::rewrite::{self, BodyEdit, DecodeBody};
 use crate::policy::select::Choice;
-
-/// Paths whose body is read and which take the prefill hop.
-const COMPLETION_PATHS: &[&str] = &["/v1/completions", "/v1/chat/completions"];
 
 /// Client headers never copied onto the prefill hop: the filter sets its own, or they
 /// describe the client's connection rather than the request.
@@ -45,7 +43,7 @@ pub struct Stream {
     metrics: Rc<Metrics>,
     phase: Phase,
     hints: HeaderHints,
-    path: String,
+    path: &'static str,
     request_id: String,
     /// Client headers, minus stripped ones, for the prefill hop.
     forwarded: Vec<(String, String)>,
@@ -86,7 +84,7 @@ impl Stream {
             metrics,
             phase: Phase::Headers,
             hints: HeaderHints::default(),
-            path: String::new(),
+            path: "",
             request_id: String::new(),
             forwarded: Vec::new(),
             prefill_worker: None,
@@ -104,14 +102,14 @@ impl Stream {
         for (name, _) in headers.iter().filter(|(n, _)| headers::must_strip(n, upstream_header)) {
             envoy::set_request_header(name, None).map_err(host_failure)?;
         }
-        self.path = header_text(&headers, ":path").split('?').next().unwrap_or("").to_string();
         self.request_id = self.request_id(&headers)?;
-        if !COMPLETION_PATHS.contains(&self.path.as_str()) {
+        let Some(path) = paths::completion_path(header_text(&headers, ":path")) else {
             let (health, now) = (shared::health(), envoy::now_nanos());
             let token_hop = self.resolver(&health, now).token_hop(&self.hints.pins)?;
             self.route(token_hop, None, None)?;
             return Ok(Action::Continue);
-        }
+        };
+        self.path = path;
         if end_of_stream {
             return Err(RouteError::InvalidBody("the body is empty".into()));
         }
@@ -221,7 +219,7 @@ impl Stream {
         let rank = prefill.current.rank.map(|r| r.to_string());
         let mut headers: Vec<(&str, &str)> = vec![
             (":method", "POST"),
-            (":path", &self.path),
+            (":path", self.path),
             (":authority", &address),
             ("content-type", "application/json"),
             ("x-request-id", &self.request_id),

@@ -3,6 +3,7 @@
 //! | SPEC section | module |
 //! |---|---|
 //! | 2. Inputs (headers, `nvext`) | [`pins`], [`json`] |
+//! | 2. Which paths take the two-hop flow | [`paths`] |
 //! | 3. Per-hop resolution, exact pins | [`resolve`] |
 //! | 3. Errors and their answers | [`error`] |
 //! | 4. The two-hop flow and its bodies | [`rewrite`] |
@@ -15,6 +16,7 @@ pub mod error;
 pub mod headers;
 pub mod health;
 pub mod json;
+pub mod paths;
 pub mod pins;
 pub mod registry;
 pub mod resolve;

@@ -3,7 +3,7 @@
 use pinroute_tests::Action;
 use serde_json::json;
 
-use crate::{PROMPT, REGISTRY, host, json, send_completion};
+use crate::{PROMPT, REGISTRY, completion_headers, host, json, send_completion};
 
 const PREFILL_ANSWER: &str = r#"{"id": "cmpl-1", "choices": [{"text": "x"}], "kv_transfer_params": {"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}}"#;
 
@@ -175,4 +175,21 @@ fn an_invalid_configuration_is_refused_at_load() {
         .err()
         .expect("on_configure refuses it");
     assert!(format!("{error:#}").contains("configur"), "{error:#}");
+}
+
+#[test]
+fn an_escaped_completion_path_takes_the_two_hop_flow_and_loses_the_clients_kv() {
+    let mut host = host(REGISTRY);
+    let ctx = host.new_http_stream().unwrap();
+    let mut headers = completion_headers(&[]);
+    headers.iter_mut().filter(|(n, _)| n == ":path").for_each(|(_, v)| *v = "/v1/%63ompletions?a=1".into());
+    assert_eq!(host.request_headers(ctx, &headers, false).unwrap(), Action::Pause, "the body is read");
+    let body = r#"{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": true, "remote_host": "6.6.6.6"}}"#;
+    host.request_body(ctx, body.as_bytes(), true).unwrap();
+    let calls = host.take_http_calls();
+    assert_eq!(calls.len(), 1, "the prefill hop was taken");
+    assert_eq!(calls[0].headers.get_str(":path"), Some("/v1/completions"));
+    host.http_call_response(calls[0].token, &[(":status", "200")], PREFILL_ANSWER.as_bytes()).unwrap();
+    let decode = json(&host.stream(ctx).unwrap().request_body());
+    assert_eq!(decode["kv_transfer_params"], json!({"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}));
 }

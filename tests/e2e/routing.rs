@@ -147,6 +147,20 @@ async fn a_clients_kv_transfer_params_are_dropped() {
 }
 
 #[tokio::test]
+async fn an_escaped_or_doubled_completion_path_gets_the_same_two_hops() {
+    let deployment = disaggregated().await;
+    let mut body = prompt();
+    body["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_host": "10.1.2.3", "remote_port": 5555});
+    for path in ["/v1/%63ompletions", "//v1//completions"] {
+        let pin = [("x-dynamo-worker-instance-id", "201")];
+        let reply = send(&deployment, reqwest::Method::POST, path, &pin, Some(body.to_string())).await;
+        reply.assert_ok(path);
+        let prefill = reply.worker("prefill").unwrap_or_else(|| panic!("{path}: no prefill hop"));
+        assert_eq!(reply.json()["sim"]["kv_from"], prefill, "{path}: decode used the prefill's KV");
+    }
+}
+
+#[tokio::test]
 async fn streaming_flows_back_as_server_sent_events() {
     let deployment = disaggregated().await;
     let mut body = prompt();
