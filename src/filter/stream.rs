@@ -5,11 +5,11 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Status};
-use serde_json::value::RawValue;
 
 use super::envoy;
 use super::metrics::{Counter, Metrics};
 use super::shared;
+use crate::policy::answers::{self, PrefillAnswer};
 use crate::policy::error::{Hop, HopFailure, RouteError};
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::health::{HealthTable, Observed};
@@ -257,14 +257,32 @@ impl Stream {
         shared::add_outstanding(prefill.current.worker.id, -1);
         let elapsed = envoy::now_nanos().saturating_sub(prefill.dispatched_at);
         self.metrics.record_prefill_latency(std::time::Duration::from_nanos(elapsed));
-        match prefill_outcome(body_size) {
-            Ok(kv_transfer_params) => {
+        let call = CallAnswer::read(body_size);
+        match answers::prefill_answer(call.status, &call.body) {
+            PrefillAnswer::Ready(kv_transfer_params) => {
                 self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
                 let edit = prefill.decode_body.finish(kv_transfer_params.as_deref());
                 self.route(prefill.decode, edit, Some(prefill.held_body_size))
             }
-            Err(failure) => self.on_prefill_failure(prefill, failure),
+            PrefillAnswer::Refused(status) => {
+                self.pass_on_refusal(prefill.current.worker.id, status, &call);
+                Ok(())
+            }
+            PrefillAnswer::Failed(failure) => self.on_prefill_failure(prefill, failure),
+        }
+    }
+
+    /// The prefill worker refused the request (4xx): the client gets the worker's answer.
+    fn pass_on_refusal(&mut self, worker: WorkerId, status: u16, call: &CallAnswer) {
+        log::debug!("pinroute: request {}: prefill worker {worker} refused it with {status}", self.request_id);
+        self.metrics.count(Counter::PrefillRefused);
+        self.phase = Phase::Answered;
+        let worker = worker.to_string();
+        let content_type = call.content_type.as_deref().unwrap_or("application/json");
+        let headers = vec![("content-type", content_type), (headers::PREFILL_WORKER_HEADER, worker.as_str())];
+        if let Err(status) = envoy::send_response(status, headers, &call.body) {
+            log::error!("pinroute: could not pass on the prefill answer of {}: {status:?}", self.request_id);
         }
     }
 
@@ -356,7 +374,7 @@ impl Stream {
         if !(500..=599).contains(&status) {
             return Ok(());
         }
-        let Some(failure) = decode_failure(status, envoy::response_code_details().as_deref()) else {
+        let Some(failure) = answers::decode_failure(status, envoy::response_code_details().as_deref()) else {
             return Ok(());
         };
         let (hop, pinned) = (decode.hop, decode.target.pinned);
@@ -452,31 +470,24 @@ fn outstanding(worker: &Worker) -> u64 {
     shared::outstanding(worker.id)
 }
 
-/// What a finished prefill call produced: its `kv_transfer_params`, or why it failed.
-fn prefill_outcome(body_size: usize) -> Result<Option<Box<RawValue>>, HopFailure> {
-    let headers = envoy::call_response_headers().map_err(|_| HopFailure::Connect)?;
-    let status = header_text(&headers, ":status").parse::<u16>().map_err(|_| HopFailure::Connect)?;
-    let body = envoy::call_response_body(body_size).map_err(|_| HopFailure::BadResponse("unreadable body"))?;
-    match status {
-        200..=299 => rewrite::prefill_kv_transfer_params(&body),
-        504 => Err(HopFailure::Timeout),
-        503 if body.starts_with(b"upstream connect error") => Err(HopFailure::Connect),
-        status => Err(HopFailure::Status(status)),
-    }
+/// A finished prefill call's answer: its status (none without a response), content type
+/// and body.
+struct CallAnswer {
+    status: Option<u16>,
+    content_type: Option<String>,
+    body: Vec<u8>,
 }
 
-/// How a decode response counts as a failure of the hop: any 5xx, whether the worker's own
-/// or Envoy's when the worker could not be reached (`details` tells which).
-fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> {
-    if !(500..=599).contains(&status) {
-        return None;
+impl CallAnswer {
+    fn read(body_size: usize) -> Self {
+        let headers = envoy::call_response_headers().unwrap_or_default();
+        let text = |name| Some(header_text(&headers, name)).filter(|v| !v.is_empty());
+        Self {
+            status: text(":status").and_then(|s| s.parse().ok()),
+            content_type: text("content-type").map(str::to_string),
+            body: envoy::call_response_body(body_size).unwrap_or_default(),
+        }
     }
-    Some(match details.unwrap_or("via_upstream") {
-        "via_upstream" => HopFailure::Status(status),
-        d if d.contains("timeout") => HopFailure::Timeout,
-        _ if status == 504 => HopFailure::Timeout,
-        _ => HopFailure::Connect,
-    })
 }
 
 /// `ip:port,ip:port,...`: an unpinned decode hop's candidates for Envoy's connect-failure

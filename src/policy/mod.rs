@@ -6,12 +6,14 @@
 //! | 2. Which paths take the two-hop flow | [`paths`] |
 //! | 3. Per-hop resolution, exact pins | [`resolve`] |
 //! | 3. Errors and their answers | [`error`] |
+//! | 3–4. Which worker answers are failures of the hop | [`answers`] |
 //! | 4. The two-hop flow and its bodies | [`rewrite`] |
 //! | 5. Session affinity, unpinned choice | [`select`] |
 //! | Passive health shared by all threads | [`health`] |
 //! | 6. Registry and plugin configuration | [`registry`] |
 //! | 7. Headers a client may not send | [`headers`] |
 
+pub mod answers;
 pub mod error;
 pub mod headers;
 pub mod health;

@@ -251,3 +251,17 @@ async fn a_worker_failing_again_on_its_return_is_out_twice_as_long() {
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
     complete(&deployment, &pin, &prompt()).await.assert_ok("the request after two periods");
 }
+
+#[tokio::test]
+async fn a_prefill_workers_4xx_reaches_the_client_and_takes_no_worker_out() {
+    let deployment = disaggregated().await;
+    deployment.worker(101).unwrap().set_fault(Fault::Status(400));
+    let pin = [("x-dynamo-prefill-instance-id", "101")];
+    let refused = complete(&deployment, &pin, &prompt()).await;
+    assert_eq!(refused.status, 400, "{}", refused.text);
+    assert_eq!(refused.json()["error"]["message"], "simulated fault: worker 101 answers 400");
+    assert_eq!(refused.header("x-pinroute-error-code"), None, "the worker's answer, not pinroute's");
+    assert_eq!(refused.worker("prefill"), Some(101));
+    deployment.worker(101).unwrap().set_fault(Fault::None);
+    complete(&deployment, &pin, &prompt()).await.assert_ok("the next request pinned to 101");
+}

@@ -1,0 +1,56 @@
+//! How a worker's answer is judged (SPEC sections 3 and 4): a failure of the hop (connect
+//! error, 5xx, timeout, unusable prefill answer), or an answer that is the client's to read.
+
+use serde_json::value::RawValue;
+
+use super::error::HopFailure;
+use super::rewrite::prefill_kv_transfer_params;
+
+/// What a prefill worker's answer means for the request.
+#[derive(Debug)]
+pub enum PrefillAnswer {
+    /// Go on to decode, with the prefill worker's `kv_transfer_params` (none with
+    /// shared-storage connectors).
+    Ready(Option<Box<RawValue>>),
+    /// The worker refused the request itself (4xx: a prompt too long, a bad parameter, too
+    /// many requests): not a failure of the worker, so it is neither retried nor marked
+    /// unhealthy, and the client gets the worker's own answer.
+    Refused(u16),
+    Failed(HopFailure),
+}
+
+/// Judges a prefill call's answer: its `:status` (none when the call got no response) and
+/// body. Envoy answers a refused connection with 503 `upstream connect error ...` and a
+/// timeout with 504.
+pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
+    match status {
+        None => PrefillAnswer::Failed(HopFailure::Connect),
+        Some(200..=299) => match prefill_kv_transfer_params(body) {
+            Ok(params) => PrefillAnswer::Ready(params),
+            Err(failure) => PrefillAnswer::Failed(failure),
+        },
+        Some(status @ 400..=499) => PrefillAnswer::Refused(status),
+        Some(504) => PrefillAnswer::Failed(HopFailure::Timeout),
+        Some(503) if body.starts_with(b"upstream connect error") => PrefillAnswer::Failed(HopFailure::Connect),
+        Some(status) => PrefillAnswer::Failed(HopFailure::Status(status)),
+    }
+}
+
+/// How a decode response counts as a failure of the hop: any 5xx, whether the worker's own
+/// or Envoy's when the worker could not be reached (`details`, Envoy's
+/// `response.code_details`, tells which). Anything else reaches the client as it is.
+pub fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> {
+    if !(500..=599).contains(&status) {
+        return None;
+    }
+    Some(match details.unwrap_or("via_upstream") {
+        "via_upstream" => HopFailure::Status(status),
+        d if d.contains("timeout") => HopFailure::Timeout,
+        _ if status == 504 => HopFailure::Timeout,
+        _ => HopFailure::Connect,
+    })
+}
+
+#[cfg(test)]
+#[path = "tests/answers.rs"]
+mod tests;
