@@ -350,15 +350,8 @@ impl Stream {
     fn answer(&mut self, error: &RouteError) -> Action {
         log::debug!("pinroute: request {} answered {}: {error}", self.request_id, error.status());
         self.metrics.count_error(error);
+        send_error(error);
         self.phase = Phase::Answered;
-        let retry_after = error.retry_after_secs().map(|s| s.to_string());
-        let mut headers = vec![("content-type", "application/json"), (headers::ERROR_CODE_HEADER, error.code())];
-        if let Some(seconds) = &retry_after {
-            headers.push(("retry-after", seconds));
-        }
-        if let Err(status) = envoy::send_response(error.status(), headers, error.body().as_bytes()) {
-            log::error!("pinroute: could not send the local response: {status:?}");
-        }
         Action::Pause
     }
 
@@ -435,11 +428,17 @@ impl HttpContext for Stream {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if matches!(self.phase, Phase::Forwarded)
             && let Err(status) = self.on_response()
         {
             log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
+        }
+        if end_of_stream && let Some(error) = self.response_error.take() {
+            // No body will come to be replaced: the error is answered whole instead.
+            send_error(&error);
+            self.phase = Phase::Answered;
+            return Action::Pause;
         }
         Action::Continue
     }
@@ -522,6 +521,18 @@ fn forwarded_headers(headers: &envoy::Headers, upstream_header: &str) -> Vec<(St
         })
         .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
         .collect()
+}
+
+/// Answers `error` in place of whatever the request would have got.
+fn send_error(error: &RouteError) {
+    let retry_after = error.retry_after_secs().map(|s| s.to_string());
+    let mut headers = vec![("content-type", "application/json"), (headers::ERROR_CODE_HEADER, error.code())];
+    if let Some(seconds) = &retry_after {
+        headers.push(("retry-after", seconds));
+    }
+    if let Err(status) = envoy::send_response(error.status(), headers, error.body().as_bytes()) {
+        log::error!("pinroute: could not send the local response: {status:?}");
+    }
 }
 
 fn host_failure(status: Status) -> RouteError {

@@ -265,3 +265,13 @@ async fn a_prefill_workers_4xx_reaches_the_client_and_takes_no_worker_out() {
     deployment.worker(101).unwrap().set_fault(Fault::None);
     complete(&deployment, &pin, &prompt()).await.assert_ok("the next request pinned to 101");
 }
+
+#[tokio::test]
+async fn a_decode_5xx_without_a_body_still_gets_a_json_error() {
+    let deployment = disaggregated().await;
+    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
+    let pin = [("x-dynamo-worker-instance-id", "201")];
+    let reply = send(&deployment, reqwest::Method::GET, "/health", &pin, None).await;
+    let message = reply.error(502, "pinned_worker_failed");
+    assert_eq!(message, "decode hop: pinned worker 201 failed: it answered HTTP 503");
+}

@@ -61,8 +61,13 @@ async fn identity_headers(State(state): SharedState, request: Request, next: Nex
     response
 }
 
-async fn health() -> StatusCode {
-    StatusCode::OK
+/// 200; under a `Status` fault that status with an empty body, as vLLM's `/health` answers
+/// once its engine is dead.
+async fn health(State(state): SharedState) -> StatusCode {
+    match state.fault() {
+        Fault::Status(code) => StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        _ => StatusCode::OK,
+    }
 }
 
 fn json_ok(body: &Value) -> Response {
