@@ -136,7 +136,14 @@ impl<A: Availability> Resolver<'_, A> {
                 None => Ok(None),
             };
         };
-        let worker = self.registry.get(id).ok_or(RouteError::UnknownWorker { hop, worker: id })?;
+        let Some(worker) = self.registry.get(id) else {
+            // No worker at all (a live registry not fetched yet): nothing could serve it.
+            return Err(if self.registry.workers().is_empty() {
+                RouteError::NoWorkerAvailable { hop, role }
+            } else {
+                RouteError::UnknownWorker { hop, worker: id }
+            });
+        };
         if worker.role != role {
             return Err(RouteError::WrongRole { hop, worker: id, actual: worker.role, expected: role });
         }

@@ -142,6 +142,19 @@ fn unknown_workers_are_refused_per_hop() {
 }
 
 #[test]
+fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
+    let registry = Registry::empty();
+    let settings = Settings::default();
+    let resolver = Resolver { registry: &registry, settings: &settings, availability: &RegistryOnly, choice: Choice::Turn(0) };
+    assert_eq!(
+        resolver.resolve(&decode_pin(201)),
+        Err(RouteError::NoWorkerAvailable { hop: Hop::Decode, role: Role::Decode })
+    );
+    let pins = Pins { prefill_worker_id: Some(101), ..Pins::default() };
+    assert!(matches!(resolver.resolve(&pins), Err(RouteError::NoWorkerAvailable { hop: Hop::Prefill, .. })));
+}
+
+#[test]
 fn a_worker_of_the_other_pool_is_the_wrong_role() {
     assert_eq!(
         resolve(DISAGGREGATED, decode_pin(101)),
