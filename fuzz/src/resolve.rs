@@ -361,6 +361,9 @@ impl World<'_> {
             return if rank.is_some() { Err(RouteError::RankWithoutWorker { hop }) } else { Ok(None) };
         };
         let Some(worker) = self.registry.workers().iter().find(|w| w.id == id) else {
+            if self.registry.workers().is_empty() {
+                return Err(RouteError::NoWorkerAvailable { hop, role });
+            }
             return Err(RouteError::UnknownWorker { hop, worker: id });
         };
         if worker.role != role {
