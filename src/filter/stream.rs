@@ -290,7 +290,9 @@ impl Stream {
         let worker = prefill.current.worker.id;
         log::warn!("pinroute: request {}: prefill worker {worker} failed: {failure}", self.request_id);
         self.metrics.count(Counter::PrefillFailed);
-        self.mark_unhealthy(worker);
+        if answers::takes_worker_out(&failure) {
+            self.mark_unhealthy(worker);
+        }
         if prefill.current.pinned {
             return Err(RouteError::PinnedWorkerFailed { hop: Hop::Prefill, worker, failure });
         }
@@ -371,6 +373,9 @@ impl Stream {
             return Ok(());
         };
         let (hop, pinned) = (decode.hop, decode.target.pinned);
+        if answers::takes_worker_out(&failure) {
+            self.mark_unhealthy(worker);
+        }
         let error = if pinned {
             RouteError::PinnedWorkerFailed { hop, worker, failure }
         } else {
@@ -379,7 +384,6 @@ impl Stream {
         log::warn!("pinroute: request {}: {error}", self.request_id);
         self.metrics.count(Counter::DecodeFailed);
         self.metrics.count_error(&error);
-        self.mark_unhealthy(worker);
         envoy::set_response_header(":status", Some(&error.status().to_string()))?;
         envoy::set_response_header("content-type", Some("application/json"))?;
         envoy::set_response_header("content-length", None)?;

@@ -31,9 +31,24 @@ pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
         },
         Some(status @ 400..=499) => PrefillAnswer::Refused(status),
         Some(504) => PrefillAnswer::Failed(HopFailure::Timeout),
-        Some(503) if body.starts_with(b"upstream connect error") => PrefillAnswer::Failed(HopFailure::Connect),
+        Some(503) if body.starts_with(b"upstream connect error") => PrefillAnswer::Failed(envoy_reset(body)),
         Some(status) => PrefillAnswer::Failed(HopFailure::Status(status)),
     }
+}
+
+/// Envoy's own 503 for a call it could not make: a circuit breaker, or the connection.
+fn envoy_reset(body: &[u8]) -> HopFailure {
+    const OVERFLOW: &[u8] = b"reset reason: overflow";
+    if body.windows(OVERFLOW.len()).any(|w| w == OVERFLOW) { HopFailure::Overloaded } else { HopFailure::Connect }
+}
+
+/// Whether a failure takes the worker out of unpinned selection (passive health): only a
+/// connection that failed says the worker is down. A timeout, a 5xx or an unusable answer
+/// can be caused by the request itself (a huge prompt, a pathological parameter), so it
+/// fails that request but costs no other client the worker; a slow or stuck worker is
+/// avoided anyway, as its requests pile up in least-loaded selection.
+pub fn takes_worker_out(failure: &HopFailure) -> bool {
+    *failure == HopFailure::Connect
 }
 
 /// How a decode response counts as a failure of the hop: any 5xx, whether the worker's own
@@ -46,6 +61,7 @@ pub fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> 
     Some(match details.unwrap_or("via_upstream") {
         "via_upstream" => HopFailure::Status(status),
         d if d.contains("timeout") => HopFailure::Timeout,
+        d if d.contains("overflow") => HopFailure::Overloaded,
         _ if status == 504 => HopFailure::Timeout,
         _ => HopFailure::Connect,
     })

@@ -31,6 +31,8 @@ impl fmt::Display for Hop {
 pub enum HopFailure {
     /// No response at all: connection refused or reset.
     Connect,
+    /// Envoy's own limit for the cluster (circuit breaker) was reached: no connection tried.
+    Overloaded,
     Timeout,
     Status(u16),
     /// A 2xx whose body could not be used.
@@ -41,6 +43,7 @@ impl fmt::Display for HopFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HopFailure::Connect => f.write_str("the connection failed"),
+            HopFailure::Overloaded => f.write_str("the gateway's connection limit for it was reached"),
             HopFailure::Timeout => f.write_str("it timed out"),
             HopFailure::Status(status) => write!(f, "it answered HTTP {status}"),
             HopFailure::BadResponse(why) => write!(f, "its response was unusable: {why}"),

@@ -117,7 +117,7 @@ fn a_failed_worker_is_unavailable_to_pins_and_skipped_until_its_period_ends() {
     let mut host = host(REGISTRY);
     let ctx = send_completion(&mut host, &[("x-dynamo-prefill-instance-id", "101")], PROMPT);
     let call = host.take_http_calls().remove(0);
-    host.http_call_response(call.token, &[(":status", "500")], b"{}").unwrap();
+    host.http_call_failure(call.token).unwrap();
     let reply = host.stream(ctx).unwrap().local_reply.clone().unwrap();
     assert_eq!(reply.status, 502);
     assert_eq!(json(&reply.body)["error"]["code"], "pinned_worker_failed");

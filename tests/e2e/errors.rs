@@ -208,12 +208,13 @@ async fn unpinned_prefill_faults_are_absorbed_by_retries() {
 
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
 
-/// A deployment whose decode worker 201 answers 503 and has just failed a pinned request.
+/// A deployment whose decode worker 201 drops its connections and has just failed a pinned
+/// request.
 async fn with_201_failed(unhealthy_period_ms: u64) -> Deployment {
     let mut spec = disaggregated_spec();
     spec.settings = json!({ "unhealthy_period_ms": unhealthy_period_ms });
     let deployment = start(spec).await;
-    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
+    deployment.worker(201).unwrap().set_fault(Fault::Close);
     complete(&deployment, &PIN_201, &prompt()).await.error(502, "pinned_worker_failed");
     deployment
 }
@@ -274,4 +275,14 @@ async fn a_decode_5xx_without_a_body_still_gets_a_json_error() {
     let reply = send(&deployment, reqwest::Method::GET, "/health", &pin, None).await;
     let message = reply.error(502, "pinned_worker_failed");
     assert_eq!(message, "decode hop: pinned worker 201 failed: it answered HTTP 503");
+}
+
+#[tokio::test]
+async fn a_workers_5xx_fails_the_request_but_takes_no_worker_out() {
+    let deployment = disaggregated().await;
+    deployment.worker(201).unwrap().set_fault(Fault::Status(500));
+    let pin = [("x-dynamo-worker-instance-id", "201")];
+    complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
+    deployment.worker(201).unwrap().set_fault(Fault::None);
+    complete(&deployment, &pin, &prompt()).await.assert_ok("the next request pinned to 201");
 }

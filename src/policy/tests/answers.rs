@@ -28,6 +28,8 @@ fn connect_errors_timeouts_and_5xx_are_failures() {
     assert_eq!(judged(Some(503), "upstream connect error or disconnect/reset before headers"), "failed: the connection failed");
     assert_eq!(judged(Some(503), "overloaded"), "failed: it answered HTTP 503");
     assert_eq!(judged(Some(504), ""), "failed: it timed out");
+    let overflow = "upstream connect error or disconnect/reset before headers. reset reason: overflow";
+    assert_eq!(judged(Some(503), overflow), "failed: the gateway's connection limit for it was reached");
     assert_eq!(judged(Some(500), ""), "failed: it answered HTTP 500");
     assert_eq!(judged(Some(302), ""), "failed: it answered HTTP 302");
 }
@@ -39,4 +41,21 @@ fn a_decode_5xx_is_a_failure_and_says_whose() {
     assert_eq!(decode_failure(500, Some("via_upstream")), Some(HopFailure::Status(500)));
     assert_eq!(decode_failure(503, Some("upstream_reset_before_response_started{connection_failure}")), Some(HopFailure::Connect));
     assert_eq!(decode_failure(504, Some("upstream_response_timeout")), Some(HopFailure::Timeout));
+    assert_eq!(
+        decode_failure(503, Some("upstream_reset_before_response_started{overflow}")),
+        Some(HopFailure::Overloaded)
+    );
+}
+
+#[test]
+fn only_a_failed_connection_takes_a_worker_out() {
+    assert!(takes_worker_out(&HopFailure::Connect));
+    for failure in [
+        HopFailure::Overloaded,
+        HopFailure::Timeout,
+        HopFailure::Status(500),
+        HopFailure::BadResponse("the body is not a JSON object"),
+    ] {
+        assert!(!takes_worker_out(&failure), "{failure}");
+    }
 }
