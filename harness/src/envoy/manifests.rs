@@ -935,7 +935,7 @@ fn istio_manifest_is_consistent() {
         WASM_FILTER_TYPE
     );
     assert_eq!(config["allow_on_headers_stop_iteration"], true);
-    assert_eq!(config["failure_policy"], "FAIL_CLOSED");
+    assert_eq!(config["failure_policy"], "FAIL_RELOAD");
     assert_eq!(config["root_id"], "pinroute");
     assert_eq!(config["vm_config"]["vm_id"], "pinroute");
     let remote = &config["vm_config"]["code"]["remote"];
