@@ -14,7 +14,7 @@ use crate::policy::error::{Hop, HopFailure, RouteError};
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
-use crate::policy::paths;
+use crate::policy::{passthrough, paths};
 use crate::policy::pins::{self, HeaderHints, Pins};
 use crate::policy::registry::{Config, Deployment, Worker, WorkerId};
 use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
@@ -56,6 +56,8 @@ pub struct Stream {
 enum Phase {
     Headers,
     Body,
+    /// Another path's JSON body, read before it goes on (`policy::passthrough`).
+    PassthroughBody,
     Prefill(Box<Prefilling>),
     Forwarded,
     Answered,
@@ -107,7 +109,11 @@ impl Stream {
             let (health, now) = (shared::health(), envoy::now_nanos());
             let token_hop = self.resolver(&health, now).token_hop(&self.hints.pins)?;
             self.route(token_hop, None, None)?;
-            return Ok(Action::Continue);
+            if end_of_stream || !passthrough::read_as_json(header_text(&headers, "content-type")) {
+                return Ok(Action::Continue);
+            }
+            self.phase = Phase::PassthroughBody;
+            return Ok(Action::Pause);
         };
         self.path = path;
         if end_of_stream {
@@ -175,6 +181,21 @@ impl Stream {
             dispatched_at: 0,
         };
         self.dispatch_prefill(prefilling)
+    }
+
+    /// Another path's JSON body, once whole: on to the worker unless it names
+    /// `kv_transfer_params`.
+    fn on_passthrough_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
+        let limit = self.config.settings.max_body_bytes;
+        if body_size > limit {
+            return Err(RouteError::BodyTooLarge { limit });
+        }
+        if !end_of_stream {
+            return Ok(Action::Pause);
+        }
+        passthrough::check_body(&envoy::request_body(body_size).map_err(host_failure)?)?;
+        self.phase = Phase::Forwarded;
+        Ok(Action::Continue)
     }
 
     fn resolver<'a>(&'a self, health: &'a HealthTable, now: u64) -> Resolver<'a, Observed<'a>> {
@@ -427,6 +448,9 @@ impl HttpContext for Stream {
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         match self.phase {
             Phase::Body => self.on_body(body_size, end_of_stream).unwrap_or_else(|error| self.answer(&error)),
+            Phase::PassthroughBody => {
+                self.on_passthrough_body(body_size, end_of_stream).unwrap_or_else(|error| self.answer(&error))
+            }
             Phase::Prefill(_) | Phase::Answered => Action::Pause,
             Phase::Headers | Phase::Forwarded => Action::Continue,
         }

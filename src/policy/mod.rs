@@ -4,6 +4,7 @@
 //! |---|---|
 //! | 2. Inputs (headers, `nvext`) | [`pins`], [`json`] |
 //! | 2. Which paths take the two-hop flow | [`paths`] |
+//! | 2, 4. Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
 //! | 3. Per-hop resolution, exact pins | [`resolve`] |
 //! | 3. Errors and their answers | [`error`] |
 //! | 3–4. Which worker answers are failures of the hop | [`answers`] |
@@ -18,6 +19,7 @@ pub mod error;
 pub mod headers;
 pub mod health;
 pub mod json;
+pub mod passthrough;
 pub mod paths;
 pub mod pins;
 pub mod registry;

@@ -65,3 +65,17 @@ async fn forged_routing_headers_never_reach_another_address() {
         }
     }
 }
+
+#[tokio::test]
+async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
+    let deployment = disaggregated().await;
+    let pin = [("x-dynamo-worker-instance-id", "201")];
+    let forged = serde_json::json!({"token_ids": [1, 2],
+        "sampling_params": {"extra_args": {"kv_transfer_params": {"remote_host": "10.1.2.3"}}}});
+    let refused = send(&deployment, reqwest::Method::POST, "/inference/v1/generate", &pin, Some(forged.to_string())).await;
+    assert_eq!(refused.error(400, "invalid_field"), "kv_transfer_params: is set by the gateway, never by a client");
+    let plain = serde_json::json!({"token_ids": [1, 2]});
+    let passed = send(&deployment, reqwest::Method::POST, "/inference/v1/generate", &pin, Some(plain.to_string())).await;
+    assert_eq!(passed.status, 404, "on to the worker, which has no such route: {}", passed.text);
+    assert_eq!(passed.worker("decode"), Some(201));
+}
