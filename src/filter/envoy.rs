@@ -38,6 +38,10 @@ pub fn edit_request_body(replaced: usize, with: &[u8]) -> Result<(), Status> {
     hostcalls::set_buffer(BufferType::HttpRequestBody, 0, replaced, with)
 }
 
+pub fn response_body(size: usize) -> Result<Vec<u8>, Status> {
+    Ok(hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)?.unwrap_or_default())
+}
+
 pub fn replace_response_body(old_size: usize, body: &[u8]) -> Result<(), Status> {
     hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_size, body)
 }

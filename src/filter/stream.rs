@@ -49,8 +49,20 @@ pub struct Stream {
     forwarded: Vec<(String, String)>,
     prefill_worker: Option<u64>,
     decode: Option<TokenHop>,
-    /// A failed decode response being replaced by this typed error.
-    response_error: Option<RouteError>,
+    /// The values of the prefill's `kv_transfer_params` the client must not see.
+    kv_locators: Vec<String>,
+    response_body: ResponseBody,
+}
+
+/// What becomes of the decode response's body on its way to the client.
+#[derive(Default)]
+enum ResponseBody {
+    #[default]
+    AsItIs,
+    /// A failed decode hop: replaced by this typed error.
+    Error(RouteError),
+    /// A worker's 4xx, which may echo the decode body: the KV locators in it are redacted.
+    Redacted,
 }
 
 enum Phase {
@@ -91,7 +103,8 @@ impl Stream {
             forwarded: Vec::new(),
             prefill_worker: None,
             decode: None,
-            response_error: None,
+            kv_locators: Vec::new(),
+            response_body: ResponseBody::AsItIs,
         }
     }
 
@@ -283,6 +296,7 @@ impl Stream {
             PrefillAnswer::Ready(kv_transfer_params) => {
                 self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
+                self.kv_locators = kv_transfer_params.as_deref().map(rewrite::kv_locators).unwrap_or_default();
                 let edit = prefill.decode_body.finish(kv_transfer_params.as_deref());
                 self.route(prefill.decode, edit, Some(prefill.held_body_size))
             }
@@ -387,6 +401,11 @@ impl Stream {
         let worker = self.served_decode_worker(decode);
         envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = envoy::response_status().unwrap_or(0);
+        if (400..=499).contains(&status) && !self.kv_locators.is_empty() {
+            envoy::set_response_header("content-length", None)?;
+            self.response_body = ResponseBody::Redacted;
+            return Ok(());
+        }
         if !(500..=599).contains(&status) {
             return Ok(());
         }
@@ -409,7 +428,7 @@ impl Stream {
         envoy::set_response_header("content-type", Some("application/json"))?;
         envoy::set_response_header("content-length", None)?;
         envoy::set_response_header(headers::ERROR_CODE_HEADER, Some(error.code()))?;
-        self.response_error = Some(error);
+        self.response_body = ResponseBody::Error(error);
         Ok(())
     }
 }
@@ -462,7 +481,7 @@ impl HttpContext for Stream {
         {
             log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
         }
-        if end_of_stream && let Some(error) = self.response_error.take() {
+        if end_of_stream && let ResponseBody::Error(error) = std::mem::take(&mut self.response_body) {
             // No body will come to be replaced: the error is answered whole instead.
             send_error(&error);
             self.phase = Phase::Answered;
@@ -482,11 +501,22 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(error) = &self.response_error else { return Action::Continue };
+        if matches!(self.response_body, ResponseBody::AsItIs) {
+            return Action::Continue;
+        }
         if !end_of_stream {
             return Action::Pause;
         }
-        if let Err(status) = envoy::replace_response_body(body_size, error.body().as_bytes()) {
+        let replacement = match &self.response_body {
+            ResponseBody::Error(error) => Some(error.body().into_bytes()),
+            ResponseBody::Redacted => envoy::response_body(body_size)
+                .ok()
+                .and_then(|body| answers::redacted(&body, &self.kv_locators)),
+            ResponseBody::AsItIs => None,
+        };
+        if let Some(body) = replacement
+            && let Err(status) = envoy::replace_response_body(body_size, &body)
+        {
             log::error!("pinroute: could not replace the response of {}: {status:?}", self.request_id);
         }
         Action::Continue

@@ -193,3 +193,24 @@ fn an_escaped_completion_path_takes_the_two_hop_flow_and_loses_the_clients_kv() 
     let decode = json(&host.stream(ctx).unwrap().request_body());
     assert_eq!(decode["kv_transfer_params"], json!({"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}));
 }
+
+#[test]
+fn a_decode_4xx_echoing_the_prefills_kv_locators_reaches_the_client_redacted() {
+    let mut host = host(REGISTRY);
+    let ctx = send_completion(&mut host, &[("x-dynamo-worker-instance-id", "202")], PROMPT);
+    let call = host.take_http_calls().remove(0);
+    let answer = r#"{"choices": [], "kv_transfer_params": {"remote_engine_id": "engine-7f3a", "remote_host": "10.9.8.7", "remote_port": 5600, "remote_block_ids": [1]}}"#;
+    host.http_call_response(call.token, &[(":status", "200")], answer.as_bytes()).unwrap();
+    host.response_headers(ctx, &[(":status", "400"), ("content-type", "application/json"), ("content-length", "99")], false)
+        .unwrap();
+    assert_eq!(host.stream(ctx).unwrap().response_header("content-length"), None);
+    let echo = r#"{"error": {"message": "bad input {'remote_host': '10.9.8.7', 'remote_port': 5600, 'remote_engine_id': 'engine-7f3a'}"}}"#;
+    let (head, tail) = echo.split_at(40);
+    assert_eq!(host.response_body(ctx, head.as_bytes(), false).unwrap(), Action::Pause);
+    assert_eq!(host.response_body(ctx, tail.as_bytes(), true).unwrap(), Action::Continue);
+    let sent = String::from_utf8(host.stream(ctx).unwrap().response_body_sent.clone()).unwrap();
+    assert_eq!(
+        sent,
+        r#"{"error": {"message": "bad input {'remote_host': '[redacted]', 'remote_port': [redacted], 'remote_engine_id': '[redacted]'}"}}"#
+    );
+}
