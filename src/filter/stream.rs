@@ -153,15 +153,20 @@ impl Stream {
         Ok(id)
     }
 
-    fn on_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
+    /// The request body once Envoy holds all of it (`None` until then), within the limit.
+    fn whole_body(&self, body_size: usize, end_of_stream: bool) -> Result<Option<Vec<u8>>, RouteError> {
         let limit = self.config.settings.max_body_bytes;
         if body_size > limit {
             return Err(RouteError::BodyTooLarge { limit });
         }
         if !end_of_stream {
-            return Ok(Action::Pause);
+            return Ok(None);
         }
-        let body = envoy::request_body(body_size).map_err(host_failure)?;
+        envoy::request_body(body_size).map(Some).map_err(host_failure)
+    }
+
+    fn on_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
+        let Some(body) = self.whole_body(body_size, end_of_stream)? else { return Ok(Action::Pause) };
         let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
         let pins = self.hints.pins.clone().or(pins::parse_nvext(&request)?);
         self.count_pins(&pins);
@@ -199,14 +204,8 @@ impl Stream {
     /// Another path's JSON body, once whole: on to the worker unless it names
     /// `kv_transfer_params`.
     fn on_passthrough_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
-        let limit = self.config.settings.max_body_bytes;
-        if body_size > limit {
-            return Err(RouteError::BodyTooLarge { limit });
-        }
-        if !end_of_stream {
-            return Ok(Action::Pause);
-        }
-        passthrough::check_body(&envoy::request_body(body_size).map_err(host_failure)?)?;
+        let Some(body) = self.whole_body(body_size, end_of_stream)? else { return Ok(Action::Pause) };
+        passthrough::check_body(&body)?;
         self.phase = Phase::Forwarded;
         Ok(Action::Continue)
     }

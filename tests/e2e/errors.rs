@@ -206,6 +206,13 @@ async fn unpinned_prefill_faults_are_absorbed_by_retries() {
     }
 }
 
+/// The disaggregated deployment, with `worker` answering as `fault` says.
+async fn with_fault(worker: u64, fault: Fault) -> Deployment {
+    let deployment = disaggregated().await;
+    deployment.worker(worker).unwrap().set_fault(fault);
+    deployment
+}
+
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
 
 /// A deployment whose decode worker 201 drops its connections and has just failed a pinned
@@ -255,8 +262,7 @@ async fn a_worker_failing_again_on_its_return_is_out_twice_as_long() {
 
 #[tokio::test]
 async fn a_prefill_workers_4xx_reaches_the_client_and_takes_no_worker_out() {
-    let deployment = disaggregated().await;
-    deployment.worker(101).unwrap().set_fault(Fault::Status(400));
+    let deployment = with_fault(101, Fault::Status(400)).await;
     let pin = [("x-dynamo-prefill-instance-id", "101")];
     let refused = complete(&deployment, &pin, &prompt()).await;
     assert_eq!(refused.status, 400, "{}", refused.text);
@@ -269,8 +275,7 @@ async fn a_prefill_workers_4xx_reaches_the_client_and_takes_no_worker_out() {
 
 #[tokio::test]
 async fn a_decode_5xx_without_a_body_still_gets_a_json_error() {
-    let deployment = disaggregated().await;
-    deployment.worker(201).unwrap().set_fault(Fault::Status(503));
+    let deployment = with_fault(201, Fault::Status(503)).await;
     let pin = [("x-dynamo-worker-instance-id", "201")];
     let reply = send(&deployment, reqwest::Method::GET, "/health", &pin, None).await;
     let message = reply.error(502, "pinned_worker_failed");
@@ -279,8 +284,7 @@ async fn a_decode_5xx_without_a_body_still_gets_a_json_error() {
 
 #[tokio::test]
 async fn a_workers_5xx_fails_the_request_but_takes_no_worker_out() {
-    let deployment = disaggregated().await;
-    deployment.worker(201).unwrap().set_fault(Fault::Status(500));
+    let deployment = with_fault(201, Fault::Status(500)).await;
     let pin = [("x-dynamo-worker-instance-id", "201")];
     complete(&deployment, &pin, &prompt()).await.error(502, "pinned_worker_failed");
     deployment.worker(201).unwrap().set_fault(Fault::None);
