@@ -474,6 +474,18 @@ impl HttpContext for Stream {
         }
     }
 
+    /// A body that ends in trailers (HTTP/2) never ends in the body callbacks: a body the
+    /// filter must read is refused rather than forwarded unread.
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        match self.phase {
+            Phase::Body | Phase::PassthroughBody => {
+                self.answer(&RouteError::InvalidBody("a body followed by trailers is not accepted".into()))
+            }
+            Phase::Prefill(_) | Phase::Answered => Action::Pause,
+            Phase::Headers | Phase::Forwarded => Action::Continue,
+        }
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if matches!(self.phase, Phase::Forwarded)
             && let Err(status) = self.on_response()

@@ -79,3 +79,31 @@ async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
     assert_eq!(passed.status, 404, "on to the worker, which has no such route: {}", passed.text);
     assert_eq!(passed.worker("decode"), Some(201));
 }
+
+#[tokio::test]
+async fn a_completion_body_ending_in_http2_trailers_gets_a_typed_error() {
+    use http_body_util::BodyExt;
+    let deployment = disaggregated().await;
+    let tcp = tokio::net::TcpStream::connect(deployment.envoy.listen()).await.unwrap();
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(executor, hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(connection);
+    let (mut body, channel) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
+    let request = hyper::Request::post(format!("http://{}/v1/completions", deployment.envoy.listen()))
+        .header("content-type", "application/json")
+        .header("x-dynamo-worker-instance-id", "201")
+        .body(channel)
+        .unwrap();
+    let answer = tokio::spawn(async move { sender.send_request(request).await });
+    body.send_data(prompt().to_string().into()).await.unwrap();
+    let mut trailers = hyper::HeaderMap::new();
+    trailers.insert("x-checksum", hyper::header::HeaderValue::from_static("1"));
+    body.send_trailers(trailers).await.unwrap();
+    let response = answer.await.unwrap().unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(response.headers()["x-pinroute-error-code"], "invalid_body");
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    let error: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(error["error"]["message"], "request body: a body followed by trailers is not accepted");
+}
