@@ -5,6 +5,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Status};
+use serde_json::value::RawValue;
 
 use super::envoy;
 use super::metrics::{Counter, Metrics};
@@ -49,8 +50,9 @@ pub struct Stream {
     forwarded: Vec<(String, String)>,
     prefill_worker: Option<u64>,
     decode: Option<TokenHop>,
-    /// The values of the prefill's `kv_transfer_params` the client must not see.
-    kv_locators: Vec<String>,
+    /// The prefill's `kv_transfer_params`, sent with the decode hop: what locates its KV
+    /// must never reach the client.
+    kv_transfer_params: Option<Box<RawValue>>,
     response_body: ResponseBody,
 }
 
@@ -61,8 +63,8 @@ enum ResponseBody {
     AsItIs,
     /// A failed decode hop: replaced by this typed error.
     Error(RouteError),
-    /// A worker's 4xx, which may echo the decode body: the KV locators in it are redacted.
-    Redacted,
+    /// A worker's 4xx, which may echo the decode body: these KV locators in it are redacted.
+    Redacted(Vec<String>),
 }
 
 enum Phase {
@@ -103,7 +105,7 @@ impl Stream {
             forwarded: Vec::new(),
             prefill_worker: None,
             decode: None,
-            kv_locators: Vec::new(),
+            kv_transfer_params: None,
             response_body: ResponseBody::AsItIs,
         }
     }
@@ -172,13 +174,13 @@ impl Stream {
         self.count_pins(&pins);
         let (health, now) = (shared::health(), envoy::now_nanos());
         let route = self.resolver(&health, now).resolve(&pins)?;
+        let decode_body = DecodeBody::new(&request, &body);
         let mut attempts = match route.prefill {
             PrefillPlan::Skip => {
                 if self.config.registry.deployment() == Deployment::Disaggregated {
                     self.metrics.count(Counter::AggregatedFallback);
                 }
-                let edit = DecodeBody::new(&request, &body).finish(None);
-                self.route(route.decode, edit, Some(body_size))?;
+                self.route(route.decode, decode_body.finish(None), Some(body_size))?;
                 return Ok(Action::Continue);
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -193,7 +195,7 @@ impl Stream {
             current: first,
             remaining: attempts,
             body: rewrite::prefill_body(&request, body.len()),
-            decode_body: DecodeBody::new(&request, &body),
+            decode_body,
             decode: route.decode,
             held_body_size: body_size,
             dispatched_at: 0,
@@ -295,8 +297,8 @@ impl Stream {
             PrefillAnswer::Ready(kv_transfer_params) => {
                 self.metrics.count(Counter::PrefillOk);
                 self.prefill_worker = Some(prefill.current.worker.id);
-                self.kv_locators = kv_transfer_params.as_deref().map(rewrite::kv_locators).unwrap_or_default();
                 let edit = prefill.decode_body.finish(kv_transfer_params.as_deref());
+                self.kv_transfer_params = kv_transfer_params;
                 self.route(prefill.decode, edit, Some(prefill.held_body_size))
             }
             PrefillAnswer::Refused(status) => {
@@ -400,9 +402,12 @@ impl Stream {
         let worker = self.served_decode_worker(decode);
         envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = envoy::response_status().unwrap_or(0);
-        if (400..=499).contains(&status) && !self.kv_locators.is_empty() {
-            envoy::set_response_header("content-length", None)?;
-            self.response_body = ResponseBody::Redacted;
+        if (400..=499).contains(&status) {
+            let locators = self.kv_transfer_params.as_deref().map(rewrite::kv_locators).unwrap_or_default();
+            if !locators.is_empty() {
+                envoy::set_response_header("content-length", None)?;
+                self.response_body = ResponseBody::Redacted(locators);
+            }
             return Ok(());
         }
         if !(500..=599).contains(&status) {
@@ -520,9 +525,9 @@ impl HttpContext for Stream {
         }
         let replacement = match &self.response_body {
             ResponseBody::Error(error) => Some(error.body().into_bytes()),
-            ResponseBody::Redacted => envoy::response_body(body_size)
-                .ok()
-                .and_then(|body| answers::redacted(&body, &self.kv_locators)),
+            ResponseBody::Redacted(locators) => {
+                envoy::response_body(body_size).ok().and_then(|body| answers::redacted(&body, locators))
+            }
             ResponseBody::AsItIs => None,
         };
         if let Some(body) = replacement

@@ -7,8 +7,7 @@
 use serde_json::Value;
 
 use super::error::RouteError;
-
-const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
+use super::rewrite::KV_TRANSFER_PARAMS;
 
 /// Whether a worker's server reads a body of this `content-type` as JSON: FastAPI does when
 /// the header is missing or names JSON.

@@ -8,7 +8,7 @@ use super::json::{JsonObject, write_key};
 /// What the prefill worker is told: produce KV for a remote decode.
 pub const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
 
-const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
+pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 
 /// `nvext` fields that pin the decode hop: they never reach the prefill worker (SPEC 3).
 const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id", "dp_rank"];
