@@ -17,6 +17,9 @@
 //! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
 //! - `total`: all of the above, as one request.
 
+#[path = "../harness/src/bench/prompt.rs"]
+mod prompt;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -55,41 +58,12 @@ const HEADERS: [(&str, &[u8]); 10] = [
     ("x-dynamo-worker-instance-id", b"201"),
 ];
 
-const WORDS: [&str; 16] = [
-    "the",
-    "prefill",
-    "worker",
-    "computes",
-    "a",
-    "cache",
-    "that",
-    "decode",
-    "streams",
-    "to",
-    "client",
-    "with",
-    "pinned",
-    "routes",
-    "caf\u{e9}",
-    "\\n",
-];
-
 /// A completion request of about `size` bytes: the benchmark's client body.
 fn request_body(size: usize) -> String {
     let head = r#"{"model":"sim-model","prompt":""#;
     let tail = r#"","max_tokens":8,"stream":true}"#;
-    let mut body = String::with_capacity(size + 16);
-    body.push_str(head);
-    let target = size.saturating_sub(tail.len());
-    for word in WORDS.iter().cycle() {
-        if body.len() + word.len() + 1 > target {
-            break;
-        }
-        body.push_str(word);
-        body.push(' ');
-    }
-    body.push_str(tail);
-    body
+    let prompt = prompt::prompt_text(size.saturating_sub(tail.len()).saturating_sub(head.len()));
+    format!("{head}{prompt}{tail}")
 }
 
 struct Options {

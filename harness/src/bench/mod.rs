@@ -19,6 +19,7 @@ pub mod gateways;
 pub mod micro;
 pub mod plot;
 pub mod procfs;
+pub mod prompt;
 pub mod python;
 pub mod results;
 pub mod sims;

@@ -15,30 +15,12 @@ use super::sims::PREFILL_ID;
 use pinroute::policy::headers::PREFILL_WORKER_HEADER;
 use pinroute::policy::rewrite::PREFILL_KV_TRANSFER_PARAMS;
 
+use super::prompt::prompt_text;
 use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
 
 const PATH: &str = "/v1/completions";
 const LABEL: &str = "completion";
 const STREAM_END: &[u8] = b"data: [DONE]\n\n";
-
-const WORDS: [&str; 16] = [
-    "the",
-    "prefill",
-    "worker",
-    "computes",
-    "a",
-    "cache",
-    "that",
-    "decode",
-    "streams",
-    "to",
-    "client",
-    "with",
-    "pinned",
-    "routes",
-    "caf\u{e9}",
-    "\\n",
-];
 
 /// The request bodies of one prompt size, built once and shared by every request.
 #[derive(Debug, Clone)]
@@ -70,19 +52,6 @@ impl Bodies {
             prefill: Bytes::from(prefill),
         }
     }
-}
-
-/// Words (and `\n` escapes, and a non-ASCII one) up to `len` bytes of JSON string content.
-fn prompt_text(len: usize) -> String {
-    let mut text = String::with_capacity(len + 16);
-    for word in WORDS.iter().cycle() {
-        if text.len() + word.len() + 1 > len {
-            break;
-        }
-        text.push_str(word);
-        text.push(' ');
-    }
-    text
 }
 
 /// Where a scenario sends its requests.
