@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::chaos::Outages;
 use super::mix::{self, Expect, Kind, MIX, Planned};
-use super::outcome::{Answer, Judgement, Timing, judge};
+use super::outcome::{Answer, Judgement, Timing, Verdict, judge};
 use crate::load::Exchange;
 
 const AFTERMATH: Duration = Duration::from_secs(3);
@@ -14,6 +14,13 @@ const AFTERMATH: Duration = Duration::from_secs(3);
 fn killed(outages: &Outages, worker: u64, began: Instant, ended: Instant) {
     outages.kill_begins(worker, began);
     outages.kill_ended(worker, ended);
+}
+
+/// Outages in which `worker` was killed and restarted while the request of `t` ran.
+fn killed_during(t: Timing, worker: u64) -> Outages {
+    let outages = Outages::default();
+    killed(&outages, worker, t.started + Duration::from_millis(5), t.started + Duration::from_millis(6));
+    outages
 }
 
 fn exchange(status: u16, headers: &[(&'static str, &str)], body: &str) -> Exchange {
@@ -54,6 +61,11 @@ fn timing() -> Timing {
     }
 }
 
+/// `answer` to `planned`, judged as if no worker had been killed.
+fn judged_without_faults(planned: &Planned, answer: &Exchange) -> Verdict {
+    judge(planned, &Answer::Complete(answer), timing(), &Outages::default(), AFTERMATH)
+}
+
 const COMPLETION_OK: &str = r#"{"choices":[{"text":"hi"}],"sim":{"kv_from":null}}"#;
 
 #[test]
@@ -90,13 +102,7 @@ fn a_complete_stream_is_as_expected() {
         ("x-pinroute-prefill-worker", "101"),
     ];
     let answer = exchange(200, &headers, stream);
-    let verdict = judge(
-        &planned,
-        &Answer::Complete(&answer),
-        timing(),
-        &Outages::default(),
-        AFTERMATH,
-    );
+    let verdict = judged_without_faults(&planned, &answer);
     assert_eq!(verdict.judgement, Judgement::AsExpected, "{verdict:?}");
     assert_eq!(verdict.expected, "2xx");
 }
@@ -114,13 +120,7 @@ fn kv_from_another_prefill_worker_than_named_is_a_mismatch() {
         &headers,
         r#"{"choices":[{"text":"hi"}],"sim":{"kv_from":102}}"#,
     );
-    let verdict = judge(
-        &planned,
-        &Answer::Complete(&answer),
-        timing(),
-        &Outages::default(),
-        AFTERMATH,
-    );
+    let verdict = judged_without_faults(&planned, &answer);
     assert_eq!(verdict.judgement, Judgement::Mismatch);
     assert!(verdict.problem.unwrap().contains("KV of Some(102)"));
 }
@@ -138,13 +138,7 @@ fn a_pin_routed_elsewhere_is_a_mismatch() {
         ],
         COMPLETION_OK,
     );
-    let verdict = judge(
-        &planned,
-        &Answer::Complete(&answer),
-        timing(),
-        &Outages::default(),
-        AFTERMATH,
-    );
+    let verdict = judged_without_faults(&planned, &answer);
     assert_eq!(verdict.judgement, Judgement::Mismatch);
     assert!(
         verdict
@@ -287,57 +281,36 @@ fn a_stream_cut_is_counted_apart_only_when_its_decode_worker_was_killed_meanwhil
         judge(&planned, &cut, t, &Outages::default(), AFTERMATH).judgement,
         Judgement::Mismatch
     );
-    let outages = Outages::default();
-    killed(
-        &outages,
-        202,
-        t.started + Duration::from_millis(5),
-        t.started + Duration::from_millis(6),
-    );
+    let outages = killed_during(t, 202);
     assert_eq!(
         judge(&planned, &cut, t, &outages, AFTERMATH).judgement,
         Judgement::CutByKill
     );
 }
 
-#[test]
-fn an_unpinned_decode_cut_before_its_answer_is_a_typed_502_counted_apart() {
+/// An unpinned request that ran while decode worker 202 was killed, answered a typed 502
+/// `upstream_failed` naming `decode_worker`, judged.
+fn unpinned_502_during_a_kill_of_202(decode_worker: &str) -> Verdict {
     let planned = planned(Kind::Unpinned, |_| true);
     let t = timing();
-    let outages = Outages::default();
-    killed(
-        &outages,
-        202,
-        t.started + Duration::from_millis(5),
-        t.started + Duration::from_millis(6),
-    );
+    let outages = killed_during(t, 202);
     let failed = exchange(
         502,
         &[
             ("x-pinroute-error-code", "upstream_failed"),
-            ("x-pinroute-decode-worker", "202"),
+            ("x-pinroute-decode-worker", decode_worker),
         ],
         &error_body("upstream_failed"),
     );
-    let verdict = judge(&planned, &Answer::Complete(&failed), t, &outages, AFTERMATH);
+    judge(&planned, &Answer::Complete(&failed), t, &outages, AFTERMATH)
+}
+
+#[test]
+fn an_unpinned_decode_cut_before_its_answer_is_a_typed_502_counted_apart() {
+    let verdict = unpinned_502_during_a_kill_of_202("202");
     assert_eq!(verdict.judgement, Judgement::CutByKill, "{verdict:?}");
-    let elsewhere = exchange(
-        502,
-        &[
-            ("x-pinroute-error-code", "upstream_failed"),
-            ("x-pinroute-decode-worker", "201"),
-        ],
-        &error_body("upstream_failed"),
-    );
     assert_eq!(
-        judge(
-            &planned,
-            &Answer::Complete(&elsewhere),
-            t,
-            &outages,
-            AFTERMATH
-        )
-        .judgement,
+        unpinned_502_during_a_kill_of_202("201").judgement,
         Judgement::Mismatch
     );
 }
@@ -346,13 +319,7 @@ fn an_unpinned_decode_cut_before_its_answer_is_a_typed_502_counted_apart() {
 fn kv_lost_with_a_killed_prefill_worker_is_counted_apart() {
     let planned = planned(Kind::Unpinned, |_| true);
     let t = timing();
-    let outages = Outages::default();
-    killed(
-        &outages,
-        102,
-        t.started + Duration::from_millis(5),
-        t.started + Duration::from_millis(6),
-    );
+    let outages = killed_during(t, 102);
     let body = json!({"error": {"message": "kv_transfer_params do not match any prefill: could not fetch KV", "code": 400}}).to_string();
     let lost = exchange(
         400,
@@ -388,24 +355,7 @@ fn every_outage_outlasts_the_passive_health_period() {
 
 #[test]
 fn a_502_cut_by_kill_needs_envoy_to_have_seen_the_connection_reset() {
-    let planned = planned(Kind::Unpinned, |_| true);
-    let t = timing();
-    let outages = Outages::default();
-    killed(
-        &outages,
-        202,
-        t.started + Duration::from_millis(5),
-        t.started + Duration::from_millis(6),
-    );
-    let failed = exchange(
-        502,
-        &[
-            ("x-pinroute-error-code", "upstream_failed"),
-            ("x-pinroute-decode-worker", "202"),
-        ],
-        &error_body("upstream_failed"),
-    );
-    let verdict = judge(&planned, &Answer::Complete(&failed), t, &outages, AFTERMATH);
+    let verdict = unpinned_502_during_a_kill_of_202("202");
     assert!(verdict.confirm_reset);
     let reset = verdict.clone().confirmed_by("soak-1-1", Some("UC"));
     assert_eq!(
