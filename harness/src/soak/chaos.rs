@@ -129,24 +129,19 @@ impl Outages {
 
     /// The kill of `worker` is over: its port is free.
     pub fn kill_ended(&self, worker: u64, at: Instant) {
-        let mut outages = self.lock();
-        let open = outages
-            .iter_mut()
-            .rev()
-            .find(|o| o.worker == worker && o.kill_ended.is_none());
-        if let Some(outage) = open {
-            outage.kill_ended = Some(at);
-        }
+        self.stamp_latest(worker, at, |o| &mut o.kill_ended);
     }
 
     pub fn restarted(&self, worker: u64, at: Instant) {
+        self.stamp_latest(worker, at, |o| &mut o.restarted);
+    }
+
+    /// Sets `field` to `at` in the latest outage of `worker` where it is still unset.
+    fn stamp_latest(&self, worker: u64, at: Instant, field: fn(&mut Outage) -> &mut Option<Instant>) {
         let mut outages = self.lock();
-        let open = outages
-            .iter_mut()
-            .rev()
-            .find(|o| o.worker == worker && o.restarted.is_none());
-        if let Some(outage) = open {
-            outage.restarted = Some(at);
+        let open = outages.iter_mut().rev().filter(|o| o.worker == worker).map(field).find(|slot| slot.is_none());
+        if let Some(slot) = open {
+            *slot = Some(at);
         }
     }
 
