@@ -141,7 +141,11 @@ fn header_hints() -> Result<HeaderHints, String> {
 }
 
 /// Every stage of one request, as the filter runs them.
-fn whole_request(config: &Config, body: &[u8], turn: u64) -> Result<(String, Option<BodyEdit>), String> {
+fn whole_request(
+    config: &Config,
+    body: &[u8],
+    turn: u64,
+) -> Result<(String, Option<BodyEdit>), String> {
     let hints = header_hints()?;
     let request = JsonObject::parse(body).map_err(|e| e.to_string())?;
     let body_pins = pins::parse_nvext(&request).map_err(|e| e.to_string())?;

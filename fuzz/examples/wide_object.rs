@@ -11,6 +11,10 @@ fn main() {
         body.push('}');
         let started = std::time::Instant::now();
         let ok = pinroute::policy::json::JsonObject::parse(body.as_bytes()).is_ok();
-        println!("{members} members, {} bytes: {:?} ({ok})", body.len(), started.elapsed());
+        println!(
+            "{members} members, {} bytes: {:?} ({ok})",
+            body.len(),
+            started.elapsed()
+        );
     }
 }

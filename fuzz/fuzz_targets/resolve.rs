@@ -1,3 +1,5 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|case: pinroute_fuzz::resolve::Case| pinroute_fuzz::resolve::check(&case));
+libfuzzer_sys::fuzz_target!(
+    |case: pinroute_fuzz::resolve::Case| pinroute_fuzz::resolve::check(&case)
+);

@@ -15,17 +15,25 @@ use crate::resolve::registry_is_valid;
 pub fn check(data: &[u8]) {
     match Config::from_json(data) {
         Ok(config) => check_accepted(&config, data),
-        Err(error) => assert!(!error.to_string().is_empty(), "a refusal must say what is wrong"),
+        Err(error) => assert!(
+            !error.to_string().is_empty(),
+            "a refusal must say what is wrong"
+        ),
     }
 }
 
 fn check_accepted(config: &Config, data: &[u8]) {
     let settings = &config.settings;
-    assert!((1..=u64::from(u32::MAX)).contains(&settings.prefill_timeout_ms), "prefill_timeout_ms");
+    assert!(
+        (1..=u64::from(u32::MAX)).contains(&settings.prefill_timeout_ms),
+        "prefill_timeout_ms"
+    );
     assert!(settings.max_body_bytes > 0, "max_body_bytes");
     let header = settings.upstream_header.as_bytes();
     let header_ok = !header.is_empty()
-        && header.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+        && header
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
     assert!(header_ok, "upstream_header {:?}", settings.upstream_header);
     let workers = config.registry.workers();
     if workers.is_empty() {
@@ -35,6 +43,9 @@ fn check_accepted(config: &Config, data: &[u8]) {
             "an empty registry was accepted"
         );
     } else {
-        assert!(registry_is_valid(workers), "an invalid registry was accepted: {workers:?}");
+        assert!(
+            registry_is_valid(workers),
+            "an invalid registry was accepted: {workers:?}"
+        );
     }
 }

@@ -65,7 +65,11 @@ const GROUPS: &[Group] = &[
         kind: Kind::U32,
         sets: Sets::PrefillRank,
     },
-    Group { names: &["x-dynamo-session-id"], kind: Kind::Session, sets: Sets::Session },
+    Group {
+        names: &["x-dynamo-session-id"],
+        kind: Kind::Session,
+        sets: Sets::Session,
+    },
 ];
 
 const UNSET_PREFILL_RANK: u64 = 4_294_967_295;
@@ -97,8 +101,12 @@ pub fn check(data: &[u8]) {
     match (expected(&headers), actual) {
         (Ok(want), Ok(got)) => assert_eq!(got, want, "pins of {headers:?}"),
         (Err(bad_names), Err(error)) => check_error(&error, &bad_names),
-        (Ok(want), Err(error)) => violated(format!("{headers:?} refused ({error}), model: {want:?}")),
-        (Err(bad), Ok(got)) => violated(format!("{headers:?} accepted as {got:?}, model refuses {bad:?}")),
+        (Ok(want), Err(error)) => {
+            violated(format!("{headers:?} refused ({error}), model: {want:?}"))
+        }
+        (Err(bad), Ok(got)) => violated(format!(
+            "{headers:?} accepted as {got:?}, model refuses {bad:?}"
+        )),
     }
 }
 
@@ -107,18 +115,29 @@ fn check_names(headers: &[(&str, &[u8])]) {
         let is_pin = GROUPS.iter().any(|g| g.names.contains(name));
         assert_eq!(is_pin_header(name), is_pin, "is_pin_header({name:?})");
         if is_pin {
-            assert!(must_strip(name, "x-pinroute-upstream"), "pin header {name} must be stripped");
+            assert!(
+                must_strip(name, "x-pinroute-upstream"),
+                "pin header {name} must be stripped"
+            );
         }
     }
 }
 
 fn check_error(error: &RouteError, bad_names: &[&str]) {
     let RouteError::InvalidHeader { name, .. } = error else {
-        violated(format!("a header error must be InvalidHeader, got {error:?}"))
+        violated(format!(
+            "a header error must be InvalidHeader, got {error:?}"
+        ))
     };
-    assert!(bad_names.contains(name), "error names {name}, the wrong headers are {bad_names:?}");
+    assert!(
+        bad_names.contains(name),
+        "error names {name}, the wrong headers are {bad_names:?}"
+    );
     assert_eq!((error.status(), error.code()), (400, "invalid_header"));
-    assert!(error.to_string().contains(name), "message {error} must name {name}");
+    assert!(
+        error.to_string().contains(name),
+        "message {error} must name {name}"
+    );
 }
 
 /// The model's answer: the hints, or the names present in groups that must be refused.
@@ -128,7 +147,12 @@ fn expected(headers: &[(&str, &[u8])]) -> Result<HeaderHints, Vec<&'static str>>
     for group in GROUPS {
         match group_value(group, headers) {
             Ok(value) => apply(&mut hints, group.sets, value),
-            Err(()) => bad.extend(group.names.iter().filter(|n| headers.iter().any(|(h, _)| h == *n))),
+            Err(()) => bad.extend(
+                group
+                    .names
+                    .iter()
+                    .filter(|n| headers.iter().any(|(h, _)| h == *n)),
+            ),
         }
     }
     if bad.is_empty() { Ok(hints) } else { Err(bad) }
@@ -139,16 +163,24 @@ fn group_value(group: &Group, headers: &[(&str, &[u8])]) -> Result<Option<Value>
     // Per name (by strength), every value it was given.
     let mut per_name: Vec<Vec<Value>> = vec![Vec::new(); group.names.len()];
     for (name, raw) in headers {
-        let Some(strength) = group.names.iter().position(|n| n == name) else { continue };
+        let Some(strength) = group.names.iter().position(|n| n == name) else {
+            continue;
+        };
         let value = parse(group.kind, raw).ok_or(())?;
         if let Some(values) = per_name.get_mut(strength) {
             values.push(value);
         }
     }
-    if per_name.iter().any(|values| values.windows(2).any(|w| w.first() != w.last())) {
+    if per_name
+        .iter()
+        .any(|values| values.windows(2).any(|w| w.first() != w.last()))
+    {
         return Err(());
     }
-    let firsts: Vec<&Value> = per_name.iter().filter_map(|values| values.first()).collect();
+    let firsts: Vec<&Value> = per_name
+        .iter()
+        .filter_map(|values| values.first())
+        .collect();
     let canonical = per_name.first().and_then(|values| values.first());
     match (canonical, firsts.first()) {
         (Some(value), _) => Ok(Some(value.clone())),
@@ -161,13 +193,19 @@ fn group_value(group: &Group, headers: &[(&str, &[u8])]) -> Result<Option<Value>
 /// SPEC section 2: a decimal integer of the type's range, or a session of 1–256 bytes.
 fn parse(kind: Kind, raw: &[u8]) -> Option<Value> {
     if kind == Kind::Session {
-        return (1..=SESSION_MAX_BYTES).contains(&raw.len()).then(|| Value::Bytes(raw.to_vec()));
+        return (1..=SESSION_MAX_BYTES)
+            .contains(&raw.len())
+            .then(|| Value::Bytes(raw.to_vec()));
     }
     if raw.is_empty() || !raw.iter().all(u8::is_ascii_digit) {
         return None;
     }
     let value: u64 = std::str::from_utf8(raw).ok()?.parse().ok()?;
-    let max = if kind == Kind::U32 { u64::from(u32::MAX) } else { u64::MAX };
+    let max = if kind == Kind::U32 {
+        u64::from(u32::MAX)
+    } else {
+        u64::MAX
+    };
     (value <= max).then_some(Value::Int(value))
 }
 
@@ -182,7 +220,9 @@ fn apply(hints: &mut HeaderHints, sets: Sets, value: Option<Value>) {
         Sets::BackendAndDecode => (pins.backend_instance_id, pins.decode_worker_id) = (int, int),
         Sets::Prefill => pins.prefill_worker_id = int,
         Sets::Rank => pins.dp_rank = small,
-        Sets::PrefillRank => pins.prefill_dp_rank = small.filter(|r| u64::from(*r) != UNSET_PREFILL_RANK),
+        Sets::PrefillRank => {
+            pins.prefill_dp_rank = small.filter(|r| u64::from(*r) != UNSET_PREFILL_RANK)
+        }
         Sets::Session => {
             hints.session = match value {
                 Some(Value::Bytes(bytes)) => Some(bytes),

@@ -25,7 +25,11 @@ pub fn check(data: &[u8]) {
     check_depth(data, &parsed);
     match serde_json::from_slice::<Value>(data) {
         Ok(Value::Object(map)) => check_object(&parsed, &map),
-        Ok(_) => assert_eq!(parsed.err(), Some(JsonObjectError::NotAnObject), "a JSON non-object"),
+        Ok(_) => assert_eq!(
+            parsed.err(),
+            Some(JsonObjectError::NotAnObject),
+            "a JSON non-object"
+        ),
         // A raw value carries what `Value` cannot hold: numbers beyond f64, nesting beyond 128.
         Err(e) if value_limit(&e) => {}
         Err(e) => {
@@ -41,7 +45,11 @@ const MAX_DEPTH: usize = 128;
 
 fn check_depth(data: &[u8], parsed: &Result<JsonObject<'_>, JsonObjectError>) {
     match parsed {
-        Ok(_) => assert!(depth(data) <= MAX_DEPTH, "accepted nesting {} levels deep", depth(data)),
+        Ok(_) => assert!(
+            depth(data) <= MAX_DEPTH,
+            "accepted nesting {} levels deep",
+            depth(data)
+        ),
         Err(JsonObjectError::TooDeep(_)) => assert!(depth(data) > MAX_DEPTH, "refused as too deep"),
         Err(_) => {}
     }
@@ -90,7 +98,10 @@ fn check_object(parsed: &Result<JsonObject<'_>, JsonObjectError>, map: &Map<Stri
             check_nvext(object, map);
         }
         Err(JsonObjectError::DuplicateKey(key)) => {
-            assert!(map.contains_key(key), "duplicate key {key:?} is not a key of the object")
+            assert!(
+                map.contains_key(key),
+                "duplicate key {key:?} is not a key of the object"
+            )
         }
         Err(error) if is_duplicate_key(error, None) => {}
         Err(error) => violated(format!("a JSON object refused: {error}")),
@@ -101,11 +112,21 @@ fn check_members(object: &JsonObject<'_>, map: &Map<String, Value>) {
     let keys: Vec<&str> = object.members().map(|(k, _)| k).collect();
     assert_eq!(keys.len(), map.len(), "members {keys:?} against {map:?}");
     for (key, raw) in object.members() {
-        let Some(value) = map.get(key) else { violated(format!("member {key:?} is not in the object")) };
+        let Some(value) = map.get(key) else {
+            violated(format!("member {key:?} is not in the object"))
+        };
         assert_eq!(&read(raw.get()), value, "raw value of {key:?}");
-        assert_eq!(object.get(key).map(|r| r.get()), Some(raw.get()), "get({key:?})");
+        assert_eq!(
+            object.get(key).map(|r| r.get()),
+            Some(raw.get()),
+            "get({key:?})"
+        );
     }
-    assert_eq!(&read(&splice(object)), &Value::Object(map.clone()), "object spliced back");
+    assert_eq!(
+        &read(&splice(object)),
+        &Value::Object(map.clone()),
+        "object spliced back"
+    );
 }
 
 /// The object written back member by member, as the rewrites write bodies.
@@ -129,13 +150,21 @@ fn read(text: &str) -> Value {
     }
 }
 
-const NVEXT_FIELDS: [&str; 5] =
-    ["backend_instance_id", "prefill_worker_id", "decode_worker_id", "dp_rank", "prefill_dp_rank"];
+const NVEXT_FIELDS: [&str; 5] = [
+    "backend_instance_id",
+    "prefill_worker_id",
+    "decode_worker_id",
+    "dp_rank",
+    "prefill_dp_rank",
+];
 
 fn check_nvext(object: &JsonObject<'_>, map: &Map<String, Value>) {
     // `Value` keeps the last of duplicate keys inside `nvext`; SPEC refuses them.
-    let expected =
-        if nvext_has_duplicate_keys(object) { Err(vec!["nvext"]) } else { expected_nvext(map.get("nvext")) };
+    let expected = if nvext_has_duplicate_keys(object) {
+        Err(vec!["nvext"])
+    } else {
+        expected_nvext(map.get("nvext"))
+    };
     match (expected, parse_nvext(object)) {
         (Ok(want), Ok(got)) => assert_eq!(got, want, "nvext pins"),
         (Err(fields), Err(error)) => check_nvext_error(&error, &fields),
@@ -145,8 +174,12 @@ fn check_nvext(object: &JsonObject<'_>, map: &Map<String, Value>) {
 
 /// Whether `nvext` is an object with a key twice, by `serde_json`'s own map visitor.
 fn nvext_has_duplicate_keys(object: &JsonObject<'_>) -> bool {
-    let Some(raw) = object.get("nvext") else { return false };
-    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(raw.get()) else { return false };
+    let Some(raw) = object.get("nvext") else {
+        return false;
+    };
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(raw.get()) else {
+        return false;
+    };
     let keys = serde_json::from_str::<KeyCount>(raw.get()).map_or(0, |k| k.0);
     keys != map.len()
 }
@@ -171,7 +204,10 @@ impl<'de> serde::de::Visitor<'de> for KeyCounter {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<KeyCount, A::Error> {
         let mut count = 0;
-        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {
             count += 1;
         }
         Ok(KeyCount(count))
@@ -180,9 +216,14 @@ impl<'de> serde::de::Visitor<'de> for KeyCounter {
 
 pub fn check_nvext_error(error: &RouteError, fields: &[&str]) {
     let RouteError::InvalidField { field, .. } = error else {
-        violated(format!("an nvext error must be InvalidField, got {error:?}"))
+        violated(format!(
+            "an nvext error must be InvalidField, got {error:?}"
+        ))
     };
-    assert!(fields.contains(field), "error names {field}, the wrong fields are {fields:?}");
+    assert!(
+        fields.contains(field),
+        "error names {field}, the wrong fields are {fields:?}"
+    );
     assert_eq!((error.status(), error.code()), (400, "invalid_field"));
 }
 
@@ -196,7 +237,11 @@ fn expected_nvext(nvext: Option<&Value>) -> Result<Pins, Vec<&'static str>> {
     let mut values = [None; 5];
     let mut bad = Vec::new();
     for ((name, slot), path) in NVEXT_FIELDS.iter().zip(values.iter_mut()).zip(NVEXT_PATHS) {
-        let max = if name.ends_with("rank") { u64::from(u32::MAX) } else { u64::MAX };
+        let max = if name.ends_with("rank") {
+            u64::from(u32::MAX)
+        } else {
+            u64::MAX
+        };
         match fields.get(*name) {
             None | Some(Value::Null) => {}
             Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= max) => *slot = n.as_u64(),

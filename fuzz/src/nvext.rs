@@ -81,8 +81,13 @@ enum Space {
     Mixed,
 }
 
-const ROUTING: [&str; 5] =
-    ["backend_instance_id", "prefill_worker_id", "decode_worker_id", "dp_rank", "prefill_dp_rank"];
+const ROUTING: [&str; 5] = [
+    "backend_instance_id",
+    "prefill_worker_id",
+    "decode_worker_id",
+    "dp_rank",
+    "prefill_dp_rank",
+];
 const PATHS: [&str; 5] = [
     "nvext.backend_instance_id",
     "nvext.prefill_worker_id",
@@ -94,7 +99,9 @@ const PATHS: [&str; 5] = [
 const MAX_MEMBERS: usize = 12;
 
 fn capped<T>(items: &[T]) -> &[T] {
-    items.get(..items.len().min(MAX_MEMBERS)).unwrap_or_default()
+    items
+        .get(..items.len().min(MAX_MEMBERS))
+        .unwrap_or_default()
 }
 
 const OTHER_KEYS: [&str; 6] = ["annotations", "dp_rank_", "Dp_rank", "", "backend", "nvext"];
@@ -104,10 +111,17 @@ pub fn check(body: &Body) {
     crate::json_object::check(text.as_bytes());
     let parsed = JsonObject::parse(text.as_bytes());
     if body.nvext_twice && !matches!(body.nvext, Nvext::Absent) {
-        let refused = parsed.as_ref().is_err_and(|e| is_duplicate_key(e, Some("nvext")));
-        return assert!(refused, "{text}: nvext twice must be a duplicate key, got {parsed:?}");
+        let refused = parsed
+            .as_ref()
+            .is_err_and(|e| is_duplicate_key(e, Some("nvext")));
+        return assert!(
+            refused,
+            "{text}: nvext twice must be a duplicate key, got {parsed:?}"
+        );
     }
-    let Ok(object) = parsed else { violated(format!("{text}: refused: {parsed:?}")) };
+    let Ok(object) = parsed else {
+        violated(format!("{text}: refused: {parsed:?}"))
+    };
     match (body.nvext.expected(), parse_nvext(&object)) {
         (Ok(want), Ok(got)) => assert_eq!(got, want, "{text}"),
         (Err(fields), Err(error)) => check_nvext_error(&error, &fields),
@@ -127,7 +141,12 @@ impl Body {
                 members.push((quote("nvext"), nvext));
             }
         }
-        members.extend(after.iter().enumerate().map(|(i, f)| filler(before.len() + i, f)));
+        members.extend(
+            after
+                .iter()
+                .enumerate()
+                .map(|(i, f)| filler(before.len() + i, f)),
+        );
         object(&members, self.space)
     }
 }
@@ -140,8 +159,10 @@ impl Nvext {
             Nvext::NotAnObject(Scalar::Null | Scalar::Object(_)) => Some("[]".into()),
             Nvext::NotAnObject(scalar) => Some(scalar.render(space)),
             Nvext::Object(fields) => {
-                let members: Vec<(String, String)> =
-                    capped(fields).iter().map(|f| (f.key_text(), f.value.render(space))).collect();
+                let members: Vec<(String, String)> = capped(fields)
+                    .iter()
+                    .map(|f| (f.key_text(), f.value.render(space)))
+                    .collect();
                 Some(object(&members, space))
             }
         }
@@ -155,21 +176,38 @@ impl Nvext {
             Nvext::Object(fields) => capped(fields),
         };
         let names: Vec<&str> = fields.iter().map(|f| f.key.name()).collect();
-        if names.iter().enumerate().any(|(i, n)| names.iter().skip(i + 1).any(|m| m == n)) {
+        if names
+            .iter()
+            .enumerate()
+            .any(|(i, n)| names.iter().skip(i + 1).any(|m| m == n))
+        {
             return Err(vec!["nvext"]);
         }
         let mut values = [None; 5];
         let mut bad = Vec::new();
         for field in fields {
-            let Key::Routing(index) = field.key else { continue };
+            let Key::Routing(index) = field.key else {
+                continue;
+            };
             let index = usize::from(index) % ROUTING.len();
-            let max = if index >= 3 { u64::from(u32::MAX) } else { u64::MAX };
+            let max = if index >= 3 {
+                u64::from(u32::MAX)
+            } else {
+                u64::MAX
+            };
             match field.value.as_pin(max) {
-                Ok(value) => values.get_mut(index).into_iter().for_each(|slot| *slot = value),
+                Ok(value) => values
+                    .get_mut(index)
+                    .into_iter()
+                    .for_each(|slot| *slot = value),
                 Err(()) => bad.extend(PATHS.get(index)),
             }
         }
-        if bad.is_empty() { Ok(pins_of(values)) } else { Err(bad) }
+        if bad.is_empty() {
+            Ok(pins_of(values))
+        } else {
+            Err(bad)
+        }
     }
 }
 
@@ -179,7 +217,10 @@ impl Field {
         if !self.escaped {
             return quote(name);
         }
-        let escaped: String = name.chars().map(|c| format!("\\u{:04x}", u32::from(c))).collect();
+        let escaped: String = name
+            .chars()
+            .map(|c| format!("\\u{:04x}", u32::from(c)))
+            .collect();
         format!("\"{escaped}\"")
     }
 }
@@ -225,7 +266,11 @@ impl Scalar {
             Scalar::AboveU32 => u64::from(u32::MAX) + 1,
             _ => return Err(()),
         };
-        if value <= max { Ok(Some(value)) } else { Err(()) }
+        if value <= max {
+            Ok(Some(value))
+        } else {
+            Err(())
+        }
     }
 }
 
@@ -239,6 +284,9 @@ fn object(members: &[(String, String)], space: Space) -> String {
         Space::One => " ",
         Space::Mixed => "\n\t ",
     };
-    let inner: Vec<String> = members.iter().map(|(k, v)| format!("{ws}{k}{ws}:{ws}{v}{ws}")).collect();
+    let inner: Vec<String> = members
+        .iter()
+        .map(|(k, v)| format!("{ws}{k}{ws}:{ws}{v}{ws}"))
+        .collect();
     format!("{{{ws}{}{ws}}}", inner.join(","))
 }

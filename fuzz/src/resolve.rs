@@ -96,7 +96,8 @@ enum ChoiceSpec {
 }
 
 fn outstanding(load: &[u8; 8], worker: &Worker) -> u64 {
-    load.get(usize::try_from(worker.id % 8).unwrap_or(0)).map_or(0, |n| u64::from(*n))
+    load.get(usize::try_from(worker.id % 8).unwrap_or(0))
+        .map_or(0, |n| u64::from(*n))
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -128,7 +129,9 @@ impl Availability for Health {
             Some(Unavailability::Draining)
         } else {
             let retry_after_secs = self.retry_after_secs;
-            self.unhealthy.contains(&worker.id).then_some(Unavailability::Unhealthy { retry_after_secs })
+            self.unhealthy
+                .contains(&worker.id)
+                .then_some(Unavailability::Unhealthy { retry_after_secs })
         }
     }
 }
@@ -158,21 +161,38 @@ pub fn check(case: &Case) {
     let choice = match &case.choice {
         ChoiceSpec::Session(key) => Choice::Session(key),
         ChoiceSpec::Turn(turn) => Choice::Turn(*turn),
-        ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded { turn: *turn, outstanding: &by_load },
+        ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded {
+            turn: *turn,
+            outstanding: &by_load,
+        },
     };
     let pins = case.pins.pins(&workers);
-    let world = World { registry: &registry, settings: &settings, health: &health, choice };
+    let world = World {
+        registry: &registry,
+        settings: &settings,
+        health: &health,
+        choice,
+    };
     world.check(&pins, &case.other_token_pins.pins(&workers));
 }
 
 impl Case {
     fn workers(&self) -> Vec<Worker> {
-        self.workers.iter().take(MAX_WORKERS).map(WorkerSpec::worker).collect()
+        self.workers
+            .iter()
+            .take(MAX_WORKERS)
+            .map(WorkerSpec::worker)
+            .collect()
     }
 
     fn unhealthy_ids(&self, workers: &[Worker]) -> HashSet<WorkerId> {
         let down = |i: &usize| self.unhealthy & (1 << i) != 0;
-        workers.iter().enumerate().filter(|(i, _)| down(i)).map(|(_, w)| w.id).collect()
+        workers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| down(i))
+            .map(|(_, w)| w.id)
+            .collect()
     }
 }
 
@@ -189,11 +209,14 @@ impl WorkerSpec {
                 RoleSpec::Aggregated => Role::Aggregated,
             },
             address: match self.address {
-                AddressSpec::Loopback(n) => SocketAddr::from(([127, 0, 0, 1], 8000 + u16::from(n % 8))),
-                AddressSpec::V4(ip, port) => SocketAddr::from((Ipv4Addr::from(ip), port)),
-                AddressSpec::V6(segment, port) => {
-                    SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, segment)), port)
+                AddressSpec::Loopback(n) => {
+                    SocketAddr::from(([127, 0, 0, 1], 8000 + u16::from(n % 8)))
                 }
+                AddressSpec::V4(ip, port) => SocketAddr::from((Ipv4Addr::from(ip), port)),
+                AddressSpec::V6(segment, port) => SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, segment)),
+                    port,
+                ),
             },
             dp_size: self.dp_size.value(),
             draining: self.draining,
@@ -223,7 +246,9 @@ impl PinsSpec {
     fn pins(&self, workers: &[Worker]) -> Pins {
         let id = |r: Option<IdRef>| {
             r.map(|r| match r {
-                IdRef::Worker(i) => workers.get(usize::from(i) % workers.len().max(1)).map_or(0, |w| w.id),
+                IdRef::Worker(i) => workers
+                    .get(usize::from(i) % workers.len().max(1))
+                    .map_or(0, |w| w.id),
                 IdRef::Any(id) => id,
             })
         };
@@ -232,7 +257,10 @@ impl PinsSpec {
             prefill_worker_id: id(self.prefill),
             decode_worker_id: id(self.decode),
             dp_rank: self.rank.map(RankSpec::value),
-            prefill_dp_rank: self.prefill_rank.map(RankSpec::value).filter(|r| *r != u32::MAX),
+            prefill_dp_rank: self
+                .prefill_rank
+                .map(RankSpec::value)
+                .filter(|r| *r != u32::MAX),
         }
     }
 }
@@ -241,22 +269,36 @@ impl PinsSpec {
 fn check_registry(workers: &[Worker]) -> Option<Registry> {
     let valid = registry_is_valid(workers);
     let registry = Registry::new(workers.to_vec());
-    assert_eq!(registry.is_ok(), valid, "Registry::new({workers:?}) = {registry:?}");
+    assert_eq!(
+        registry.is_ok(),
+        valid,
+        "Registry::new({workers:?}) = {registry:?}"
+    );
     let from_json = Registry::from_json(registry_json(workers).as_bytes());
     match (&registry, &from_json) {
         (Ok(a), Ok(b)) => assert_eq!(a, b, "from_json and new disagree"),
         (Err(_), Err(_)) => {}
-        _ => violated(format!("Registry::new: {registry:?}, from_json: {from_json:?}")),
+        _ => violated(format!(
+            "Registry::new: {registry:?}, from_json: {from_json:?}"
+        )),
     }
     registry.ok()
 }
 
 pub fn registry_is_valid(workers: &[Worker]) -> bool {
     let unique_ids = workers.iter().map(|w| w.id).collect::<HashSet<_>>().len() == workers.len();
-    let unique_addresses = workers.iter().map(|w| w.address).collect::<HashSet<_>>().len() == workers.len();
+    let unique_addresses = workers
+        .iter()
+        .map(|w| w.address)
+        .collect::<HashSet<_>>()
+        .len()
+        == workers.len();
     let has = |role| workers.iter().any(|w| w.role == role);
-    let roles_ok =
-        if has(Role::Aggregated) { !has(Role::Prefill) && !has(Role::Decode) } else { has(Role::Decode) };
+    let roles_ok = if has(Role::Aggregated) {
+        !has(Role::Prefill) && !has(Role::Decode)
+    } else {
+        has(Role::Decode)
+    };
     unique_ids && unique_addresses && workers.iter().all(|w| w.dp_size > 0) && roles_ok
 }
 
@@ -293,7 +335,11 @@ impl World<'_> {
 
     fn check(&self, pins: &Pins, other_token_pins: &Pins) {
         let actual = self.resolver().resolve(pins);
-        assert_eq!(self.resolver().resolve(pins), actual, "resolution is not deterministic");
+        assert_eq!(
+            self.resolver().resolve(pins),
+            actual,
+            "resolution is not deterministic"
+        );
         assert_eq!(actual, self.expected(pins), "resolution of {pins:?}");
         match &actual {
             Ok(route) => self.check_route(route, pins),
@@ -314,9 +360,12 @@ impl World<'_> {
 
     fn expected_prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
         let hop = Hop::Prefill;
-        if let Some(target) =
-            self.expected_pin(hop, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)?
-        {
+        if let Some(target) = self.expected_pin(
+            hop,
+            Role::Prefill,
+            pins.prefill_worker_id,
+            pins.prefill_dp_rank,
+        )? {
             return Ok(PrefillPlan::Pinned(target));
         }
         if self.registry.deployment() == Deployment::Aggregated {
@@ -324,14 +373,18 @@ impl World<'_> {
         }
         let mut order = self.expected_order(Role::Prefill);
         order.truncate(
-            usize::try_from(self.settings.prefill_retries).map_or(usize::MAX, |n| n.saturating_add(1)),
+            usize::try_from(self.settings.prefill_retries)
+                .map_or(usize::MAX, |n| n.saturating_add(1)),
         );
         if !order.is_empty() {
             Ok(PrefillPlan::Candidates(order))
         } else if self.settings.aggregated_fallback {
             Ok(PrefillPlan::Skip)
         } else {
-            Err(RouteError::NoWorkerAvailable { hop, role: Role::Prefill })
+            Err(RouteError::NoWorkerAvailable {
+                hop,
+                role: Role::Prefill,
+            })
         }
     }
 
@@ -342,12 +395,22 @@ impl World<'_> {
         };
         let pin = pins.decode_worker_id.or(pins.backend_instance_id);
         if let Some(target) = self.expected_pin(hop, role, pin, pins.dp_rank)? {
-            return Ok(TokenHop { target, hop, alternates: Vec::new() });
+            return Ok(TokenHop {
+                target,
+                hop,
+                alternates: Vec::new(),
+            });
         }
         let mut order = self.expected_order(role).into_iter();
-        let target = order.next().ok_or(RouteError::NoWorkerAvailable { hop, role })?;
+        let target = order
+            .next()
+            .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
         let alternates = order.take(DECODE_ATTEMPTS - 1).map(|t| t.worker).collect();
-        Ok(TokenHop { target, hop, alternates })
+        Ok(TokenHop {
+            target,
+            hop,
+            alternates,
+        })
     }
 
     fn expected_pin(
@@ -358,7 +421,11 @@ impl World<'_> {
         rank: Option<u32>,
     ) -> Result<Option<Target>, RouteError> {
         let Some(id) = id else {
-            return if rank.is_some() { Err(RouteError::RankWithoutWorker { hop }) } else { Ok(None) };
+            return if rank.is_some() {
+                Err(RouteError::RankWithoutWorker { hop })
+            } else {
+                Ok(None)
+            };
         };
         let Some(worker) = self.registry.workers().iter().find(|w| w.id == id) else {
             if self.registry.workers().is_empty() {
@@ -367,16 +434,34 @@ impl World<'_> {
             return Err(RouteError::UnknownWorker { hop, worker: id });
         };
         if worker.role != role {
-            return Err(RouteError::WrongRole { hop, worker: id, actual: worker.role, expected: role });
+            return Err(RouteError::WrongRole {
+                hop,
+                worker: id,
+                actual: worker.role,
+                expected: role,
+            });
         }
         if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
-            return Err(RouteError::RankOutOfRange { hop, worker: id, rank, dp_size: worker.dp_size });
+            return Err(RouteError::RankOutOfRange {
+                hop,
+                worker: id,
+                rank,
+                dp_size: worker.dp_size,
+            });
         }
         if let Some(why) = self.health.unavailability(worker) {
-            return Err(RouteError::WorkerUnavailable { hop, worker: id, why });
+            return Err(RouteError::WorkerUnavailable {
+                hop,
+                worker: id,
+                why,
+            });
         }
         let rank = rank.or(if worker.dp_size == 1 { Some(0) } else { None });
-        Ok(Some(Target { worker: worker.clone(), rank, pinned: true }))
+        Ok(Some(Target {
+            worker: worker.clone(),
+            rank,
+            pinned: true,
+        }))
     }
 
     /// The available workers of a role, best first: by session weight (highest first, ties
@@ -389,7 +474,9 @@ impl World<'_> {
             .filter(|w| w.role == role && self.health.unavailability(w).is_none())
             .collect();
         match self.choice {
-            Choice::Session(key) => pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id))),
+            Choice::Session(key) => {
+                pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)))
+            }
             Choice::Turn(turn) => round_robin(&mut pool, turn),
             Choice::LeastLoaded { turn, outstanding } => {
                 round_robin(&mut pool, turn);
@@ -401,7 +488,13 @@ impl World<'_> {
                 }
             }
         }
-        pool.into_iter().map(|w| Target { worker: w.clone(), rank: None, pinned: false }).collect()
+        pool.into_iter()
+            .map(|w| Target {
+                worker: w.clone(),
+                rank: None,
+                pinned: false,
+            })
+            .collect()
     }
 
     // ---- properties stated directly ----
@@ -413,34 +506,74 @@ impl World<'_> {
         };
         assert_eq!(route.decode.hop, expected_hop);
         let token_pin = pins.decode_worker_id.or(pins.backend_instance_id);
-        self.check_target(&route.decode.target, self.registry.token_role(), token_pin, pins.dp_rank);
+        self.check_target(
+            &route.decode.target,
+            self.registry.token_role(),
+            token_pin,
+            pins.dp_rank,
+        );
         self.check_alternates(&route.decode);
         match &route.prefill {
-            PrefillPlan::Pinned(target) => {
-                self.check_target(target, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)
-            }
+            PrefillPlan::Pinned(target) => self.check_target(
+                target,
+                Role::Prefill,
+                pins.prefill_worker_id,
+                pins.prefill_dp_rank,
+            ),
             PrefillPlan::Candidates(targets) => self.check_candidates(targets, pins),
-            PrefillPlan::Skip => assert!(pins.prefill_worker_id.is_none(), "prefill skipped though P is set"),
+            PrefillPlan::Skip => assert!(
+                pins.prefill_worker_id.is_none(),
+                "prefill skipped though P is set"
+            ),
         }
     }
 
-    fn check_target(&self, target: &Target, role: Role, pin: Option<WorkerId>, rank_pin: Option<u32>) {
+    fn check_target(
+        &self,
+        target: &Target,
+        role: Role,
+        pin: Option<WorkerId>,
+        rank_pin: Option<u32>,
+    ) {
         let worker = &target.worker;
-        assert_eq!(self.registry.get(worker.id), Some(worker), "target is not the registry's worker");
+        assert_eq!(
+            self.registry.get(worker.id),
+            Some(worker),
+            "target is not the registry's worker"
+        );
         assert!(
-            self.registry.workers().iter().any(|w| w.address == worker.address),
+            self.registry
+                .workers()
+                .iter()
+                .any(|w| w.address == worker.address),
             "address not in registry"
         );
         assert_eq!(worker.role, role, "target {} has the wrong role", worker.id);
-        assert!(target.rank.is_none_or(|r| r < worker.dp_size), "rank {:?} >= dp_size", target.rank);
-        assert_eq!(self.health.unavailability(worker), None, "target {} is not available", worker.id);
+        assert!(
+            target.rank.is_none_or(|r| r < worker.dp_size),
+            "rank {:?} >= dp_size",
+            target.rank
+        );
+        assert_eq!(
+            self.health.unavailability(worker),
+            None,
+            "target {} is not available",
+            worker.id
+        );
         match pin {
             Some(id) => {
-                assert!(target.pinned && worker.id == id, "pinned {id}, got {}", worker.id);
+                assert!(
+                    target.pinned && worker.id == id,
+                    "pinned {id}, got {}",
+                    worker.id
+                );
                 let implied = if worker.dp_size == 1 { Some(0) } else { None };
                 assert_eq!(target.rank, rank_pin.or(implied), "rank of pinned {id}");
             }
-            None => assert!(!target.pinned && target.rank.is_none(), "unpinned target has a pin or rank"),
+            None => assert!(
+                !target.pinned && target.rank.is_none(),
+                "unpinned target has a pin or rank"
+            ),
         }
     }
 
@@ -448,21 +581,44 @@ impl World<'_> {
     /// hop's role other than the target, at most `DECODE_ATTEMPTS - 1`.
     fn check_alternates(&self, decode: &TokenHop) {
         let alternates = &decode.alternates;
-        assert!(!decode.target.pinned || alternates.is_empty(), "a pinned hop has alternates");
-        assert!(alternates.len() < DECODE_ATTEMPTS, "{} alternates", alternates.len());
+        assert!(
+            !decode.target.pinned || alternates.is_empty(),
+            "a pinned hop has alternates"
+        );
+        assert!(
+            alternates.len() < DECODE_ATTEMPTS,
+            "{} alternates",
+            alternates.len()
+        );
         let mut ids: HashSet<WorkerId> = alternates.iter().map(|w| w.id).collect();
-        assert!(ids.insert(decode.target.worker.id) && ids.len() == alternates.len() + 1, "repeated worker");
+        assert!(
+            ids.insert(decode.target.worker.id) && ids.len() == alternates.len() + 1,
+            "repeated worker"
+        );
         for worker in alternates {
-            let target = Target { worker: worker.clone(), rank: None, pinned: false };
+            let target = Target {
+                worker: worker.clone(),
+                rank: None,
+                pinned: false,
+            };
             self.check_target(&target, self.registry.token_role(), None, None);
         }
     }
 
     fn check_candidates(&self, targets: &[Target], pins: &Pins) {
-        assert!(pins.prefill_worker_id.is_none(), "P is set but prefill is unpinned");
-        assert!(!targets.is_empty(), "no candidates must be Skip or an error");
+        assert!(
+            pins.prefill_worker_id.is_none(),
+            "P is set but prefill is unpinned"
+        );
+        assert!(
+            !targets.is_empty(),
+            "no candidates must be Skip or an error"
+        );
         let limit = u64::from(self.settings.prefill_retries) + 1;
-        assert!(u64::try_from(targets.len()).is_ok_and(|n| n <= limit), "more than 1 + retries candidates");
+        assert!(
+            u64::try_from(targets.len()).is_ok_and(|n| n <= limit),
+            "more than 1 + retries candidates"
+        );
         let ids: HashSet<WorkerId> = targets.iter().map(|t| t.worker.id).collect();
         assert_eq!(ids.len(), targets.len(), "a candidate is repeated");
         for target in targets {
@@ -477,16 +633,32 @@ impl World<'_> {
             Ok(body) => body,
             Err(e) => violated(format!("error body is not JSON: {e}")),
         };
-        assert_eq!(body.pointer("/error/code").and_then(|c| c.as_str()), Some(code));
-        assert_eq!(error.retry_after_secs(), expected_retry_after(error), "Retry-After of {error:?}");
+        assert_eq!(
+            body.pointer("/error/code").and_then(|c| c.as_str()),
+            Some(code)
+        );
+        assert_eq!(
+            error.retry_after_secs(),
+            expected_retry_after(error),
+            "Retry-After of {error:?}"
+        );
         let message = error.to_string();
         if let Some((hop, worker)) = hop_and_worker(error) {
-            assert!(message.contains(&hop.to_string()), "{message} does not name the {hop} hop");
-            assert!(worker.is_none_or(|id| message.contains(&id.to_string())), "{message}: no worker id");
+            assert!(
+                message.contains(&hop.to_string()),
+                "{message} does not name the {hop} hop"
+            );
+            assert!(
+                worker.is_none_or(|id| message.contains(&id.to_string())),
+                "{message}: no worker id"
+            );
         }
         for worker in self.registry.workers() {
             let address = worker.address.to_string();
-            assert!(!error.body().contains(&address), "error body leaks {address}");
+            assert!(
+                !error.body().contains(&address),
+                "error body leaks {address}"
+            );
         }
     }
 
@@ -519,29 +691,52 @@ impl World<'_> {
     /// The token hop of a route is `token_hop`, whatever P and pr are.
     fn check_token_hop(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
         let token_hop = self.resolver().token_hop(pins);
-        let without_prefill_pins = Pins { prefill_worker_id: None, prefill_dp_rank: None, ..pins.clone() };
-        assert_eq!(self.resolver().token_hop(&without_prefill_pins), token_hop, "P/pr changed the token hop");
+        let without_prefill_pins = Pins {
+            prefill_worker_id: None,
+            prefill_dp_rank: None,
+            ..pins.clone()
+        };
+        assert_eq!(
+            self.resolver().token_hop(&without_prefill_pins),
+            token_hop,
+            "P/pr changed the token hop"
+        );
         match actual {
             Ok(route) => assert_eq!(token_hop.as_ref(), Ok(&route.decode), "token_hop"),
-            Err(e) if error_hop(e) != Some(Hop::Prefill) => assert_eq!(token_hop.err().as_ref(), Some(e)),
+            Err(e) if error_hop(e) != Some(Hop::Prefill) => {
+                assert_eq!(token_hop.err().as_ref(), Some(e))
+            }
             Err(_) => {}
         }
     }
 
     /// Rendezvous hashing: another worker leaving keeps a session's choice.
     fn check_session_stability(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
-        let (Choice::Session(_), Ok(route)) = (self.choice, actual) else { return };
+        let (Choice::Session(_), Ok(route)) = (self.choice, actual) else {
+            return;
+        };
         if route.decode.target.pinned {
             return;
         }
         let chosen = route.decode.target.worker.id;
-        let others = self.registry.pool(self.registry.token_role()).filter(|w| w.id != chosen);
+        let others = self
+            .registry
+            .pool(self.registry.token_role())
+            .filter(|w| w.id != chosen);
         for leaving in others {
             let mut health = self.health.clone();
             health.unhealthy.insert(leaving.id);
-            let world = World { health: &health, ..*self };
+            let world = World {
+                health: &health,
+                ..*self
+            };
             let after = world.resolver().token_hop(pins).map(|t| t.target.worker.id);
-            assert_eq!(after, Ok(chosen), "worker {} leaving moved the session from {chosen}", leaving.id);
+            assert_eq!(
+                after,
+                Ok(chosen),
+                "worker {} leaving moved the session from {chosen}",
+                leaving.id
+            );
         }
     }
 }
@@ -561,16 +756,19 @@ fn expected_status(error: &RouteError) -> (u16, &'static str) {
         RouteError::RankOutOfRange { .. } => (400, "dp_rank_out_of_range"),
         RouteError::WorkerUnavailable { .. } => (503, "worker_unavailable"),
         RouteError::NoWorkerAvailable { .. } => (503, "no_worker_available"),
-        other => violated(format!("resolution answered an error it cannot cause: {other:?}")),
+        other => violated(format!(
+            "resolution answered an error it cannot cause: {other:?}"
+        )),
     }
 }
 
 /// SPEC section 3: a worker out of service answers 503 with `Retry-After`; a 400 has none.
 fn expected_retry_after(error: &RouteError) -> Option<u32> {
     match error {
-        RouteError::WorkerUnavailable { why: Unavailability::Unhealthy { retry_after_secs }, .. } => {
-            Some(*retry_after_secs)
-        }
+        RouteError::WorkerUnavailable {
+            why: Unavailability::Unhealthy { retry_after_secs },
+            ..
+        } => Some(*retry_after_secs),
         RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => {
             Some(pinroute::policy::error::RETRY_AFTER_SECS)
         }

@@ -60,14 +60,22 @@ pub fn check(data: &[u8]) {
 
 fn check_prefill_body(request: &JsonObject<'_>, len: usize) {
     let text = prefill_body(request, len);
-    assert_eq!(prefill_body(request, 0), text, "the capacity hint changed the prefill body");
+    assert_eq!(
+        prefill_body(request, 0),
+        text,
+        "the capacity hint changed the prefill body"
+    );
     let out = members_of(&text);
     let client = members(request);
     let sent = |key: &str| client.iter().any(|(k, _)| k == key);
     assert_eq!(value(&out, "stream"), Some("false"), "{text}");
     assert_eq!(value(&out, "max_tokens"), Some("1"), "{text}");
     let max_completion = sent("max_completion_tokens").then_some("1");
-    assert_eq!(value(&out, "max_completion_tokens"), max_completion, "{text}");
+    assert_eq!(
+        value(&out, "max_completion_tokens"),
+        max_completion,
+        "{text}"
+    );
     assert_eq!(value(&out, KV), Some(PREFILL_KV_TRANSFER_PARAMS), "{text}");
     for key in DROPPED_BY_PREFILL {
         assert_eq!(value(&out, key), None, "{key} must be dropped from {text}");
@@ -75,7 +83,10 @@ fn check_prefill_body(request: &JsonObject<'_>, len: usize) {
     let kept = |(k, _): &(String, &str)| !SET_BY_PREFILL.contains(&k.as_str()) && k != "nvext";
     assert_eq!(
         out.iter().filter(|m| kept(m)).collect::<Vec<_>>(),
-        client.iter().filter(|m| kept(m) && !DROPPED_BY_PREFILL.contains(&m.0.as_str())).collect::<Vec<_>>(),
+        client
+            .iter()
+            .filter(|m| kept(m) && !DROPPED_BY_PREFILL.contains(&m.0.as_str()))
+            .collect::<Vec<_>>(),
         "client members in the prefill body {text}"
     );
     let client_nvext = client.iter().find(|(k, _)| k == "nvext").map(|(_, v)| *v);
@@ -90,11 +101,20 @@ fn check_prefill_nvext(client: Option<&str>, prefill: Option<&str>) {
         assert_eq!(prefill, None, "an nvext appeared in the prefill body");
         return;
     };
-    let Some(prefill) = prefill else { violated(format!("nvext {client} vanished from the prefill body")) };
+    let Some(prefill) = prefill else {
+        violated(format!("nvext {client} vanished from the prefill body"))
+    };
     match JsonObject::parse(client.as_bytes()) {
         Ok(object) => {
-            let expected: Members<'_> = members(&object).into_iter().filter(|(k, _)| !DECODE_PINS.contains(&k.as_str())).collect();
-            assert_eq!(members_of(prefill), expected, "prefill nvext {prefill} from {client}");
+            let expected: Members<'_> = members(&object)
+                .into_iter()
+                .filter(|(k, _)| !DECODE_PINS.contains(&k.as_str()))
+                .collect();
+            assert_eq!(
+                members_of(prefill),
+                expected,
+                "prefill nvext {prefill} from {client}"
+            );
         }
         Err(_) => assert_eq!(prefill, client, "a non-object nvext is passed as it is"),
     }
@@ -112,14 +132,30 @@ fn check_decode_body(request: &JsonObject<'_>, held: &[u8], kv: Option<&RawValue
     let edit = DecodeBody::new(request, held).finish(kv);
     let client = members(request);
     let client_kv = client.iter().any(|(k, _)| k == KV);
-    assert_eq!(edit.is_none(), kv.is_none() && !client_kv, "edited without need, or not edited when needed");
-    let bytes = edit.as_ref().map_or_else(|| held.to_vec(), |e| e.apply(held));
+    assert_eq!(
+        edit.is_none(),
+        kv.is_none() && !client_kv,
+        "edited without need, or not edited when needed"
+    );
+    let bytes = edit
+        .as_ref()
+        .map_or_else(|| held.to_vec(), |e| e.apply(held));
     if let Some(edit) = &edit {
-        assert_eq!(edit.edited_len(held.len()), bytes.len(), "announced length of {edit:?}");
+        assert_eq!(
+            edit.edited_len(held.len()),
+            bytes.len(),
+            "announced length of {edit:?}"
+        );
     }
-    let Ok(text) = String::from_utf8(bytes) else { violated("the decode body is not UTF-8") };
+    let Ok(text) = String::from_utf8(bytes) else {
+        violated("the decode body is not UTF-8")
+    };
     let out = members_of(&text);
-    assert_eq!(value(&out, KV), kv.map(RawValue::get), "decode kv_transfer_params in {text}");
+    assert_eq!(
+        value(&out, KV),
+        kv.map(RawValue::get),
+        "decode kv_transfer_params in {text}"
+    );
     let not_kv = |(k, _): &&(String, &str)| k != KV;
     assert_eq!(
         out.iter().filter(not_kv).collect::<Vec<_>>(),
@@ -134,18 +170,43 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
     let parsed = JsonObject::parse(response);
     match (&answer, serde_json::from_slice::<Value>(response)) {
         (Ok(Some(params)), Ok(Value::Object(map))) => {
-            assert_eq!(Some(&read(params.get())), map.get(KV), "kv_transfer_params read back");
-            assert!(params.get().starts_with('{'), "kv_transfer_params {} is not an object", params.get());
-            let own = parsed.as_ref().ok().and_then(|o| o.get(KV)).map(RawValue::get);
-            assert_eq!(own, Some(params.get()), "kv_transfer_params is not the response's own bytes");
+            assert_eq!(
+                Some(&read(params.get())),
+                map.get(KV),
+                "kv_transfer_params read back"
+            );
+            assert!(
+                params.get().starts_with('{'),
+                "kv_transfer_params {} is not an object",
+                params.get()
+            );
+            let own = parsed
+                .as_ref()
+                .ok()
+                .and_then(|o| o.get(KV))
+                .map(RawValue::get);
+            assert_eq!(
+                own,
+                Some(params.get()),
+                "kv_transfer_params is not the response's own bytes"
+            );
         }
         (Ok(None), Ok(Value::Object(map))) => {
-            assert!(map.get(KV).is_none_or(Value::is_null), "kv_transfer_params {:?} lost", map.get(KV))
+            assert!(
+                map.get(KV).is_none_or(Value::is_null),
+                "kv_transfer_params {:?} lost",
+                map.get(KV)
+            )
         }
         (Err(_), Ok(Value::Object(map))) => {
             let duplicate = parsed.as_ref().is_err_and(|e| is_duplicate_key(e, None));
-            let not_object = map.get(KV).is_some_and(|kv| !kv.is_object() && !kv.is_null());
-            assert!(duplicate || not_object, "a usable prefill response refused: {answer:?}");
+            let not_object = map
+                .get(KV)
+                .is_some_and(|kv| !kv.is_object() && !kv.is_null());
+            assert!(
+                duplicate || not_object,
+                "a usable prefill response refused: {answer:?}"
+            );
         }
         (Ok(got), Ok(_)) => violated(format!("a non-object response gave {got:?}")),
         (Ok(Some(params)), Err(_)) => assert!(params.get().starts_with('{'), "not an object"),
@@ -155,7 +216,10 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
 }
 
 fn members<'a>(object: &JsonObject<'a>) -> Members<'a> {
-    object.members().map(|(k, v)| (k.to_string(), v.get())).collect()
+    object
+        .members()
+        .map(|(k, v)| (k.to_string(), v.get()))
+        .collect()
 }
 
 /// The members of a rewritten body, which must be a JSON object without duplicate keys.

@@ -6,11 +6,19 @@ use std::path::PathBuf;
 use arbitrary::{Arbitrary, Unstructured};
 
 fn seeds(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("seeds")
+        .join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
     assert!(!files.is_empty(), "no seeds in {}", dir.display());
-    files.into_iter().map(|path| (path.clone(), std::fs::read(path).unwrap())).collect()
+    files
+        .into_iter()
+        .map(|path| (path.clone(), std::fs::read(path).unwrap()))
+        .collect()
 }
 
 fn replay(target: &str, check: impl Fn(&[u8])) {
@@ -46,10 +54,14 @@ fn rewrite() {
 
 #[test]
 fn nvext() {
-    replay("nvext", |data| structured(data).iter().for_each(crate::nvext::check));
+    replay("nvext", |data| {
+        structured(data).iter().for_each(crate::nvext::check)
+    });
 }
 
 #[test]
 fn resolve() {
-    replay("resolve", |data| structured(data).iter().for_each(crate::resolve::check));
+    replay("resolve", |data| {
+        structured(data).iter().for_each(crate::resolve::check)
+    });
 }

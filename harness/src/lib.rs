@@ -2,9 +2,9 @@
 pub mod bench;
 pub mod envoy;
 pub mod load;
+pub mod registry_server;
 pub mod sim;
 pub mod soak;
-pub mod registry_server;
 pub mod stack;
 pub mod venv;
 pub mod vllm;

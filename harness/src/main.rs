@@ -36,7 +36,9 @@ fn main() -> ExitCode {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(commands::up::run(&args))),
         Command::Test(args) => commands::test::run_all(&args),
         Command::EnvoyConfig(args) => commands::envoy_config::run(&args),
-        Command::SimWorker(args) => runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args))),
+        Command::SimWorker(args) => {
+            runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args)))
+        }
         Command::Bench(args) => runtime().and_then(|rt| rt.block_on(commands::bench::run(&args))),
         Command::Soak(args) => runtime().and_then(|rt| rt.block_on(commands::soak::run(&args))),
     };
@@ -50,5 +52,7 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }

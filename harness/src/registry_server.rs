@@ -22,15 +22,23 @@ pub struct RegistryServer {
 impl RegistryServer {
     pub async fn start(initial: &serde_json::Value) -> Result<Self> {
         let answer: Answer = Arc::new(Mutex::new((StatusCode::OK, initial.to_string())));
-        let app = Router::new().route("/registry", get(serve)).with_state(answer.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the registry server")?;
+        let app = Router::new()
+            .route("/registry", get(serve))
+            .with_state(answer.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the registry server")?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
                 log::error!("registry server stopped: {error}");
             }
         });
-        Ok(Self { addr, answer, server })
+        Ok(Self {
+            addr,
+            answer,
+            server,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -39,7 +47,10 @@ impl RegistryServer {
 
     /// Serves `{"workers": workers}` from now on.
     pub fn set_workers(&self, workers: &[serde_json::Value]) {
-        self.set_answer(StatusCode::OK, serde_json::json!({ "workers": workers }).to_string());
+        self.set_answer(
+            StatusCode::OK,
+            serde_json::json!({ "workers": workers }).to_string(),
+        );
     }
 
     /// Serves anything, e.g. a broken registry the filter must refuse.
@@ -56,7 +67,12 @@ impl Drop for RegistryServer {
     }
 }
 
-async fn serve(State(answer): State<Answer>) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let (status, body) = answer.lock().map(|a| a.clone()).unwrap_or((StatusCode::INTERNAL_SERVER_ERROR, String::new()));
+async fn serve(
+    State(answer): State<Answer>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let (status, body) = answer
+        .lock()
+        .map(|a| a.clone())
+        .unwrap_or((StatusCode::INTERNAL_SERVER_ERROR, String::new()));
     (status, [("content-type", "application/json")], body)
 }

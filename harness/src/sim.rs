@@ -156,10 +156,17 @@ impl SimWorker {
             if let Err(error) = server.await
                 && !error.is_cancelled()
             {
-                log::warn!("sim worker {}: server task failed: {error}", self.state.config.id);
+                log::warn!(
+                    "sim worker {}: server task failed: {error}",
+                    self.state.config.id
+                );
             }
         }
-        log::info!("sim worker {} on {} killed", self.state.config.id, self.addr);
+        log::info!(
+            "sim worker {} on {} killed",
+            self.state.config.id,
+            self.addr
+        );
     }
 }
 

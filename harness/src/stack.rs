@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
-use crate::envoy::{BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root};
+use crate::envoy::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+};
 use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
 
@@ -65,7 +67,11 @@ pub struct Stack {
 impl Stack {
     pub async fn start(spec: &StackSpec, work_dir: &Path) -> Result<Stack> {
         let mut workers = Vec::new();
-        for (config, port) in spec.workers.iter().zip(spec.worker_ports.iter().chain(std::iter::repeat(&0))) {
+        for (config, port) in spec
+            .workers
+            .iter()
+            .zip(spec.worker_ports.iter().chain(std::iter::repeat(&0)))
+        {
             let listen = SocketAddr::from(([127, 0, 0, 1], *port));
             let worker = SimWorker::start(config.clone(), listen)
                 .await
@@ -86,7 +92,13 @@ impl Stack {
         })?;
         let binary = envoy_binary(&repo_root())?;
         let envoy = Envoy::start(&binary, &bootstrap, work_dir).await?;
-        Ok(Stack { envoy, workers, plugin_config, registry, bootstrap })
+        Ok(Stack {
+            envoy,
+            workers,
+            plugin_config,
+            registry,
+            bootstrap,
+        })
     }
 
     /// Another Envoy with the same configuration (listening on ports of its own when the
@@ -105,11 +117,18 @@ impl Stack {
 
     /// The registry entries of the running sim workers with these ids.
     pub fn entries(&self, ids: &[u64]) -> Vec<Value> {
-        self.workers.iter().filter(|w| ids.contains(&w.config().id)).map(|w| registry_entry(w, false)).collect()
+        self.workers
+            .iter()
+            .filter(|w| ids.contains(&w.config().id))
+            .map(|w| registry_entry(w, false))
+            .collect()
     }
 
     pub fn worker(&self, id: u64) -> Result<&SimWorker> {
-        self.workers.iter().find(|w| w.config().id == id).ok_or_else(|| anyhow!("no sim worker {id}"))
+        self.workers
+            .iter()
+            .find(|w| w.config().id == id)
+            .ok_or_else(|| anyhow!("no sim worker {id}"))
     }
 
     /// Kills sim worker `id` abruptly ([`SimWorker::kill`]). Its registry entry stays, so its
@@ -138,7 +157,11 @@ impl Stack {
                     log::debug!("restarting sim worker {} on {addr}: {error:#}", config.id);
                     tokio::time::sleep(RESTART_PAUSE).await;
                 }
-                Err(error) => return Err(error.context(format!("restarting sim worker {} on {addr}", config.id))),
+                Err(error) => {
+                    return Err(
+                        error.context(format!("restarting sim worker {} on {addr}", config.id))
+                    );
+                }
             }
         };
         self.workers.push(worker);
@@ -156,8 +179,10 @@ impl Stack {
 
 /// The registry of the started workers (plus dead entries) and the filter's settings.
 fn plugin_config(spec: &StackSpec, workers: &[SimWorker]) -> Result<Value> {
-    let mut entries: Vec<Value> =
-        workers.iter().map(|w| registry_entry(w, spec.draining.contains(&w.config().id))).collect();
+    let mut entries: Vec<Value> = workers
+        .iter()
+        .map(|w| registry_entry(w, spec.draining.contains(&w.config().id)))
+        .collect();
     for (id, role, dp_size) in &spec.dead {
         let address = refusing_address()?;
         entries.push(json!({"id": id, "role": role.as_str(), "address": address.to_string(), "dp_size": dp_size}));

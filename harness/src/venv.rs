@@ -14,14 +14,21 @@ pub fn lock_file(venv: &Path) -> Result<File> {
     fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let path = venv.with_extension("lock");
     let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    file.lock().with_context(|| format!("locking {}", path.display()))?;
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
     Ok(file)
 }
 
 /// `python -m pip install` without prompts or version nags; the caller adds what to install.
 pub fn pip_install(python: &Path) -> Command {
     let mut command = Command::new(python);
-    command.args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"]);
+    command.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+    ]);
     command
 }
 

@@ -15,7 +15,10 @@ pub fn ensure_target() -> Result<()> {
         .args(["target", "list", "--installed"])
         .output()
         .context("running rustup (is the Rust toolchain installed with rustup?)")?;
-    if String::from_utf8_lossy(&installed.stdout).lines().any(|t| t.trim() == TARGET) {
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|t| t.trim() == TARGET)
+    {
         return Ok(());
     }
     log::info!("adding the Rust target {TARGET}");
@@ -26,7 +29,9 @@ pub fn ensure_target() -> Result<()> {
 pub fn build_filter() -> Result<PathBuf> {
     build_package("pinroute")?;
     let wasm = default_wasm_path();
-    let size = std::fs::metadata(&wasm).with_context(|| format!("{} was not built", wasm.display()))?.len();
+    let size = std::fs::metadata(&wasm)
+        .with_context(|| format!("{} was not built", wasm.display()))?
+        .len();
     log::info!("built {} ({size} bytes)", wasm.display());
     Ok(wasm)
 }
@@ -34,19 +39,29 @@ pub fn build_filter() -> Result<PathBuf> {
 /// Builds the test host's own filter (`tests/testfilter`) and returns its path.
 pub fn build_test_filter() -> Result<PathBuf> {
     build_package("pinroute-testfilter")?;
-    Ok(repo_root().join("target").join(TARGET).join("release/pinroute_testfilter.wasm"))
+    Ok(repo_root()
+        .join("target")
+        .join(TARGET)
+        .join("release/pinroute_testfilter.wasm"))
 }
 
 fn build_package(package: &str) -> Result<()> {
     ensure_target()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    run(Command::new(cargo)
-        .current_dir(repo_root())
-        .args(["build", "--release", "--target", TARGET, "-p", package]))
+    run(Command::new(cargo).current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--target",
+        TARGET,
+        "-p",
+        package,
+    ]))
 }
 
 pub fn run(command: &mut Command) -> Result<()> {
-    let status = command.status().with_context(|| format!("running {command:?}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed: {status}");
     }

@@ -8,7 +8,9 @@ use proxy_wasm::types::{BufferType, MapType, Status};
 pub type Headers = Vec<(String, Vec<u8>)>;
 
 pub fn plugin_configuration() -> Option<Vec<u8>> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        .ok()
+        .flatten()
 }
 
 pub fn request_headers() -> Result<Headers, Status> {

@@ -34,8 +34,13 @@ pub fn newer_shared(known_version: Option<u32>) -> Option<(Registry, u32)> {
 
 /// Claims the next fetch for this thread when it is due; true when this thread should fetch.
 pub fn claim_fetch(source: &RegistrySource, now: u64) -> bool {
-    let Ok((bytes, cas)) = hostcalls::get_shared_data(LEASE_KEY) else { return false };
-    let due = bytes.as_deref().and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    let Ok((bytes, cas)) = hostcalls::get_shared_data(LEASE_KEY) else {
+        return false;
+    };
+    let due = bytes
+        .as_deref()
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
     if now < due {
         return false;
     }
@@ -44,11 +49,18 @@ pub fn claim_fetch(source: &RegistrySource, now: u64) -> bool {
 }
 
 pub fn dispatch_fetch(source: &RegistrySource) -> Option<u32> {
-    let headers = vec![(":method", "GET"), (":path", source.path.as_str()), (":authority", source.authority.as_str())];
+    let headers = vec![
+        (":method", "GET"),
+        (":path", source.path.as_str()),
+        (":authority", source.authority.as_str()),
+    ];
     match hostcalls::dispatch_http_call(&source.cluster, headers, None, vec![], source.timeout()) {
         Ok(token) => Some(token),
         Err(status) => {
-            log::error!("pinroute: cannot fetch the registry from cluster {:?}: {status:?}", source.cluster);
+            log::error!(
+                "pinroute: cannot fetch the registry from cluster {:?}: {status:?}",
+                source.cluster
+            );
             None
         }
     }
@@ -57,13 +69,18 @@ pub fn dispatch_fetch(source: &RegistrySource) -> Option<u32> {
 /// Why a fetched registry was not taken; the last good one stays.
 pub fn take_fetched(body_size: usize) -> Result<Registry, String> {
     let headers = envoy::call_response_headers().map_err(|s| format!("no response ({s:?})"))?;
-    let status = headers.iter().find(|(n, _)| n == ":status").map(|(_, v)| v.as_slice());
+    let status = headers
+        .iter()
+        .find(|(n, _)| n == ":status")
+        .map(|(_, v)| v.as_slice());
     if status != Some(b"200".as_slice()) {
         let status = status.map_or("none".into(), |s| String::from_utf8_lossy(s).into_owned());
         return Err(format!("the registry answered status {status}"));
     }
-    let body = envoy::call_response_body(body_size).map_err(|s| format!("unreadable body ({s:?})"))?;
+    let body =
+        envoy::call_response_body(body_size).map_err(|s| format!("unreadable body ({s:?})"))?;
     let registry = Registry::from_json(&body).map_err(|e| format!("invalid registry: {e}"))?;
-    hostcalls::set_shared_data(REGISTRY_KEY, Some(&body), None).map_err(|s| format!("cannot share it ({s:?})"))?;
+    hostcalls::set_shared_data(REGISTRY_KEY, Some(&body), None)
+        .map_err(|s| format!("cannot share it ({s:?})"))?;
     Ok(registry)
 }

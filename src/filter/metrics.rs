@@ -34,7 +34,10 @@ const COUNTERS: &[(Counter, &str)] = &[
     (Counter::PrefillFailed, "pinroute.prefill.failed"),
     (Counter::PrefillRefused, "pinroute.prefill.refused"),
     (Counter::PrefillRetried, "pinroute.prefill.retried"),
-    (Counter::AggregatedFallback, "pinroute.prefill.aggregated_fallback"),
+    (
+        Counter::AggregatedFallback,
+        "pinroute.prefill.aggregated_fallback",
+    ),
     (Counter::DecodeRouted, "pinroute.decode.routed"),
     (Counter::DecodeFailed, "pinroute.decode.failed"),
     (Counter::PinPrefillWorker, "pinroute.pins.prefill_worker"),
@@ -42,9 +45,15 @@ const COUNTERS: &[(Counter, &str)] = &[
     (Counter::PinDecodeWorker, "pinroute.pins.decode_worker"),
     (Counter::PinDecodeRank, "pinroute.pins.decode_rank"),
     (Counter::PinSession, "pinroute.pins.session"),
-    (Counter::WorkerMarkedUnhealthy, "pinroute.workers.marked_unhealthy"),
+    (
+        Counter::WorkerMarkedUnhealthy,
+        "pinroute.workers.marked_unhealthy",
+    ),
     (Counter::RegistryRefreshed, "pinroute.registry.refreshed"),
-    (Counter::RegistryRefreshFailed, "pinroute.registry.refresh_failed"),
+    (
+        Counter::RegistryRefreshFailed,
+        "pinroute.registry.refresh_failed",
+    ),
 ];
 
 const PREFILL_LATENCY: &str = "pinroute.prefill.latency_ms";
@@ -59,21 +68,34 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn define() -> Self {
-        let counters = COUNTERS.iter().map(|(_, name)| define(MetricType::Counter, name)).collect();
+        let counters = COUNTERS
+            .iter()
+            .map(|(_, name)| define(MetricType::Counter, name))
+            .collect();
         let errors = RouteError::CODES
             .iter()
             .map(|code| define(MetricType::Counter, &format!("pinroute.errors.{code}")))
             .collect();
-        Self { counters, errors, prefill_latency: define(MetricType::Histogram, PREFILL_LATENCY) }
+        Self {
+            counters,
+            errors,
+            prefill_latency: define(MetricType::Histogram, PREFILL_LATENCY),
+        }
     }
 
     pub fn count(&self, counter: Counter) {
-        let id = COUNTERS.iter().position(|(c, _)| *c == counter).and_then(|i| self.counters.get(i));
+        let id = COUNTERS
+            .iter()
+            .position(|(c, _)| *c == counter)
+            .and_then(|i| self.counters.get(i));
         increment(id.copied().flatten());
     }
 
     pub fn count_error(&self, error: &RouteError) {
-        let id = RouteError::CODES.iter().position(|c| *c == error.code()).and_then(|i| self.errors.get(i));
+        let id = RouteError::CODES
+            .iter()
+            .position(|c| *c == error.code())
+            .and_then(|i| self.errors.get(i));
         increment(id.copied().flatten());
     }
 

@@ -40,14 +40,23 @@ struct Root {
 impl Root {
     fn adopt(&mut self, registry: Registry) {
         if let Some(config) = &self.config {
-            log::info!("pinroute: registry now has {} workers", registry.workers().len());
+            log::info!(
+                "pinroute: registry now has {} workers",
+                registry.workers().len()
+            );
             self.config = Some(Rc::new(config.with_registry(registry)));
         }
     }
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         if self.fetch != Some(token) {
             return;
         }
@@ -80,7 +89,11 @@ impl RootContext for Root {
             "pinroute: configured with {} workers ({:?} deployment){}",
             config.registry.workers().len(),
             config.registry.deployment(),
-            if config.settings.registry.is_some() { ", live registry" } else { "" }
+            if config.settings.registry.is_some() {
+                ", live registry"
+            } else {
+                ""
+            }
         );
         if config.settings.registry.is_some()
             && let Err(status) = proxy_wasm::hostcalls::set_tick_period(live_registry::ADOPT_PERIOD)
@@ -96,7 +109,13 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let Some(source) = self.config.as_ref().and_then(|c| c.settings.registry.clone()) else { return };
+        let Some(source) = self
+            .config
+            .as_ref()
+            .and_then(|c| c.settings.registry.clone())
+        else {
+            return;
+        };
         if let Some((registry, version)) = live_registry::newer_shared(self.registry_version) {
             self.registry_version = Some(version);
             self.adopt(registry);
@@ -108,7 +127,11 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Stream::new(config, self.turns.clone(), self.metrics.clone())))
+        Some(Box::new(Stream::new(
+            config,
+            self.turns.clone(),
+            self.metrics.clone(),
+        )))
     }
 
     fn get_type(&self) -> Option<ContextType> {

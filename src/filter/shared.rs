@@ -41,7 +41,9 @@ pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
             Ok(()) => {
                 if !already_out {
                     let seconds = until.saturating_sub(now) as f64 / 1e9;
-                    log::info!("pinroute: worker {worker} out of unpinned selection for {seconds:.1} s");
+                    log::info!(
+                        "pinroute: worker {worker} out of unpinned selection for {seconds:.1} s"
+                    );
                 }
                 return;
             }
@@ -70,7 +72,9 @@ pub fn add_outstanding(worker: WorkerId, delta: i64) {
     let key = format!("{LOAD_PREFIX}{worker}");
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = hostcalls::get_shared_data(&key).unwrap_or((None, None));
-        let count = bytes.map_or(0, |b| decode_count(&b)).saturating_add_signed(delta);
+        let count = bytes
+            .map_or(0, |b| decode_count(&b))
+            .saturating_add_signed(delta);
         match hostcalls::set_shared_data(&key, Some(&count.to_le_bytes()), cas.or(Some(0))) {
             Ok(()) => return,
             Err(Status::CasMismatch) => continue,

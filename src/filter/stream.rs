@@ -15,12 +15,12 @@ use crate::policy::error::{Hop, HopFailure, RouteError};
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::health::{HealthTable, Observed};
 use crate::policy::json::JsonObject;
-use crate::policy::{passthrough, paths};
 use crate::policy::pins::{self, HeaderHints, Pins};
 use crate::policy::registry::{Config, Deployment, Worker, WorkerId};
 use crate::policy::resolve::{PrefillPlan, Resolver, Target, TokenHop};
 use crate::policy::rewrite::{self, BodyEdit, DecodeBody};
 use crate::policy::select::Choice;
+use crate::policy::{passthrough, paths};
 
 /// Client headers never copied onto the prefill hop: the filter sets its own, or they
 /// describe the client's connection rather than the request.
@@ -116,7 +116,10 @@ impl Stream {
         let all = || headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
         self.hints = pins::parse_headers(all())?;
         let upstream_header = self.config.settings.upstream_header.as_str();
-        for (name, _) in headers.iter().filter(|(n, _)| headers::must_strip(n, upstream_header)) {
+        for (name, _) in headers
+            .iter()
+            .filter(|(n, _)| headers::must_strip(n, upstream_header))
+        {
             envoy::set_request_header(name, None).map_err(host_failure)?;
         }
         self.request_id = self.request_id(&headers)?;
@@ -135,7 +138,10 @@ impl Stream {
             return Err(RouteError::InvalidBody("the body is empty".into()));
         }
         let limit = self.config.settings.max_body_bytes;
-        if header_text(&headers, "content-length").parse::<u64>().is_ok_and(|n| n > limit as u64) {
+        if header_text(&headers, "content-length")
+            .parse::<u64>()
+            .is_ok_and(|n| n > limit as u64)
+        {
             return Err(RouteError::BodyTooLarge { limit });
         }
         self.forwarded = forwarded_headers(&headers, upstream_header);
@@ -156,7 +162,11 @@ impl Stream {
     }
 
     /// The request body once Envoy holds all of it (`None` until then), within the limit.
-    fn whole_body(&self, body_size: usize, end_of_stream: bool) -> Result<Option<Vec<u8>>, RouteError> {
+    fn whole_body(
+        &self,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Result<Option<Vec<u8>>, RouteError> {
         let limit = self.config.settings.max_body_bytes;
         if body_size > limit {
             return Err(RouteError::BodyTooLarge { limit });
@@ -164,12 +174,17 @@ impl Stream {
         if !end_of_stream {
             return Ok(None);
         }
-        envoy::request_body(body_size).map(Some).map_err(host_failure)
+        envoy::request_body(body_size)
+            .map(Some)
+            .map_err(host_failure)
     }
 
     fn on_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
-        let Some(body) = self.whole_body(body_size, end_of_stream)? else { return Ok(Action::Pause) };
-        let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
+        let Some(body) = self.whole_body(body_size, end_of_stream)? else {
+            return Ok(Action::Pause);
+        };
+        let request =
+            JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
         let pins = self.hints.pins.clone().or(pins::parse_nvext(&request)?);
         self.count_pins(&pins);
         let (health, now) = (shared::health(), envoy::now_nanos());
@@ -205,8 +220,14 @@ impl Stream {
 
     /// Another path's JSON body, once whole: on to the worker unless it names
     /// `kv_transfer_params`.
-    fn on_passthrough_body(&mut self, body_size: usize, end_of_stream: bool) -> Result<Action, RouteError> {
-        let Some(body) = self.whole_body(body_size, end_of_stream)? else { return Ok(Action::Pause) };
+    fn on_passthrough_body(
+        &mut self,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Result<Action, RouteError> {
+        let Some(body) = self.whole_body(body_size, end_of_stream)? else {
+            return Ok(Action::Pause);
+        };
         passthrough::check_body(&body)?;
         self.phase = Phase::Forwarded;
         Ok(Action::Continue)
@@ -217,7 +238,10 @@ impl Stream {
         self.turns.set(turn.wrapping_add(1));
         let choice = match &self.hints.session {
             Some(key) => Choice::Session(key),
-            None => Choice::LeastLoaded { turn, outstanding: &outstanding },
+            None => Choice::LeastLoaded {
+                turn,
+                outstanding: &outstanding,
+            },
         };
         Resolver {
             registry: &self.config.registry,
@@ -231,7 +255,10 @@ impl Stream {
         let counted = [
             (pins.prefill_worker_id.is_some(), Counter::PinPrefillWorker),
             (pins.prefill_dp_rank.is_some(), Counter::PinPrefillRank),
-            (pins.decode_worker_id.or(pins.backend_instance_id).is_some(), Counter::PinDecodeWorker),
+            (
+                pins.decode_worker_id.or(pins.backend_instance_id).is_some(),
+                Counter::PinDecodeWorker,
+            ),
             (pins.dp_rank.is_some(), Counter::PinDecodeRank),
             (self.hints.session.is_some(), Counter::PinSession),
         ];
@@ -265,9 +292,18 @@ impl Stream {
         }
         headers.extend(self.forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let settings = &self.config.settings;
-        match envoy::dispatch(&settings.prefill_cluster, headers, prefill.body.as_bytes(), settings.prefill_timeout()) {
+        match envoy::dispatch(
+            &settings.prefill_cluster,
+            headers,
+            prefill.body.as_bytes(),
+            settings.prefill_timeout(),
+        ) {
             Ok(token) => {
-                log::debug!("pinroute: request {} prefill on worker {}", self.request_id, prefill.current.worker.id);
+                log::debug!(
+                    "pinroute: request {} prefill on worker {}",
+                    self.request_id,
+                    prefill.current.worker.id
+                );
                 shared::add_outstanding(prefill.current.worker.id, 1);
                 if prefill.remaining.is_empty() {
                     // No retry can need it: Envoy holds its own copy of what was sent.
@@ -283,15 +319,22 @@ impl Stream {
                     "pinroute: cannot dispatch to cluster {:?}: {status:?}; is it in the Envoy configuration?",
                     settings.prefill_cluster
                 );
-                Err(RouteError::Internal("the prefill hop could not be dispatched"))
+                Err(RouteError::Internal(
+                    "the prefill hop could not be dispatched",
+                ))
             }
         }
     }
 
-    fn on_prefill_response(&mut self, prefill: Prefilling, body_size: usize) -> Result<(), RouteError> {
+    fn on_prefill_response(
+        &mut self,
+        prefill: Prefilling,
+        body_size: usize,
+    ) -> Result<(), RouteError> {
         shared::add_outstanding(prefill.current.worker.id, -1);
         let elapsed = envoy::now_nanos().saturating_sub(prefill.dispatched_at);
-        self.metrics.record_prefill_latency(std::time::Duration::from_nanos(elapsed));
+        self.metrics
+            .record_prefill_latency(std::time::Duration::from_nanos(elapsed));
         let call = CallAnswer::read(body_size);
         match answers::prefill_answer(call.status, &call.body) {
             PrefillAnswer::Ready(kv_transfer_params) => {
@@ -311,26 +354,46 @@ impl Stream {
 
     /// The prefill worker refused the request (4xx): the client gets the worker's answer.
     fn pass_on_refusal(&mut self, worker: WorkerId, status: u16, call: &CallAnswer) {
-        log::debug!("pinroute: request {}: prefill worker {worker} refused it with {status}", self.request_id);
+        log::debug!(
+            "pinroute: request {}: prefill worker {worker} refused it with {status}",
+            self.request_id
+        );
         self.metrics.count(Counter::PrefillRefused);
         self.phase = Phase::Answered;
         let worker = worker.to_string();
         let content_type = call.content_type.as_deref().unwrap_or("application/json");
-        let headers = vec![("content-type", content_type), (headers::PREFILL_WORKER_HEADER, worker.as_str())];
+        let headers = vec![
+            ("content-type", content_type),
+            (headers::PREFILL_WORKER_HEADER, worker.as_str()),
+        ];
         if let Err(status) = envoy::send_response(status, headers, &call.body) {
-            log::error!("pinroute: could not pass on the prefill answer of {}: {status:?}", self.request_id);
+            log::error!(
+                "pinroute: could not pass on the prefill answer of {}: {status:?}",
+                self.request_id
+            );
         }
     }
 
-    fn on_prefill_failure(&mut self, mut prefill: Prefilling, failure: HopFailure) -> Result<(), RouteError> {
+    fn on_prefill_failure(
+        &mut self,
+        mut prefill: Prefilling,
+        failure: HopFailure,
+    ) -> Result<(), RouteError> {
         let worker = prefill.current.worker.id;
-        log::warn!("pinroute: request {}: prefill worker {worker} failed: {failure}", self.request_id);
+        log::warn!(
+            "pinroute: request {}: prefill worker {worker} failed: {failure}",
+            self.request_id
+        );
         self.metrics.count(Counter::PrefillFailed);
         if answers::takes_worker_out(&failure) {
             self.mark_unhealthy(worker);
         }
         if prefill.current.pinned {
-            return Err(RouteError::PinnedWorkerFailed { hop: Hop::Prefill, worker, failure });
+            return Err(RouteError::PinnedWorkerFailed {
+                hop: Hop::Prefill,
+                worker,
+                failure,
+            });
         }
         if let Some(next) = prefill.remaining.pop() {
             self.metrics.count(Counter::PrefillRetried);
@@ -338,9 +401,16 @@ impl Stream {
             return self.dispatch_prefill(prefill).map(|_| ());
         }
         if !self.config.settings.aggregated_fallback {
-            return Err(RouteError::UpstreamFailed { hop: Hop::Prefill, worker, failure });
+            return Err(RouteError::UpstreamFailed {
+                hop: Hop::Prefill,
+                worker,
+                failure,
+            });
         }
-        log::info!("pinroute: request {}: no prefill worker left, decode prefills itself", self.request_id);
+        log::info!(
+            "pinroute: request {}: no prefill worker left, decode prefills itself",
+            self.request_id
+        );
         self.metrics.count(Counter::AggregatedFallback);
         let edit = prefill.decode_body.finish(None);
         self.route(prefill.decode, edit, Some(prefill.held_body_size))
@@ -348,22 +418,37 @@ impl Stream {
 
     /// Sends the request on to its token-generating worker, with `edit` made to the held
     /// body (of `held_body_size` bytes, when the filter holds one) when given.
-    fn route(&mut self, decode: TokenHop, edit: Option<BodyEdit>, held_body_size: Option<usize>) -> Result<(), RouteError> {
+    fn route(
+        &mut self,
+        decode: TokenHop,
+        edit: Option<BodyEdit>,
+        held_body_size: Option<usize>,
+    ) -> Result<(), RouteError> {
         let target = &decode.target;
         let address = target.worker.address.to_string();
-        envoy::set_request_header(&self.config.settings.upstream_header, Some(&address)).map_err(host_failure)?;
+        envoy::set_request_header(&self.config.settings.upstream_header, Some(&address))
+            .map_err(host_failure)?;
         let pool = pool_header(&decode, &self.config.pool_members);
         envoy::set_request_header(headers::POOL_HEADER, pool.as_deref()).map_err(host_failure)?;
         let rank = target.rank.map(|r| r.to_string());
         envoy::set_request_header(DP_RANK_HEADER, rank.as_deref()).map_err(host_failure)?;
         if let Some(held) = held_body_size {
             if let Some(edit) = &edit {
-                envoy::edit_request_body(edit.replaced, edit.with.as_bytes()).map_err(host_failure)?;
+                envoy::edit_request_body(edit.replaced, edit.with.as_bytes())
+                    .map_err(host_failure)?;
             }
-            let length = edit.as_ref().map_or(held, |e| e.edited_len(held)).to_string();
+            let length = edit
+                .as_ref()
+                .map_or(held, |e| e.edited_len(held))
+                .to_string();
             envoy::set_request_header("content-length", Some(&length)).map_err(host_failure)?;
         }
-        log::debug!("pinroute: request {} {} on worker {}", self.request_id, decode.hop, target.worker.id);
+        log::debug!(
+            "pinroute: request {} {} on worker {}",
+            self.request_id,
+            decode.hop,
+            target.worker.id
+        );
         self.metrics.count(Counter::DecodeRouted);
         shared::add_outstanding(target.worker.id, 1);
         self.decode = Some(decode);
@@ -375,8 +460,14 @@ impl Stream {
     /// connections to the ones before it failed (then those are marked unhealthy).
     fn served_decode_worker(&self, decode: &TokenHop) -> WorkerId {
         let first = decode.target.worker.id;
-        let Some(served) = envoy::upstream_address() else { return first };
-        let Some(at) = decode.alternates.iter().position(|w| w.address.to_string() == served) else {
+        let Some(served) = envoy::upstream_address() else {
+            return first;
+        };
+        let Some(at) = decode
+            .alternates
+            .iter()
+            .position(|w| w.address.to_string() == served)
+        else {
             return first;
         };
         self.mark_unhealthy(first);
@@ -386,7 +477,11 @@ impl Stream {
     }
 
     fn answer(&mut self, error: &RouteError) -> Action {
-        log::debug!("pinroute: request {} answered {}: {error}", self.request_id, error.status());
+        log::debug!(
+            "pinroute: request {} answered {}: {error}",
+            self.request_id,
+            error.status()
+        );
         self.metrics.count_error(error);
         send_error(error);
         self.phase = Phase::Answered;
@@ -398,12 +493,18 @@ impl Stream {
         if let Some(id) = self.prefill_worker {
             envoy::set_response_header(headers::PREFILL_WORKER_HEADER, Some(&id.to_string()))?;
         }
-        let Some(decode) = &self.decode else { return Ok(()) };
+        let Some(decode) = &self.decode else {
+            return Ok(());
+        };
         let worker = self.served_decode_worker(decode);
         envoy::set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = envoy::response_status().unwrap_or(0);
         if (400..=499).contains(&status) {
-            let locators = self.kv_transfer_params.as_deref().map(rewrite::kv_locators).unwrap_or_default();
+            let locators = self
+                .kv_transfer_params
+                .as_deref()
+                .map(rewrite::kv_locators)
+                .unwrap_or_default();
             if !locators.is_empty() {
                 envoy::set_response_header("content-length", None)?;
                 self.response_body = ResponseBody::Redacted(locators);
@@ -413,7 +514,9 @@ impl Stream {
         if !(500..=599).contains(&status) {
             return Ok(());
         }
-        let Some(failure) = answers::decode_failure(status, envoy::response_code_details().as_deref()) else {
+        let Some(failure) =
+            answers::decode_failure(status, envoy::response_code_details().as_deref())
+        else {
             return Ok(());
         };
         let (hop, pinned) = (decode.hop, decode.target.pinned);
@@ -421,9 +524,17 @@ impl Stream {
             self.mark_unhealthy(worker);
         }
         let error = if pinned {
-            RouteError::PinnedWorkerFailed { hop, worker, failure }
+            RouteError::PinnedWorkerFailed {
+                hop,
+                worker,
+                failure,
+            }
         } else {
-            RouteError::UpstreamFailed { hop, worker, failure }
+            RouteError::UpstreamFailed {
+                hop,
+                worker,
+                failure,
+            }
         };
         log::warn!("pinroute: request {}: {error}", self.request_id);
         self.metrics.count(Counter::DecodeFailed);
@@ -438,7 +549,13 @@ impl Stream {
 }
 
 impl Context for Stream {
-    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         let phase = std::mem::replace(&mut self.phase, Phase::Forwarded);
         let Phase::Prefill(prefill) = phase else {
             self.phase = phase;
@@ -452,7 +569,10 @@ impl Context for Stream {
         match result {
             Ok(()) if matches!(self.phase, Phase::Forwarded) => {
                 if let Err(status) = envoy::resume_request() {
-                    log::error!("pinroute: could not resume request {}: {status:?}", self.request_id);
+                    log::error!(
+                        "pinroute: could not resume request {}: {status:?}",
+                        self.request_id
+                    );
                 }
             }
             Ok(()) => {}
@@ -465,15 +585,18 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.on_headers(end_of_stream).unwrap_or_else(|error| self.answer(&error))
+        self.on_headers(end_of_stream)
+            .unwrap_or_else(|error| self.answer(&error))
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         match self.phase {
-            Phase::Body => self.on_body(body_size, end_of_stream).unwrap_or_else(|error| self.answer(&error)),
-            Phase::PassthroughBody => {
-                self.on_passthrough_body(body_size, end_of_stream).unwrap_or_else(|error| self.answer(&error))
-            }
+            Phase::Body => self
+                .on_body(body_size, end_of_stream)
+                .unwrap_or_else(|error| self.answer(&error)),
+            Phase::PassthroughBody => self
+                .on_passthrough_body(body_size, end_of_stream)
+                .unwrap_or_else(|error| self.answer(&error)),
             Phase::Prefill(_) | Phase::Answered => Action::Pause,
             Phase::Headers | Phase::Forwarded => Action::Continue,
         }
@@ -483,9 +606,9 @@ impl HttpContext for Stream {
     /// filter must read is refused rather than forwarded unread.
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         match self.phase {
-            Phase::Body | Phase::PassthroughBody => {
-                self.answer(&RouteError::InvalidBody("a body followed by trailers is not accepted".into()))
-            }
+            Phase::Body | Phase::PassthroughBody => self.answer(&RouteError::InvalidBody(
+                "a body followed by trailers is not accepted".into(),
+            )),
             Phase::Prefill(_) | Phase::Answered => Action::Pause,
             Phase::Headers | Phase::Forwarded => Action::Continue,
         }
@@ -495,9 +618,13 @@ impl HttpContext for Stream {
         if matches!(self.phase, Phase::Forwarded)
             && let Err(status) = self.on_response()
         {
-            log::error!("pinroute: could not edit the response of {}: {status:?}", self.request_id);
+            log::error!(
+                "pinroute: could not edit the response of {}: {status:?}",
+                self.request_id
+            );
         }
-        if end_of_stream && let ResponseBody::Error(error) = std::mem::take(&mut self.response_body) {
+        if end_of_stream && let ResponseBody::Error(error) = std::mem::take(&mut self.response_body)
+        {
             // No body will come to be replaced: the error is answered whole instead.
             send_error(&error);
             self.phase = Phase::Answered;
@@ -525,15 +652,18 @@ impl HttpContext for Stream {
         }
         let replacement = match &self.response_body {
             ResponseBody::Error(error) => Some(error.body().into_bytes()),
-            ResponseBody::Redacted(locators) => {
-                envoy::response_body(body_size).ok().and_then(|body| answers::redacted(&body, locators))
-            }
+            ResponseBody::Redacted(locators) => envoy::response_body(body_size)
+                .ok()
+                .and_then(|body| answers::redacted(&body, locators)),
             ResponseBody::AsItIs => None,
         };
         if let Some(body) = replacement
             && let Err(status) = envoy::replace_response_body(body_size, &body)
         {
-            log::error!("pinroute: could not replace the response of {}: {status:?}", self.request_id);
+            log::error!(
+                "pinroute: could not replace the response of {}: {status:?}",
+                self.request_id
+            );
         }
         Action::Continue
     }
@@ -571,8 +701,10 @@ fn pool_header(decode: &TokenHop, members: &[std::net::SocketAddr]) -> Option<St
         return None;
     }
     let candidates = std::iter::once(&decode.target.worker).chain(&decode.alternates);
-    let listed: Vec<String> =
-        candidates.filter(|w| members.contains(&w.address)).map(|w| w.address.to_string()).collect();
+    let listed: Vec<String> = candidates
+        .filter(|w| members.contains(&w.address))
+        .map(|w| w.address.to_string())
+        .collect();
     Some(listed.join(","))
 }
 
@@ -600,7 +732,10 @@ fn forwarded_headers(headers: &envoy::Headers, upstream_header: &str) -> Vec<(St
 /// Answers `error` in place of whatever the request would have got.
 fn send_error(error: &RouteError) {
     let retry_after = error.retry_after_secs().map(|s| s.to_string());
-    let mut headers = vec![("content-type", "application/json"), (headers::ERROR_CODE_HEADER, error.code())];
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        (headers::ERROR_CODE_HEADER, error.code()),
+    ];
     if let Some(seconds) = &retry_after {
         headers.push(("retry-after", seconds));
     }

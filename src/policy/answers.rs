@@ -31,7 +31,9 @@ pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
         },
         Some(status @ 400..=499) => PrefillAnswer::Refused(status),
         Some(504) => PrefillAnswer::Failed(HopFailure::Timeout),
-        Some(503) if body.starts_with(b"upstream connect error") => PrefillAnswer::Failed(envoy_reset(body)),
+        Some(503) if body.starts_with(b"upstream connect error") => {
+            PrefillAnswer::Failed(envoy_reset(body))
+        }
         Some(status) => PrefillAnswer::Failed(HopFailure::Status(status)),
     }
 }
@@ -39,7 +41,11 @@ pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
 /// Envoy's own 503 for a call it could not make: a circuit breaker, or the connection.
 fn envoy_reset(body: &[u8]) -> HopFailure {
     const OVERFLOW: &[u8] = b"reset reason: overflow";
-    if body.windows(OVERFLOW.len()).any(|w| w == OVERFLOW) { HopFailure::Overloaded } else { HopFailure::Connect }
+    if body.windows(OVERFLOW.len()).any(|w| w == OVERFLOW) {
+        HopFailure::Overloaded
+    } else {
+        HopFailure::Connect
+    }
 }
 
 /// Whether a failure takes the worker out of unpinned selection (passive health): only a
@@ -73,11 +79,16 @@ pub fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> 
 /// section 3). `None` when there is nothing to hide.
 pub fn redacted(body: &[u8], locators: &[String]) -> Option<Vec<u8>> {
     let text = String::from_utf8_lossy(body);
-    let found: Vec<&String> = locators.iter().filter(|l| text.contains(l.as_str())).collect();
+    let found: Vec<&String> = locators
+        .iter()
+        .filter(|l| text.contains(l.as_str()))
+        .collect();
     if found.is_empty() {
         return None;
     }
-    let clean = found.iter().fold(text.into_owned(), |text, locator| text.replace(locator.as_str(), "[redacted]"));
+    let clean = found.iter().fold(text.into_owned(), |text, locator| {
+        text.replace(locator.as_str(), "[redacted]")
+    });
     Some(clean.into_bytes())
 }
 

@@ -43,7 +43,9 @@ impl fmt::Display for HopFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HopFailure::Connect => f.write_str("the connection failed"),
-            HopFailure::Overloaded => f.write_str("the gateway's connection limit for it was reached"),
+            HopFailure::Overloaded => {
+                f.write_str("the gateway's connection limit for it was reached")
+            }
             HopFailure::Timeout => f.write_str("it timed out"),
             HopFailure::Status(status) => write!(f, "it answered HTTP {status}"),
             HopFailure::BadResponse(why) => write!(f, "its response was unusable: {why}"),
@@ -85,17 +87,39 @@ pub enum RouteError {
     #[error("{hop} hop: pinned worker {worker} is unknown to the registry")]
     UnknownWorker { hop: Hop, worker: WorkerId },
     #[error("{hop} hop: pinned worker {worker} is a {actual} worker, not a {expected} worker")]
-    WrongRole { hop: Hop, worker: WorkerId, actual: Role, expected: Role },
+    WrongRole {
+        hop: Hop,
+        worker: WorkerId,
+        actual: Role,
+        expected: Role,
+    },
     #[error("{hop} hop: dp rank {rank} of pinned worker {worker} is outside [0, {dp_size})")]
-    RankOutOfRange { hop: Hop, worker: WorkerId, rank: u32, dp_size: u32 },
+    RankOutOfRange {
+        hop: Hop,
+        worker: WorkerId,
+        rank: u32,
+        dp_size: u32,
+    },
     #[error("{hop} hop: pinned worker {worker} is {why}")]
-    WorkerUnavailable { hop: Hop, worker: WorkerId, why: Unavailability },
+    WorkerUnavailable {
+        hop: Hop,
+        worker: WorkerId,
+        why: Unavailability,
+    },
     #[error("{hop} hop: no healthy {role} worker is available")]
     NoWorkerAvailable { hop: Hop, role: Role },
     #[error("{hop} hop: pinned worker {worker} failed: {failure}")]
-    PinnedWorkerFailed { hop: Hop, worker: WorkerId, failure: HopFailure },
+    PinnedWorkerFailed {
+        hop: Hop,
+        worker: WorkerId,
+        failure: HopFailure,
+    },
     #[error("{hop} hop: worker {worker} failed: {failure}")]
-    UpstreamFailed { hop: Hop, worker: WorkerId, failure: HopFailure },
+    UpstreamFailed {
+        hop: Hop,
+        worker: WorkerId,
+        failure: HopFailure,
+    },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -117,7 +141,11 @@ impl RouteError {
             BodyTooLarge { .. } => 413,
             WorkerUnavailable { .. } | NoWorkerAvailable { .. } => 503,
             PinnedWorkerFailed { failure, .. } | UpstreamFailed { failure, .. } => {
-                if *failure == HopFailure::Timeout { 504 } else { 502 }
+                if *failure == HopFailure::Timeout {
+                    504
+                } else {
+                    502
+                }
             }
             Internal(_) => 500,
         }
@@ -161,15 +189,22 @@ impl RouteError {
 
     /// The OpenAI error `type`: the client's fault or the server's.
     pub fn kind(&self) -> &'static str {
-        if self.status() < 500 { "invalid_request_error" } else { "server_error" }
+        if self.status() < 500 {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        }
     }
 
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
-            RouteError::WorkerUnavailable { why: Unavailability::Unhealthy { retry_after_secs }, .. } => {
-                Some(*retry_after_secs)
+            RouteError::WorkerUnavailable {
+                why: Unavailability::Unhealthy { retry_after_secs },
+                ..
+            } => Some(*retry_after_secs),
+            RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => {
+                Some(RETRY_AFTER_SECS)
             }
-            RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => Some(RETRY_AFTER_SECS),
             _ => None,
         }
     }

@@ -22,7 +22,9 @@ pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 pub fn must_strip(name: &str, upstream_header: &str) -> bool {
     name == upstream_header
         || UPSTREAM_CHOOSING.contains(&name)
-        || UPSTREAM_CHOOSING_PREFIXES.iter().any(|p| name.starts_with(p))
+        || UPSTREAM_CHOOSING_PREFIXES
+            .iter()
+            .any(|p| name.starts_with(p))
         || is_pin_header(name)
 }
 

@@ -68,13 +68,18 @@ impl HealthTable {
     /// Returns when it comes back.
     pub fn mark(&mut self, worker: WorkerId, period: u64, now: u64) -> u64 {
         let previous = self.entries.iter().find(|o| o.worker == worker).copied();
-        self.entries.retain(|o| o.worker != worker && o.remembered(period, now));
+        self.entries
+            .retain(|o| o.worker != worker && o.remembered(period, now));
         let doublings = match previous.filter(|o| o.remembered(period, now)) {
             None => 0,
             Some(current) if current.until > now => current.doublings,
             Some(returned) => returned.doublings.saturating_add(1).min(MAX_DOUBLINGS),
         };
-        let mut outage = Outage { worker, until: 0, doublings };
+        let mut outage = Outage {
+            worker,
+            until: 0,
+            doublings,
+        };
         outage.until = now.saturating_add(outage.length(period));
         if let Some(current) = previous.filter(|o| o.until > now) {
             outage.until = outage.until.max(current.until);
@@ -85,7 +90,10 @@ impl HealthTable {
 
     /// When `worker` returns to service, if it is out of service at `now`.
     pub fn unhealthy_until(&self, worker: WorkerId, now: u64) -> Option<u64> {
-        self.entries.iter().find(|o| o.worker == worker && o.until > now).map(|o| o.until)
+        self.entries
+            .iter()
+            .find(|o| o.worker == worker && o.until > now)
+            .map(|o| o.until)
     }
 
     /// Outages remembered, past ones included.
@@ -99,7 +107,9 @@ impl HealthTable {
 }
 
 fn u64_le(bytes: Option<&[u8]>) -> u64 {
-    bytes.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+    bytes
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// Availability at an instant: draining from the registry, unhealthy from the table.
@@ -114,8 +124,13 @@ impl Availability for Observed<'_> {
             return Some(Unavailability::Draining);
         }
         let until = self.table.unhealthy_until(worker.id, self.now)?;
-        let seconds = until.saturating_sub(self.now).div_ceil(1_000_000_000).max(1);
-        Some(Unavailability::Unhealthy { retry_after_secs: u32::try_from(seconds).unwrap_or(u32::MAX) })
+        let seconds = until
+            .saturating_sub(self.now)
+            .div_ceil(1_000_000_000)
+            .max(1);
+        Some(Unavailability::Unhealthy {
+            retry_after_secs: u32::try_from(seconds).unwrap_or(u32::MAX),
+        })
     }
 }
 

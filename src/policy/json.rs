@@ -35,7 +35,11 @@ impl fmt::Display for JsonObjectError {
             JsonObjectError::NotJson(why) => write!(f, "not valid JSON ({why})"),
             JsonObjectError::NotAnObject => f.write_str("not a JSON object"),
             JsonObjectError::DuplicateKey(key) => {
-                write!(f, "key {} appears more than once", serde_json::Value::String(key.clone()))
+                write!(
+                    f,
+                    "key {} appears more than once",
+                    serde_json::Value::String(key.clone())
+                )
             }
             JsonObjectError::TooDeep(key) => write!(
                 f,
@@ -49,10 +53,16 @@ impl fmt::Display for JsonObjectError {
 impl<'a> JsonObject<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<Self, JsonObjectError> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let members = de.deserialize_any(MembersVisitor).map_err(|e| classify(&e))?;
-        de.end().map_err(|e| JsonObjectError::NotJson(e.to_string()))?;
+        let members = de
+            .deserialize_any(MembersVisitor)
+            .map_err(|e| classify(&e))?;
+        de.end()
+            .map_err(|e| JsonObjectError::NotJson(e.to_string()))?;
         let members = members?;
-        if let Some((key, _)) = members.iter().find(|(_, value)| nests_deeper_than(value.get(), MAX_DEPTH - 1)) {
+        if let Some((key, _)) = members
+            .iter()
+            .find(|(_, value)| nests_deeper_than(value.get(), MAX_DEPTH - 1))
+        {
             return Err(JsonObjectError::TooDeep(key.clone()));
         }
         Ok(Self { members })

@@ -18,8 +18,8 @@ pub fn read_as_json(content_type: &str) -> bool {
 /// Refuses a body that is not JSON, nests deeper than serde_json's 128 levels, or names
 /// `kv_transfer_params` at any depth.
 pub fn check_body(body: &[u8]) -> Result<(), RouteError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| RouteError::InvalidBody(format!("not valid JSON ({e})")))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| RouteError::InvalidBody(format!("not valid JSON ({e})")))?;
     if names_key(&value, KV_TRANSFER_PARAMS) {
         return Err(RouteError::InvalidField {
             field: KV_TRANSFER_PARAMS,

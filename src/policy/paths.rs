@@ -12,7 +12,10 @@ pub const COMPLETION_PATHS: &[&str] = &["/v1/completions", "/v1/chat/completions
 /// The completion path `raw` (a request's `:path`) names, if it names one.
 pub fn completion_path(raw: &str) -> Option<&'static str> {
     let canonical = canonical_path(raw);
-    COMPLETION_PATHS.iter().copied().find(|path| *path == canonical)
+    COMPLETION_PATHS
+        .iter()
+        .copied()
+        .find(|path| *path == canonical)
 }
 
 /// `raw` without its query or fragment, percent-decoded once, with repeated slashes merged
@@ -36,8 +39,13 @@ fn percent_decoded(path: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut at = 0;
     while let Some(&byte) = bytes.get(at) {
-        let escaped = bytes.get(at + 1..at + 3).and_then(|hex| std::str::from_utf8(hex).ok());
-        match escaped.filter(|_| byte == b'%').and_then(|hex| u8::from_str_radix(hex, 16).ok()) {
+        let escaped = bytes
+            .get(at + 1..at + 3)
+            .and_then(|hex| std::str::from_utf8(hex).ok());
+        match escaped
+            .filter(|_| byte == b'%')
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
             Some(decoded) => {
                 out.push(decoded);
                 at += 3;

@@ -84,7 +84,10 @@ const PIN_HEADERS: &[PinHeader] = &[
         names: &["x-dynamo-prefill-dp-rank", "x-prefill-dp-rank"],
         slot: Slot::PrefillRank,
     },
-    PinHeader { names: &["x-dynamo-session-id"], slot: Slot::Session },
+    PinHeader {
+        names: &["x-dynamo-session-id"],
+        slot: Slot::Session,
+    },
 ];
 
 /// Whether `name` (lowercase) is one of the pin headers; they are consumed here and never
@@ -110,7 +113,9 @@ where
                 hints.pins.backend_instance_id = id;
                 hints.pins.decode_worker_id = id;
             }
-            Slot::Prefill => hints.pins.prefill_worker_id = pick(header, headers.clone(), parse_u64)?,
+            Slot::Prefill => {
+                hints.pins.prefill_worker_id = pick(header, headers.clone(), parse_u64)?
+            }
             Slot::Rank => hints.pins.dp_rank = pick(header, headers.clone(), parse_u32)?,
             Slot::PrefillRank => {
                 hints.pins.prefill_dp_rank = pick(header, headers.clone(), parse_u32)?
@@ -131,7 +136,12 @@ where
     // The first value seen under each name, by the name's strength (0 is canonical).
     let mut found: Vec<(usize, T)> = Vec::new();
     for (name, raw) in headers {
-        let Some((strength, name)) = header.names.iter().copied().enumerate().find(|(_, n)| *n == name)
+        let Some((strength, name)) = header
+            .names
+            .iter()
+            .copied()
+            .enumerate()
+            .find(|(_, n)| *n == name)
         else {
             continue;
         };
@@ -147,7 +157,9 @@ where
     }
     found.sort_by_key(|(strength, _)| *strength);
     let mut by_strength = found.into_iter();
-    let Some((strength, value)) = by_strength.next() else { return Ok(None) };
+    let Some((strength, value)) = by_strength.next() else {
+        return Ok(None);
+    };
     if strength > 0
         && let Some((other, _)) = by_strength.find(|(_, other)| *other != value)
     {
@@ -170,7 +182,8 @@ fn parse_u64(raw: &[u8]) -> Result<u64, String> {
     if !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("{} is not a decimal integer", quoted(text)));
     }
-    text.parse::<u64>().map_err(|_| format!("{} does not fit in 64 bits", quoted(text)))
+    text.parse::<u64>()
+        .map_err(|_| format!("{} does not fit in 64 bits", quoted(text)))
 }
 
 fn parse_u32(raw: &[u8]) -> Result<u32, String> {
@@ -181,7 +194,9 @@ fn parse_u32(raw: &[u8]) -> Result<u32, String> {
 fn parse_session(raw: &[u8]) -> Result<Vec<u8>, String> {
     match raw.len() {
         0 => Err("value is empty".into()),
-        n if n > SESSION_MAX_BYTES => Err(format!("value is {n} bytes, more than {SESSION_MAX_BYTES}")),
+        n if n > SESSION_MAX_BYTES => {
+            Err(format!("value is {n} bytes, more than {SESSION_MAX_BYTES}"))
+        }
         _ => Ok(raw.to_vec()),
     }
 }
@@ -198,7 +213,9 @@ fn quoted(text: &str) -> String {
 
 /// Reads the routing fields of `nvext` in a request body.
 pub fn parse_nvext(body: &JsonObject<'_>) -> Result<Pins, RouteError> {
-    let Some(raw) = body.get("nvext") else { return Ok(Pins::default()) };
+    let Some(raw) = body.get("nvext") else {
+        return Ok(Pins::default());
+    };
     if raw.get() == "null" {
         return Ok(Pins::default());
     }
@@ -224,7 +241,9 @@ fn narrow(value: u64) -> u32 {
 /// A routing field: absent or null is no pin; otherwise an integer in `0..=max`.
 fn field(nvext: &JsonObject<'_>, path: &'static str, max: u64) -> Result<Option<u64>, RouteError> {
     let key = path.trim_start_matches("nvext.");
-    let Some(raw) = nvext.get(key) else { return Ok(None) };
+    let Some(raw) = nvext.get(key) else {
+        return Ok(None);
+    };
     let invalid = |what: &str| RouteError::InvalidField {
         field: path,
         reason: format!("must be an integer in 0..={max}, got {what}"),
@@ -245,7 +264,11 @@ fn field(nvext: &JsonObject<'_>, path: &'static str, max: u64) -> Result<Option<
 
 fn short(raw: &RawValue) -> String {
     let text = raw.get();
-    if text.len() <= 40 { text.to_string() } else { format!("{}…", text.chars().take(40).collect::<String>()) }
+    if text.len() <= 40 {
+        text.to_string()
+    } else {
+        format!("{}…", text.chars().take(40).collect::<String>())
+    }
 }
 
 #[cfg(test)]

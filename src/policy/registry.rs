@@ -88,19 +88,28 @@ impl Registry {
             }
         }
         let has = |role| workers.iter().any(|w| w.role == role);
-        let deployment = match (has(Role::Aggregated), has(Role::Prefill) || has(Role::Decode)) {
+        let deployment = match (
+            has(Role::Aggregated),
+            has(Role::Prefill) || has(Role::Decode),
+        ) {
             (true, true) => return Err(ConfigError::MixedDeployment),
             (true, false) => Deployment::Aggregated,
             (false, _) if !has(Role::Decode) => return Err(ConfigError::NoDecodeWorker),
             (false, _) => Deployment::Disaggregated,
         };
-        Ok(Self { workers, deployment })
+        Ok(Self {
+            workers,
+            deployment,
+        })
     }
 
     /// No worker at all: where a live registry has not answered yet. Every request then
     /// gets 503 `no_worker_available`.
     pub fn empty() -> Self {
-        Self { workers: Vec::new(), deployment: Deployment::Disaggregated }
+        Self {
+            workers: Vec::new(),
+            deployment: Deployment::Disaggregated,
+        }
     }
 
     pub fn deployment(&self) -> Deployment {
@@ -141,7 +150,11 @@ pub struct Config {
 impl Config {
     /// The same settings with a newer registry (from the live source).
     pub fn with_registry(&self, registry: Registry) -> Self {
-        Self { registry, settings: self.settings.clone(), pool_members: self.pool_members.clone() }
+        Self {
+            registry,
+            settings: self.settings.clone(),
+            pool_members: self.pool_members.clone(),
+        }
     }
 }
 
@@ -254,7 +267,11 @@ impl Config {
         };
         let role = registry.token_role();
         let pool_members = registry.pool(role).map(|w| w.address).collect();
-        Ok(Self { registry, settings, pool_members })
+        Ok(Self {
+            registry,
+            settings,
+            pool_members,
+        })
     }
 }
 
@@ -262,20 +279,31 @@ impl Settings {
     fn validate(&self) -> Result<(), ConfigError> {
         let settings = self;
         if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
-            return Err(ConfigError::Setting("prefill_timeout_ms must be in 1..=4294967295"));
+            return Err(ConfigError::Setting(
+                "prefill_timeout_ms must be in 1..=4294967295",
+            ));
         }
         if settings.max_body_bytes == 0 {
             return Err(ConfigError::Setting("max_body_bytes must be positive"));
         }
         if !is_header_name(&settings.upstream_header) {
-            return Err(ConfigError::Setting("upstream_header must be a lowercase header name"));
+            return Err(ConfigError::Setting(
+                "upstream_header must be a lowercase header name",
+            ));
         }
         if let Some(source) = &settings.registry {
             if source.cluster.is_empty() || !source.path.starts_with('/') {
-                return Err(ConfigError::Setting("registry needs a cluster and a path starting with /"));
+                return Err(ConfigError::Setting(
+                    "registry needs a cluster and a path starting with /",
+                ));
             }
-            if source.refresh_ms == 0 || source.timeout_ms == 0 || source.timeout_ms > u64::from(u32::MAX) {
-                return Err(ConfigError::Setting("registry refresh_ms and timeout_ms must be positive"));
+            if source.refresh_ms == 0
+                || source.timeout_ms == 0
+                || source.timeout_ms > u64::from(u32::MAX)
+            {
+                return Err(ConfigError::Setting(
+                    "registry refresh_ms and timeout_ms must be positive",
+                ));
             }
         }
         Ok(())
@@ -284,7 +312,9 @@ impl Settings {
 
 fn is_header_name(name: &str) -> bool {
     !name.is_empty()
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 #[cfg(test)]

@@ -96,16 +96,30 @@ impl<A: Availability> Resolver<'_, A> {
         let worker_pin = pins.decode_worker_id.or(pins.backend_instance_id);
         let role = self.registry.token_role();
         if let Some(target) = self.pinned(hop, role, worker_pin, pins.dp_rank)? {
-            return Ok(TokenHop { target, hop, alternates: Vec::new() });
+            return Ok(TokenHop {
+                target,
+                hop,
+                alternates: Vec::new(),
+            });
         }
         let mut candidates = self.candidates(role).into_iter().take(DECODE_ATTEMPTS);
-        let target = candidates.next().ok_or(RouteError::NoWorkerAvailable { hop, role })?;
-        Ok(TokenHop { target, hop, alternates: candidates.map(|t| t.worker).collect() })
+        let target = candidates
+            .next()
+            .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
+        Ok(TokenHop {
+            target,
+            hop,
+            alternates: candidates.map(|t| t.worker).collect(),
+        })
     }
 
     fn prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
-        let pinned =
-            self.pinned(Hop::Prefill, Role::Prefill, pins.prefill_worker_id, pins.prefill_dp_rank)?;
+        let pinned = self.pinned(
+            Hop::Prefill,
+            Role::Prefill,
+            pins.prefill_worker_id,
+            pins.prefill_dp_rank,
+        )?;
         if let Some(target) = pinned {
             return Ok(PrefillPlan::Pinned(target));
         }
@@ -118,7 +132,10 @@ impl<A: Availability> Resolver<'_, A> {
         match (candidates.is_empty(), self.settings.aggregated_fallback) {
             (false, _) => Ok(PrefillPlan::Candidates(candidates)),
             (true, true) => Ok(PrefillPlan::Skip),
-            (true, false) => Err(RouteError::NoWorkerAvailable { hop: Hop::Prefill, role: Role::Prefill }),
+            (true, false) => Err(RouteError::NoWorkerAvailable {
+                hop: Hop::Prefill,
+                role: Role::Prefill,
+            }),
         }
     }
 
@@ -145,16 +162,34 @@ impl<A: Availability> Resolver<'_, A> {
             });
         };
         if worker.role != role {
-            return Err(RouteError::WrongRole { hop, worker: id, actual: worker.role, expected: role });
+            return Err(RouteError::WrongRole {
+                hop,
+                worker: id,
+                actual: worker.role,
+                expected: role,
+            });
         }
         if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
-            return Err(RouteError::RankOutOfRange { hop, worker: id, rank, dp_size: worker.dp_size });
+            return Err(RouteError::RankOutOfRange {
+                hop,
+                worker: id,
+                rank,
+                dp_size: worker.dp_size,
+            });
         }
         if let Some(why) = self.availability.unavailability(worker) {
-            return Err(RouteError::WorkerUnavailable { hop, worker: id, why });
+            return Err(RouteError::WorkerUnavailable {
+                hop,
+                worker: id,
+                why,
+            });
         }
         let rank = rank.or((worker.dp_size == 1).then_some(0));
-        Ok(Some(Target { worker: worker.clone(), rank, pinned: true }))
+        Ok(Some(Target {
+            worker: worker.clone(),
+            rank,
+            pinned: true,
+        }))
     }
 
     /// The available workers of a pool, best first.
@@ -166,7 +201,11 @@ impl<A: Availability> Resolver<'_, A> {
             .collect();
         rank_candidates(pool, self.choice)
             .into_iter()
-            .map(|worker| Target { worker: worker.clone(), rank: None, pinned: false })
+            .map(|worker| Target {
+                worker: worker.clone(),
+                rank: None,
+                pinned: false,
+            })
             .collect()
     }
 }

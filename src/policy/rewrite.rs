@@ -48,9 +48,14 @@ pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
 
 /// `nvext` without the decode hop's pins; anything but an object is passed as it is.
 fn without_decode_pins(nvext: &RawValue) -> String {
-    let Ok(object) = JsonObject::parse(nvext.get().as_bytes()) else { return nvext.get().to_string() };
+    let Ok(object) = JsonObject::parse(nvext.get().as_bytes()) else {
+        return nvext.get().to_string();
+    };
     let mut out = ObjectWriter::with_capacity(nvext.get().len());
-    for (key, value) in object.members().filter(|(key, _)| !DECODE_NVEXT_FIELDS.contains(key)) {
+    for (key, value) in object
+        .members()
+        .filter(|(key, _)| !DECODE_NVEXT_FIELDS.contains(key))
+    {
         out.member(key, value.get());
     }
     out.finish()
@@ -93,13 +98,22 @@ impl DecodeBody {
     pub fn new(request: &JsonObject<'_>, held: &[u8]) -> Self {
         if request.get(KV_TRANSFER_PARAMS).is_none() {
             let open = held.iter().position(|&b| b == b'{').map_or(0, |at| at + 1);
-            return Self::Held { open, empty: request.members().next().is_none() };
+            return Self::Held {
+                open,
+                empty: request.members().next().is_none(),
+            };
         }
         let mut open = ObjectWriter::with_capacity(held.len() + 64);
-        for (key, value) in request.members().filter(|(key, _)| *key != KV_TRANSFER_PARAMS) {
+        for (key, value) in request
+            .members()
+            .filter(|(key, _)| *key != KV_TRANSFER_PARAMS)
+        {
             open.member(key, value.get());
         }
-        Self::Rebuilt { open, held: held.len() }
+        Self::Rebuilt {
+            open,
+            held: held.len(),
+        }
     }
 
     /// The edit that makes the held body the final one, carrying the prefill worker's
@@ -107,20 +121,27 @@ impl DecodeBody {
     pub fn finish(self, kv_transfer_params: Option<&RawValue>) -> Option<BodyEdit> {
         match self {
             Self::Held { open, empty } => kv_transfer_params.map(|params| {
-                let mut with = String::with_capacity(params.get().len() + KV_TRANSFER_PARAMS.len() + 4);
+                let mut with =
+                    String::with_capacity(params.get().len() + KV_TRANSFER_PARAMS.len() + 4);
                 with.push('{');
                 write_key(&mut with, KV_TRANSFER_PARAMS);
                 with.push_str(params.get());
                 if !empty {
                     with.push(',');
                 }
-                BodyEdit { replaced: open, with }
+                BodyEdit {
+                    replaced: open,
+                    with,
+                }
             }),
             Self::Rebuilt { mut open, held } => {
                 if let Some(params) = kv_transfer_params {
                     open.member(KV_TRANSFER_PARAMS, params.get());
                 }
-                Some(BodyEdit { replaced: held, with: open.finish() })
+                Some(BodyEdit {
+                    replaced: held,
+                    with: open.finish(),
+                })
             }
         }
     }
@@ -131,18 +152,24 @@ impl DecodeBody {
 pub fn prefill_kv_transfer_params(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> {
     let object = JsonObject::parse(response)
         .map_err(|_| HopFailure::BadResponse("the body is not a JSON object"))?;
-    let Some(params) = object.get(KV_TRANSFER_PARAMS) else { return Ok(None) };
+    let Some(params) = object.get(KV_TRANSFER_PARAMS) else {
+        return Ok(None);
+    };
     match params.get().as_bytes().first() {
         Some(b'{') => Ok(Some(params.to_owned())),
         Some(b'n') => Ok(None),
-        _ => Err(HopFailure::BadResponse("kv_transfer_params is not an object")),
+        _ => Err(HopFailure::BadResponse(
+            "kv_transfer_params is not an object",
+        )),
     }
 }
 
 /// The values of a prefill worker's `kv_transfer_params` that locate its KV (hosts, ports,
 /// engine and request ids): internal, never to be shown to a client, longest first.
 pub fn kv_locators(params: &RawValue) -> Vec<String> {
-    let Ok(serde_json::Value::Object(members)) = serde_json::from_str(params.get()) else { return Vec::new() };
+    let Ok(serde_json::Value::Object(members)) = serde_json::from_str(params.get()) else {
+        return Vec::new();
+    };
     let mut locators: Vec<String> = members
         .iter()
         .filter_map(|(key, value)| match value {

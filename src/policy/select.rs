@@ -12,7 +12,10 @@ pub enum Choice<'a> {
     Turn(u64),
     /// Power of two choices: of the next two workers in round-robin order, the one with fewer
     /// requests outstanding (as `outstanding` tells) goes first.
-    LeastLoaded { turn: u64, outstanding: &'a dyn Fn(&Worker) -> u64 },
+    LeastLoaded {
+        turn: u64,
+        outstanding: &'a dyn Fn(&Worker) -> u64,
+    },
 }
 
 /// Orders `pool` by preference for this request: the first is tried, the rest are the

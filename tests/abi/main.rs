@@ -3,7 +3,12 @@
 //! Needs the release `pinroute.wasm` (`PINROUTE_WASM`, else the default target path);
 //! `pinroute-harness test` builds it first.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod flow;
 mod robustness;
@@ -23,7 +28,11 @@ pub const REGISTRY: &str = r#"{"workers": [
 
 pub fn wasm() -> PathBuf {
     let path = std::env::var_os("PINROUTE_WASM").map_or_else(default_wasm_path, PathBuf::from);
-    assert!(path.exists(), "{} is missing: run `pinroute-harness test` (or build the wasm)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `pinroute-harness test` (or build the wasm)",
+        path.display()
+    );
     path
 }
 
@@ -55,14 +64,17 @@ pub fn completion_headers(extra: &[(&str, &str)]) -> Vec<(String, String)> {
 /// Sends a completion request's headers and body; returns the stream id.
 pub fn send_completion(host: &mut Host, headers: &[(&str, &str)], body: &str) -> u32 {
     let ctx = host.new_http_stream().unwrap();
-    let action = host.request_headers(ctx, &completion_headers(headers), false).unwrap();
+    let action = host
+        .request_headers(ctx, &completion_headers(headers), false)
+        .unwrap();
     assert_eq!(action, Action::Pause, "the filter waits for the body");
     host.request_body(ctx, body.as_bytes(), true).unwrap();
     ctx
 }
 
 pub fn json(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)))
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)))
 }
 
 pub const PROMPT: &str = r#"{"model": "m", "prompt": "hello", "max_tokens": 7, "stream": true}"#;

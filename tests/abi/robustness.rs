@@ -38,8 +38,22 @@ const HEADER_NAMES: &[&str] = &[
 ];
 
 const HEADER_VALUES: &[&[u8]] = &[
-    b"201", b"202", b"101", b"102", b"0", b"1", b"2", b"4294967295", b"18446744073709551615",
-    b"18446744073709551616", b"-1", b"", b"\xff\xfe", b"abc", b"1e3", b"999999999999999999999999",
+    b"201",
+    b"202",
+    b"101",
+    b"102",
+    b"0",
+    b"1",
+    b"2",
+    b"4294967295",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"-1",
+    b"",
+    b"\xff\xfe",
+    b"abc",
+    b"1e3",
+    b"999999999999999999999999",
 ];
 
 const BODIES: &[&str] = &[
@@ -59,18 +73,30 @@ const BODIES: &[&str] = &[
 
 fn random_body(dice: &mut Dice) -> Vec<u8> {
     match dice.below(4) {
-        0 => format!("{{\"prompt\": {}1{}}}", "[".repeat(dice.below(5000)), "]".repeat(dice.below(5000))).into_bytes(),
-        1 => (0..dice.below(300)).map(|_| u8::try_from(dice.below(256)).unwrap()).collect(),
+        0 => format!(
+            "{{\"prompt\": {}1{}}}",
+            "[".repeat(dice.below(5000)),
+            "]".repeat(dice.below(5000))
+        )
+        .into_bytes(),
+        1 => (0..dice.below(300))
+            .map(|_| u8::try_from(dice.below(256)).unwrap())
+            .collect(),
         _ => dice.pick(BODIES).as_bytes().to_vec(),
     }
 }
 
 fn one_request(host: &mut Host, dice: &mut Dice) {
     let ctx = host.new_http_stream().unwrap();
-    let mut headers: Vec<(String, Vec<u8>)> =
-        completion_headers(&[]).into_iter().map(|(n, v)| (n, v.into_bytes())).collect();
+    let mut headers: Vec<(String, Vec<u8>)> = completion_headers(&[])
+        .into_iter()
+        .map(|(n, v)| (n, v.into_bytes()))
+        .collect();
     for _ in 0..dice.below(5) {
-        headers.push((dice.pick(HEADER_NAMES).to_string(), dice.pick(HEADER_VALUES).to_vec()));
+        headers.push((
+            dice.pick(HEADER_NAMES).to_string(),
+            dice.pick(HEADER_VALUES).to_vec(),
+        ));
     }
     host.request_headers(ctx, &headers, false).unwrap();
     if host.stream(ctx).unwrap().local_reply.is_none() {
@@ -79,10 +105,18 @@ fn one_request(host: &mut Host, dice: &mut Dice) {
     while let Some(call) = host.take_http_calls().into_iter().next() {
         match dice.below(4) {
             0 => host.http_call_failure(call.token).unwrap(),
-            1 => host.http_call_response(call.token, &[(":status", "200")], &random_body(dice)).unwrap(),
-            2 => host.http_call_response(call.token, &[(":status", "500")], b"oops").unwrap(),
+            1 => host
+                .http_call_response(call.token, &[(":status", "200")], &random_body(dice))
+                .unwrap(),
+            2 => host
+                .http_call_response(call.token, &[(":status", "500")], b"oops")
+                .unwrap(),
             _ => host
-                .http_call_response(call.token, &[(":status", "200")], br#"{"kv_transfer_params": {"x": 1}}"#)
+                .http_call_response(
+                    call.token,
+                    &[(":status", "200")],
+                    br#"{"kv_transfer_params": {"x": 1}}"#,
+                )
                 .unwrap(),
         }
     }
@@ -93,7 +127,8 @@ fn one_request(host: &mut Host, dice: &mut Dice) {
     );
     if stream.request_forwarded {
         let status: &[u8] = if dice.below(2) == 0 { b"200" } else { b"503" };
-        host.response_headers(ctx, &[(":status", status)], false).unwrap();
+        host.response_headers(ctx, &[(":status", status)], false)
+            .unwrap();
         host.response_body(ctx, b"body", true).unwrap();
     }
     host.done(ctx).unwrap();

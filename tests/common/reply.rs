@@ -14,7 +14,11 @@ impl Reply {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap();
-        Reply { status, headers, text }
+        Reply {
+            status,
+            headers,
+            text,
+        }
     }
 
     pub fn json(&self) -> Value {
@@ -44,12 +48,19 @@ impl Reply {
         assert_eq!(self.status, status, "{}", self.text);
         let body = self.json();
         assert_eq!(body["error"]["code"], code, "{}", self.text);
-        let kind = if status < 500 { "invalid_request_error" } else { "server_error" };
+        let kind = if status < 500 {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
         assert_eq!(body["error"]["type"], kind, "{}", self.text);
         assert_eq!(self.header("x-pinroute-error-code"), Some(code));
         assert_eq!(self.header("content-type"), Some("application/json"));
         let message = body["error"]["message"].as_str().unwrap().to_string();
-        assert!(!message.contains("127.0.0.1"), "an internal address leaked: {message}");
+        assert!(
+            !message.contains("127.0.0.1"),
+            "an internal address leaked: {message}"
+        );
         message
     }
 }

@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 
-pub use crate::reply::Reply;
 use crate::Deployment;
+pub use crate::reply::Reply;
 
 pub fn prompt() -> Value {
     json!({"model": "sim-model", "prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 5})
@@ -22,11 +22,20 @@ pub async fn send(
         request = request.header(*name, *value);
     }
     if let Some(body) = body {
-        request = request.header("content-type", "application/json").body(body);
+        request = request
+            .header("content-type", "application/json")
+            .body(body);
     }
     Reply::read(request.send().await.expect("the gateway answered")).await
 }
 
 pub async fn complete(deployment: &Deployment, headers: &[(&str, &str)], body: &Value) -> Reply {
-    send(deployment, reqwest::Method::POST, "/v1/completions", headers, Some(body.to_string())).await
+    send(
+        deployment,
+        reqwest::Method::POST,
+        "/v1/completions",
+        headers,
+        Some(body.to_string()),
+    )
+    .await
 }

@@ -3,7 +3,12 @@
 //! Needs the release `pinroute.wasm` (`PINROUTE_WASM`, else the default target path) and an
 //! Envoy (`ENVOY_BIN`, else the project venv); `pinroute-harness test` provides both.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod client;
 mod errors;
@@ -35,13 +40,19 @@ impl std::ops::Deref for Deployment {
 
 pub fn wasm() -> PathBuf {
     let path = std::env::var_os("PINROUTE_WASM").map_or_else(default_wasm_path, PathBuf::from);
-    assert!(path.exists(), "{} is missing: run `pinroute-harness test` (or build the wasm)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `pinroute-harness test` (or build the wasm)",
+        path.display()
+    );
     path
 }
 
 pub async fn start(spec: StackSpec) -> Deployment {
     let dir = TempDir::new().unwrap();
-    let stack = Stack::start(&spec, dir.path()).await.expect("starting the stack");
+    let stack = Stack::start(&spec, dir.path())
+        .await
+        .expect("starting the stack");
     Deployment { stack, _dir: dir }
 }
 

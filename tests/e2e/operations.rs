@@ -23,13 +23,22 @@ where
         if accept(&reply) {
             return reply;
         }
-        assert!(Instant::now() < deadline, "{what}: still {} {}", reply.status, reply.text);
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {} {}",
+            reply.status,
+            reply.text
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 fn live_spec() -> StackSpec {
-    let workers = vec![worker(101, SimRole::Prefill, 1), worker(201, SimRole::Decode, 1), worker(202, SimRole::Decode, 1)];
+    let workers = vec![
+        worker(101, SimRole::Prefill, 1),
+        worker(201, SimRole::Decode, 1),
+        worker(202, SimRole::Decode, 1),
+    ];
     let mut spec = StackSpec::new(workers, wasm());
     spec.live_registry = Some(Duration::from_millis(200));
     spec
@@ -38,11 +47,22 @@ fn live_spec() -> StackSpec {
 #[tokio::test]
 async fn a_live_registry_adds_and_removes_workers_while_traffic_runs() {
     let mut deployment = start(live_spec()).await;
-    let added = deployment.stack.add_worker(worker(203, SimRole::Decode, 2)).await.unwrap();
+    let added = deployment
+        .stack
+        .add_worker(worker(203, SimRole::Decode, 2))
+        .await
+        .unwrap();
     let registry = deployment.registry.as_ref().unwrap();
     let pinned = |id: &'static str| {
         let deployment: &Deployment = &deployment;
-        move || async move { complete(deployment, &[("x-dynamo-worker-instance-id", id)], &prompt()).await }
+        move || async move {
+            complete(
+                deployment,
+                &[("x-dynamo-worker-instance-id", id)],
+                &prompt(),
+            )
+            .await
+        }
     };
     let before = pinned("203")().await;
     before.error(400, "unknown_worker");
@@ -62,21 +82,40 @@ async fn a_live_registry_adds_and_removes_workers_while_traffic_runs() {
     let mut entries = deployment.entries(&[101, 201, 202]);
     entries.push(added);
     registry.set_workers(&entries);
-    let reply = eventually("the added worker serves pins", pinned("203"), |r| r.status == 200).await;
+    let reply = eventually("the added worker serves pins", pinned("203"), |r| {
+        r.status == 200
+    })
+    .await;
     assert_eq!(reply.worker("decode"), Some(203));
 
     registry.set_workers(&deployment.entries(&[101, 202, 203]));
-    eventually("the removed worker is unknown", pinned("201"), |r| r.status == 400).await.error(400, "unknown_worker");
+    eventually("the removed worker is unknown", pinned("201"), |r| {
+        r.status == 400
+    })
+    .await
+    .error(400, "unknown_worker");
 
     registry.set_answer(StatusCode::OK, r#"{"workers": "oops"}"#.into());
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(pinned("203")().await.status, 200, "the last good registry stays");
-    let failed = deployment.envoy.stat("wasmcustom.pinroute.registry.refresh_failed").await.unwrap().unwrap_or(0);
+    assert_eq!(
+        pinned("203")().await.status,
+        200,
+        "the last good registry stays"
+    );
+    let failed = deployment
+        .envoy
+        .stat("wasmcustom.pinroute.registry.refresh_failed")
+        .await
+        .unwrap()
+        .unwrap_or(0);
     assert!(failed >= 1, "the broken registry was counted");
 
     let statuses = traffic.await.unwrap();
     let failures: Vec<_> = statuses.iter().filter(|s| !s.is_success()).collect();
-    assert!(failures.is_empty(), "requests failed during registry changes: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "requests failed during registry changes: {failures:?}"
+    );
 }
 
 /// The workers each session lands on through one gateway.
@@ -93,14 +132,27 @@ async fn placements(url_base: &str, sessions: usize) -> HashMap<String, (u64, u6
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        let id = |name: &str| response.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
-        placements.insert(session, (id("x-pinroute-prefill-worker"), id("x-pinroute-decode-worker")));
+        let id = |name: &str| {
+            response.headers()[name]
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        };
+        placements.insert(
+            session,
+            (
+                id("x-pinroute-prefill-worker"),
+                id("x-pinroute-decode-worker"),
+            ),
+        );
     }
     placements
 }
 
 #[tokio::test]
-async fn two_replicas_send_a_session_to_the_same_workers_and_a_leaving_worker_moves_only_its_sessions() {
+async fn two_replicas_send_a_session_to_the_same_workers_and_a_leaving_worker_moves_only_its_sessions()
+ {
     let workers = vec![
         worker(101, SimRole::Prefill, 1),
         worker(102, SimRole::Prefill, 1),
@@ -120,19 +172,35 @@ async fn two_replicas_send_a_session_to_the_same_workers_and_a_leaving_worker_mo
     let second = placements(&replica.url(""), 60).await;
     assert_eq!(first, second, "both replicas place every session alike");
     let decode_workers: std::collections::HashSet<u64> = first.values().map(|p| p.1).collect();
-    assert!(decode_workers.len() >= 3, "sessions spread over the pool: {decode_workers:?}");
+    assert!(
+        decode_workers.len() >= 3,
+        "sessions spread over the pool: {decode_workers:?}"
+    );
 
     let leaving = 203;
-    deployment.registry.as_ref().unwrap().set_workers(&deployment.entries(&[101, 102, 103, 201, 202, 204]));
+    deployment
+        .registry
+        .as_ref()
+        .unwrap()
+        .set_workers(&deployment.entries(&[101, 102, 103, 201, 202, 204]));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = placements(&replica.url(""), 60).await;
     for (session, (prefill, decode)) in &first {
         let (prefill_after, decode_after) = after[session];
-        assert_eq!(*prefill, prefill_after, "{session}: prefill placement moved");
+        assert_eq!(
+            *prefill, prefill_after,
+            "{session}: prefill placement moved"
+        );
         if *decode == leaving {
-            assert_ne!(decode_after, leaving, "{session} still on the removed worker");
+            assert_ne!(
+                decode_after, leaving,
+                "{session} still on the removed worker"
+            );
         } else {
-            assert_eq!(*decode, decode_after, "{session} moved although its worker stayed");
+            assert_eq!(
+                *decode, decode_after,
+                "{session} moved although its worker stayed"
+            );
         }
     }
 }
@@ -156,7 +224,12 @@ async fn unpinned_requests_favour_the_decode_worker_with_fewer_requests_in_fligh
             for _ in 0..10 {
                 let response = client.post(&url).json(&prompt()).send().await.unwrap();
                 assert_eq!(response.status(), 200);
-                served.push(response.headers()["x-pinroute-decode-worker"].to_str().unwrap().to_string());
+                served.push(
+                    response.headers()["x-pinroute-decode-worker"]
+                        .to_str()
+                        .unwrap()
+                        .to_string(),
+                );
             }
             served
         }));
@@ -166,5 +239,8 @@ async fn unpinned_requests_favour_the_decode_worker_with_fewer_requests_in_fligh
         fast += lane.await.unwrap().iter().filter(|id| *id == "201").count();
     }
     println!("fast decode worker served {fast} of 80 requests (round robin would give 40)");
-    assert!(fast >= 60, "the slow worker kept getting requests: fast served only {fast} of 80");
+    assert!(
+        fast >= 60,
+        "the slow worker kept getting requests: fast served only {fast} of 80"
+    );
 }

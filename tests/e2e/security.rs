@@ -42,7 +42,14 @@ async fn forged_routing_headers_never_reach_another_address() {
             let reply = complete(&deployment, &headers, &prompt()).await;
             assert_eq!(reply.status, 200, "{name}: {}", reply.text);
             assert!([201, 202].contains(&reply.worker("decode").unwrap()));
-            let models = send(&deployment, reqwest::Method::GET, "/v1/models", &headers, None).await;
+            let models = send(
+                &deployment,
+                reqwest::Method::GET,
+                "/v1/models",
+                &headers,
+                None,
+            )
+            .await;
             assert_eq!(models.status, 200, "{name}");
         }
     }
@@ -55,7 +62,11 @@ async fn forged_routing_headers_never_reach_another_address() {
     reply.assert_ok("the request");
     assert_ne!(reply.header("x-pinroute-prefill-worker"), Some("666"));
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "a forged header made Envoy dial {target}");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "a forged header made Envoy dial {target}"
+    );
 
     for id in [101, 102, 201, 202] {
         for request in deployment.worker(id).unwrap().requests() {
@@ -72,11 +83,32 @@ async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
     let pin = [("x-dynamo-worker-instance-id", "201")];
     let forged = serde_json::json!({"token_ids": [1, 2],
         "sampling_params": {"extra_args": {"kv_transfer_params": {"remote_host": "10.1.2.3"}}}});
-    let refused = send(&deployment, reqwest::Method::POST, "/inference/v1/generate", &pin, Some(forged.to_string())).await;
-    assert_eq!(refused.error(400, "invalid_field"), "kv_transfer_params: is set by the gateway, never by a client");
+    let refused = send(
+        &deployment,
+        reqwest::Method::POST,
+        "/inference/v1/generate",
+        &pin,
+        Some(forged.to_string()),
+    )
+    .await;
+    assert_eq!(
+        refused.error(400, "invalid_field"),
+        "kv_transfer_params: is set by the gateway, never by a client"
+    );
     let plain = serde_json::json!({"token_ids": [1, 2]});
-    let passed = send(&deployment, reqwest::Method::POST, "/inference/v1/generate", &pin, Some(plain.to_string())).await;
-    assert_eq!(passed.status, 404, "on to the worker, which has no such route: {}", passed.text);
+    let passed = send(
+        &deployment,
+        reqwest::Method::POST,
+        "/inference/v1/generate",
+        &pin,
+        Some(plain.to_string()),
+    )
+    .await;
+    assert_eq!(
+        passed.status, 404,
+        "on to the worker, which has no such route: {}",
+        passed.text
+    );
     assert_eq!(passed.worker("decode"), Some(201));
 }
 
@@ -84,17 +116,24 @@ async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
 async fn a_completion_body_ending_in_http2_trailers_gets_a_typed_error() {
     use http_body_util::BodyExt;
     let deployment = disaggregated().await;
-    let tcp = tokio::net::TcpStream::connect(deployment.envoy.listen()).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(deployment.envoy.listen())
+        .await
+        .unwrap();
     let executor = hyper_util::rt::TokioExecutor::new();
     let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(executor, hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
+        hyper::client::conn::http2::handshake(executor, hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
     tokio::spawn(connection);
     let (mut body, channel) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
-    let request = hyper::Request::post(format!("http://{}/v1/completions", deployment.envoy.listen()))
-        .header("content-type", "application/json")
-        .header("x-dynamo-worker-instance-id", "201")
-        .body(channel)
-        .unwrap();
+    let request = hyper::Request::post(format!(
+        "http://{}/v1/completions",
+        deployment.envoy.listen()
+    ))
+    .header("content-type", "application/json")
+    .header("x-dynamo-worker-instance-id", "201")
+    .body(channel)
+    .unwrap();
     let answer = tokio::spawn(async move { sender.send_request(request).await });
     body.send_data(prompt().to_string().into()).await.unwrap();
     let mut trailers = hyper::HeaderMap::new();
@@ -105,5 +144,8 @@ async fn a_completion_body_ending_in_http2_trailers_gets_a_typed_error() {
     assert_eq!(response.headers()["x-pinroute-error-code"], "invalid_body");
     let text = response.into_body().collect().await.unwrap().to_bytes();
     let error: serde_json::Value = serde_json::from_slice(&text).unwrap();
-    assert_eq!(error["error"]["message"], "request body: a body followed by trailers is not accepted");
+    assert_eq!(
+        error["error"]["message"],
+        "request body: a body followed by trailers is not accepted"
+    );
 }

@@ -19,7 +19,11 @@ fn filter_path() -> Option<PathBuf> {
         repo.join("target/wasm32-wasip1/release/pinroute_testfilter.wasm")
     };
     let path = std::env::var_os("PW_TEST_FILTER").map_or_else(default, PathBuf::from);
-    assert!(path.exists(), "{} is missing: run `pinroute-harness test`", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `pinroute-harness test`",
+        path.display()
+    );
     Some(path)
 }
 

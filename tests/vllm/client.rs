@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 
-pub use crate::reply::Reply;
 use crate::Gateway;
+pub use crate::reply::Reply;
 
 /// `POST <base><path>` with a JSON body and headers.
 pub async fn post(gateway: &Gateway, url: String, headers: &[(&str, &str)], body: &Value) -> Reply {

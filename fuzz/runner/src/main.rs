@@ -12,7 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-const TARGETS: [&str; 6] = ["config", "headers", "json_object", "nvext", "resolve", "rewrite"];
+const TARGETS: [&str; 6] = [
+    "config",
+    "headers",
+    "json_object",
+    "nvext",
+    "resolve",
+    "rewrite",
+];
 const DEFAULT_SECONDS: u32 = 25;
 
 /// Coverage instrumentation for libFuzzer, as cargo-fuzz 0.13 sets it with `-s none`, plus
@@ -66,29 +73,48 @@ fn run() -> Result<bool, String> {
     let bin_dir = target_dir.join(&triple).join("release");
     let mut outcomes = Vec::new();
     for target in &options.targets {
-        outcomes.push(fuzz(&fuzz_dir, &target_dir, &bin_dir, target, options.seconds)?);
+        outcomes.push(fuzz(
+            &fuzz_dir,
+            &target_dir,
+            &bin_dir,
+            target,
+            options.seconds,
+        )?);
     }
     print_summary(&outcomes, &bin_dir);
     Ok(outcomes.iter().all(|o| o.passed))
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options { seconds: DEFAULT_SECONDS, targets: Vec::new() };
+    let mut options = Options {
+        seconds: DEFAULT_SECONDS,
+        targets: Vec::new(),
+    };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seconds" => {
                 let value = args.next().ok_or("--seconds needs a value")?;
-                options.seconds = value.parse().map_err(|_| format!("--seconds {value}: not a number"))?;
+                options.seconds = value
+                    .parse()
+                    .map_err(|_| format!("--seconds {value}: not a number"))?;
                 if options.seconds == 0 {
-                    return Err("--seconds must be at least 1 (libFuzzer reads 0 as no limit)".into());
+                    return Err(
+                        "--seconds must be at least 1 (libFuzzer reads 0 as no limit)".into(),
+                    );
                 }
             }
             "-h" | "--help" => {
-                return Err(format!("usage: pinroute-fuzz [--seconds N] [{}]...", TARGETS.join("|")));
+                return Err(format!(
+                    "usage: pinroute-fuzz [--seconds N] [{}]...",
+                    TARGETS.join("|")
+                ));
             }
             name if TARGETS.contains(&name) => options.targets.push(name.to_string()),
             other => {
-                return Err(format!("unknown target or option {other:?}; targets: {}", TARGETS.join(", ")));
+                return Err(format!(
+                    "unknown target or option {other:?}; targets: {}",
+                    TARGETS.join(", ")
+                ));
             }
         }
     }
@@ -105,10 +131,14 @@ fn fuzz_dir() -> PathBuf {
 }
 
 fn host_triple() -> Result<String, String> {
-    let output = Command::new("rustc").arg("-vV").output().map_err(|e| format!("rustc -vV: {e}"))?;
+    let output = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("rustc -vV: {e}"))?;
     let text = String::from_utf8_lossy(&output.stdout);
     let host = text.lines().find_map(|line| line.strip_prefix("host: "));
-    host.map(str::to_string).ok_or_else(|| "rustc -vV printed no host".to_string())
+    host.map(str::to_string)
+        .ok_or_else(|| "rustc -vV printed no host".to_string())
 }
 
 /// Builds the targets for the host triple, so build scripts and proc-macros stay uninstrumented.
@@ -120,7 +150,14 @@ fn build(fuzz_dir: &Path, triple: &str, targets: &[String]) -> Result<(), String
     }
     let mut command = Command::new(cargo);
     command
-        .args(["build", "--release", "-p", "pinroute-fuzz", "--target", triple])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "pinroute-fuzz",
+            "--target",
+            triple,
+        ])
         .args(["--config", "profile.release.debug=\"line-tables-only\""])
         .arg("--manifest-path")
         .arg(fuzz_dir.join("Cargo.toml"))
@@ -130,8 +167,16 @@ fn build(fuzz_dir: &Path, triple: &str, targets: &[String]) -> Result<(), String
     }
     let started = Instant::now();
     let status = command.status().map_err(|e| format!("cargo build: {e}"))?;
-    eprintln!("pinroute-fuzz: built {} target(s) in {:.0?}", targets.len(), started.elapsed());
-    if status.success() { Ok(()) } else { Err(format!("building the fuzz targets failed: {status}")) }
+    eprintln!(
+        "pinroute-fuzz: built {} target(s) in {:.0?}",
+        targets.len(),
+        started.elapsed()
+    );
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("building the fuzz targets failed: {status}"))
+    }
 }
 
 /// Runs one target for `seconds` over its committed seeds plus a scratch corpus.
@@ -158,9 +203,14 @@ fn fuzz(
     if dict.exists() {
         command.arg(format!("-dict={}", dict.display()));
     }
-    command.arg(&corpus).arg(fuzz_dir.join("seeds").join(target));
+    command
+        .arg(&corpus)
+        .arg(fuzz_dir.join("seeds").join(target));
     eprintln!("pinroute-fuzz: {target} for {seconds} s");
-    let status = command.stderr(log_file).status().map_err(|e| format!("{target}: {e}"))?;
+    let status = command
+        .stderr(log_file)
+        .status()
+        .map_err(|e| format!("{target}: {e}"))?;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     Ok(Outcome {
         target: target.to_string(),
@@ -180,21 +230,36 @@ fn stat(log: &str, key: &str) -> String {
 /// The `cov:` of libFuzzer's last status line.
 fn coverage(log: &str) -> String {
     let line = log.lines().rev().find(|line| line.contains(" cov: "));
-    let value = line.and_then(|l| l.split(" cov: ").nth(1)).and_then(|rest| rest.split_whitespace().next());
+    let value = line
+        .and_then(|l| l.split(" cov: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next());
     value.unwrap_or("-").to_string()
 }
 
 fn print_summary(outcomes: &[Outcome], bin_dir: &Path) {
-    println!("{:<12} {:>10} {:>8} {:>6}  result", "target", "runs", "exec/s", "cov");
+    println!(
+        "{:<12} {:>10} {:>8} {:>6}  result",
+        "target", "runs", "exec/s", "cov"
+    );
     for o in outcomes {
         let result = if o.passed { "ok" } else { "FAILED" };
-        println!("{:<12} {:>10} {:>8} {:>6}  {result}", o.target, o.runs, o.execs_per_sec, o.coverage);
+        println!(
+            "{:<12} {:>10} {:>8} {:>6}  {result}",
+            o.target, o.runs, o.execs_per_sec, o.coverage
+        );
     }
     for o in outcomes.iter().filter(|o| !o.passed) {
         let text = std::fs::read_to_string(&o.log).unwrap_or_default();
-        println!("\n--- {} failed (full log: {}) ---", o.target, o.log.display());
+        println!(
+            "\n--- {} failed (full log: {}) ---",
+            o.target,
+            o.log.display()
+        );
         finding(&text).iter().for_each(|line| println!("{line}"));
-        println!("reproduce: {} <the test unit above>", bin_dir.join(&o.target).display());
+        println!(
+            "reproduce: {} <the test unit above>",
+            bin_dir.join(&o.target).display()
+        );
     }
     let failed = outcomes.iter().filter(|o| !o.passed).count();
     println!("{} passed, {failed} failed", outcomes.len() - failed);
@@ -211,8 +276,9 @@ fn finding(log: &str) -> Vec<&str> {
         } else if in_panic && (line.starts_with("stack backtrace") || line.starts_with("note:")) {
             in_panic = false;
         }
-        let notable =
-            ["ERROR: libFuzzer", "Test unit written to", "Base64:"].iter().any(|k| line.contains(k));
+        let notable = ["ERROR: libFuzzer", "Test unit written to", "Base64:"]
+            .iter()
+            .any(|k| line.contains(k));
         if in_panic || notable {
             lines.push(line);
         }

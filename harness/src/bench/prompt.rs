@@ -2,8 +2,22 @@
 //! (`benches/policy.rs` includes this file by path: std only, so it builds for wasm too).
 
 const WORDS: [&str; 16] = [
-    "the", "prefill", "worker", "computes", "a", "cache", "that", "decode", "streams", "to", "client", "with",
-    "pinned", "routes", "caf\u{e9}", "\\n",
+    "the",
+    "prefill",
+    "worker",
+    "computes",
+    "a",
+    "cache",
+    "that",
+    "decode",
+    "streams",
+    "to",
+    "client",
+    "with",
+    "pinned",
+    "routes",
+    "caf\u{e9}",
+    "\\n",
 ];
 
 /// Words (and `\n` escapes, and a non-ASCII one) up to `len` bytes of JSON string content.

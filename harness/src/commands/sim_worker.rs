@@ -29,7 +29,12 @@ pub async fn run(args: &Args) -> Result<()> {
         .with_model(args.model.clone())
         .with_token_latency(Duration::from_millis(args.token_latency_ms));
     let worker = SimWorker::start(config, args.listen).await?;
-    println!("sim worker {} ({}) listening on {}", args.id, args.role, worker.addr());
+    println!(
+        "sim worker {} ({}) listening on {}",
+        args.id,
+        args.role,
+        worker.addr()
+    );
     super::until_stopped().await?;
     worker.stop().await;
     Ok(())

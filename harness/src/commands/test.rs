@@ -28,20 +28,48 @@ pub fn run_all(args: &Args) -> Result<()> {
     let mut step = |name, command: &mut Command| -> Result<()> {
         let started = Instant::now();
         println!("\n==> {name}");
-        let command = command.current_dir(&root).env("PINROUTE_WASM", &wasm).env("PW_TEST_FILTER", &test_filter);
-        run(command.env("ENVOY_BIN", &envoy))
-            .with_context(|| format!("{name} failed"))?;
+        let command = command
+            .current_dir(&root)
+            .env("PINROUTE_WASM", &wasm)
+            .env("PW_TEST_FILTER", &test_filter);
+        run(command.env("ENVOY_BIN", &envoy)).with_context(|| format!("{name} failed"))?;
         steps.push((name, started.elapsed().as_secs_f64()));
         Ok(())
     };
-    step("native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy", cargo().args(["test", "--workspace"]))?;
-    step("policy core tests compiled to wasm32-wasip1 (Node WASI runner)", &mut wasm_core_tests(&root)?)?;
+    step(
+        "native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy",
+        cargo().args(["test", "--workspace"]),
+    )?;
+    step(
+        "policy core tests compiled to wasm32-wasip1 (Node WASI runner)",
+        &mut wasm_core_tests(&root)?,
+    )?;
     let seconds = args.fuzz_seconds.to_string();
-    let fuzz = ["run", "--manifest-path", "fuzz/Cargo.toml", "-p", "pinroute-fuzz-runner", "--", "--seconds", &seconds];
-    step("fuzzing the policy core (every target, with properties)", cargo().args(fuzz))?;
-    step("soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)", &mut quick_soak(&wasm)?)?;
+    let fuzz = [
+        "run",
+        "--manifest-path",
+        "fuzz/Cargo.toml",
+        "-p",
+        "pinroute-fuzz-runner",
+        "--",
+        "--seconds",
+        &seconds,
+    ];
+    step(
+        "fuzzing the policy core (every target, with properties)",
+        cargo().args(fuzz),
+    )?;
+    step(
+        "soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)",
+        &mut quick_soak(&wasm)?,
+    )?;
     if !args.no_vllm {
-        step("end-to-end against a real vLLM prefill/decode pair", cargo().args(["test", "-p", "pinroute-tests", "--test", "vllm"]).env("PINROUTE_VLLM", "1"))?;
+        step(
+            "end-to-end against a real vLLM prefill/decode pair",
+            cargo()
+                .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
+                .env("PINROUTE_VLLM", "1"),
+        )?;
     }
     println!("\nAll suites passed:");
     for (name, seconds) in steps {
@@ -63,9 +91,17 @@ fn quick_soak(wasm: &Path) -> Result<Command> {
 
 fn wasm_core_tests(root: &Path) -> Result<Command> {
     let node = Command::new("node").arg("--version").output();
-    anyhow::ensure!(node.is_ok_and(|o| o.status.success()), "Node.js is needed to run the wasm32-wasip1 tests (apt-get install nodejs)");
-    let runner = format!("node --no-warnings {}", root.join("tests/wasi-runner.mjs").display());
+    anyhow::ensure!(
+        node.is_ok_and(|o| o.status.success()),
+        "Node.js is needed to run the wasm32-wasip1 tests (apt-get install nodejs)"
+    );
+    let runner = format!(
+        "node --no-warnings {}",
+        root.join("tests/wasi-runner.mjs").display()
+    );
     let mut command = cargo();
-    command.args(["test", "-p", "pinroute", "--lib", "--target", TARGET]).env("CARGO_TARGET_WASM32_WASIP1_RUNNER", runner);
+    command
+        .args(["test", "-p", "pinroute", "--lib", "--target", TARGET])
+        .env("CARGO_TARGET_WASM32_WASIP1_RUNNER", runner);
     Ok(command)
 }

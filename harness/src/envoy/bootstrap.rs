@@ -105,7 +105,8 @@ fn decode_pool_endpoints(config: &Config) -> String {
         .registry
         .pool(role)
         .map(|w| {
-            let address = json!({"address": w.address.ip().to_string(), "port_value": w.address.port()});
+            let address =
+                json!({"address": w.address.ip().to_string(), "port_value": w.address.port()});
             json!({"endpoint": {"address": {"socket_address": address}}})
         })
         .collect();
@@ -115,15 +116,21 @@ fn decode_pool_endpoints(config: &Config) -> String {
 /// The live registry's cluster, as one more item of the `clusters` list (JSON flow style),
 /// or nothing without a live registry.
 fn registry_cluster(config: &Config) -> Result<String> {
-    let Some(source) = &config.settings.registry else { return Ok(String::new()) };
+    let Some(source) = &config.settings.registry else {
+        return Ok(String::new());
+    };
     let Some(address) = &source.address else {
-        bail!("registry.address (host:port) is needed to render the {:?} cluster", source.cluster)
+        bail!(
+            "registry.address (host:port) is needed to render the {:?} cluster",
+            source.cluster
+        )
     };
     let (host, port) = address
         .rsplit_once(':')
         .and_then(|(host, port)| Some((host.trim_matches(['[', ']']), port.parse::<u16>().ok()?)))
         .with_context(|| format!("registry.address {address:?} is not host:port"))?;
-    let endpoint = json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}});
+    let endpoint =
+        json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}});
     let cluster = json!({
         "name": source.cluster,
         "type": "STRICT_DNS",

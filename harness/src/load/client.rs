@@ -116,7 +116,10 @@ impl Connections {
         server: SocketAddr,
         request: Request<ChunkedBody>,
     ) -> Result<Exchange, FailedExchange> {
-        let sender = self.ready_sender(server).await.map_err(FailedExchange::without_head)?;
+        let sender = self
+            .ready_sender(server)
+            .await
+            .map_err(FailedExchange::without_head)?;
         let response = sender
             .send_request(request)
             .await

@@ -548,10 +548,21 @@ mod tests {
     fn words_are_counted_between_ascii_spaces() {
         let long = "the prefill caf\u{e9} \\n worker\t x\r\n".repeat(300);
         for text in [
-            "", "  ", "one", " two  words\n", "caf\u{e9} au\tlait\r\n", "abcdefgh ijklmnop",
-            "        x", "x        ", long.as_str(),
+            "",
+            "  ",
+            "one",
+            " two  words\n",
+            "caf\u{e9} au\tlait\r\n",
+            "abcdefgh ijklmnop",
+            "        x",
+            "x        ",
+            long.as_str(),
         ] {
-            assert_eq!(count_words(text.as_bytes()), text.split_whitespace().count() as u64, "{text:?}");
+            assert_eq!(
+                count_words(text.as_bytes()),
+                text.split_whitespace().count() as u64,
+                "{text:?}"
+            );
         }
     }
 

@@ -65,7 +65,9 @@ async fn identity_headers(State(state): SharedState, request: Request, next: Nex
 /// once its engine is dead.
 async fn health(State(state): SharedState) -> StatusCode {
     match state.fault() {
-        Fault::Status(code) => StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Fault::Status(code) => {
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
         _ => StatusCode::OK,
     }
 }

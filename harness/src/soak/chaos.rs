@@ -137,9 +137,19 @@ impl Outages {
     }
 
     /// Sets `field` to `at` in the latest outage of `worker` where it is still unset.
-    fn stamp_latest(&self, worker: u64, at: Instant, field: fn(&mut Outage) -> &mut Option<Instant>) {
+    fn stamp_latest(
+        &self,
+        worker: u64,
+        at: Instant,
+        field: fn(&mut Outage) -> &mut Option<Instant>,
+    ) {
         let mut outages = self.lock();
-        let open = outages.iter_mut().rev().filter(|o| o.worker == worker).map(field).find(|slot| slot.is_none());
+        let open = outages
+            .iter_mut()
+            .rev()
+            .filter(|o| o.worker == worker)
+            .map(field)
+            .find(|slot| slot.is_none());
         if let Some(slot) = open {
             *slot = Some(at);
         }

@@ -23,7 +23,8 @@ pub const DECODE_VICTIM: u64 = 202;
 pub const UNHEALTHY_PERIOD: Duration = Duration::from_millis(1000);
 /// The longest a worker can stay out of service after its last failure: the period, doubled
 /// for each repeated outage.
-pub const LONGEST_OUTAGE: Duration = Duration::from_secs(UNHEALTHY_PERIOD.as_secs() * MAX_OUTAGE_PERIODS);
+pub const LONGEST_OUTAGE: Duration =
+    Duration::from_secs(UNHEALTHY_PERIOD.as_secs() * MAX_OUTAGE_PERIODS);
 
 /// What every sim worker costs per generated token.
 #[derive(Debug, Clone, Copy)]

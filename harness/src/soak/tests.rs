@@ -19,7 +19,12 @@ fn killed(outages: &Outages, worker: u64, began: Instant, ended: Instant) {
 /// Outages in which `worker` was killed and restarted while the request of `t` ran.
 fn killed_during(t: Timing, worker: u64) -> Outages {
     let outages = Outages::default();
-    killed(&outages, worker, t.started + Duration::from_millis(5), t.started + Duration::from_millis(6));
+    killed(
+        &outages,
+        worker,
+        t.started + Duration::from_millis(5),
+        t.started + Duration::from_millis(6),
+    );
     outages
 }
 
@@ -63,7 +68,13 @@ fn timing() -> Timing {
 
 /// `answer` to `planned`, judged as if no worker had been killed.
 fn judged_without_faults(planned: &Planned, answer: &Exchange) -> Verdict {
-    judge(planned, &Answer::Complete(answer), timing(), &Outages::default(), AFTERMATH)
+    judge(
+        planned,
+        &Answer::Complete(answer),
+        timing(),
+        &Outages::default(),
+        AFTERMATH,
+    )
 }
 
 const COMPLETION_OK: &str = r#"{"choices":[{"text":"hi"}],"sim":{"kv_from":null}}"#;

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
 use crate::venv::{existing_file, lock_file, pip_install, run_visibly};
+use anyhow::{Context, Result};
 
 /// Names a python interpreter that can already `import vllm`; nothing is installed then.
 pub const VLLM_PYTHON_ENV: &str = "PINROUTE_VLLM_PYTHON";
@@ -97,4 +97,3 @@ fn install(venv: &Path) -> Result<()> {
     );
     Ok(())
 }
-

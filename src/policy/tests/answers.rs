@@ -2,7 +2,10 @@ use super::*;
 
 fn judged(status: Option<u16>, body: &str) -> String {
     match prefill_answer(status, body.as_bytes()) {
-        PrefillAnswer::Ready(params) => format!("ready {}", params.map_or("-".into(), |p| p.get().to_string())),
+        PrefillAnswer::Ready(params) => format!(
+            "ready {}",
+            params.map_or("-".into(), |p| p.get().to_string())
+        ),
         PrefillAnswer::Refused(status) => format!("refused {status}"),
         PrefillAnswer::Failed(failure) => format!("failed: {failure}"),
     }
@@ -10,26 +13,51 @@ fn judged(status: Option<u16>, body: &str) -> String {
 
 #[test]
 fn a_2xx_goes_on_to_decode_with_the_workers_kv_transfer_params() {
-    assert_eq!(judged(Some(200), r#"{"kv_transfer_params": {"a": 1}}"#), r#"ready {"a": 1}"#);
-    assert_eq!(judged(Some(200), r#"{"kv_transfer_params": null}"#), "ready -");
-    assert_eq!(judged(Some(200), "not json"), "failed: its response was unusable: the body is not a JSON object");
+    assert_eq!(
+        judged(Some(200), r#"{"kv_transfer_params": {"a": 1}}"#),
+        r#"ready {"a": 1}"#
+    );
+    assert_eq!(
+        judged(Some(200), r#"{"kv_transfer_params": null}"#),
+        "ready -"
+    );
+    assert_eq!(
+        judged(Some(200), "not json"),
+        "failed: its response was unusable: the body is not a JSON object"
+    );
 }
 
 #[test]
 fn a_4xx_is_the_clients_to_read_not_a_failure_of_the_worker() {
     for status in [400, 404, 413, 422, 429] {
-        assert_eq!(judged(Some(status), r#"{"error": {"message": "too long"}}"#), format!("refused {status}"));
+        assert_eq!(
+            judged(Some(status), r#"{"error": {"message": "too long"}}"#),
+            format!("refused {status}")
+        );
     }
 }
 
 #[test]
 fn connect_errors_timeouts_and_5xx_are_failures() {
     assert_eq!(judged(None, ""), "failed: the connection failed");
-    assert_eq!(judged(Some(503), "upstream connect error or disconnect/reset before headers"), "failed: the connection failed");
-    assert_eq!(judged(Some(503), "overloaded"), "failed: it answered HTTP 503");
+    assert_eq!(
+        judged(
+            Some(503),
+            "upstream connect error or disconnect/reset before headers"
+        ),
+        "failed: the connection failed"
+    );
+    assert_eq!(
+        judged(Some(503), "overloaded"),
+        "failed: it answered HTTP 503"
+    );
     assert_eq!(judged(Some(504), ""), "failed: it timed out");
-    let overflow = "upstream connect error or disconnect/reset before headers. reset reason: overflow";
-    assert_eq!(judged(Some(503), overflow), "failed: the gateway's connection limit for it was reached");
+    let overflow =
+        "upstream connect error or disconnect/reset before headers. reset reason: overflow";
+    assert_eq!(
+        judged(Some(503), overflow),
+        "failed: the gateway's connection limit for it was reached"
+    );
     assert_eq!(judged(Some(500), ""), "failed: it answered HTTP 500");
     assert_eq!(judged(Some(302), ""), "failed: it answered HTTP 302");
 }
@@ -38,11 +66,26 @@ fn connect_errors_timeouts_and_5xx_are_failures() {
 fn a_decode_5xx_is_a_failure_and_says_whose() {
     assert_eq!(decode_failure(200, None), None);
     assert_eq!(decode_failure(429, Some("via_upstream")), None);
-    assert_eq!(decode_failure(500, Some("via_upstream")), Some(HopFailure::Status(500)));
-    assert_eq!(decode_failure(503, Some("upstream_reset_before_response_started{connection_failure}")), Some(HopFailure::Connect));
-    assert_eq!(decode_failure(504, Some("upstream_response_timeout")), Some(HopFailure::Timeout));
     assert_eq!(
-        decode_failure(503, Some("upstream_reset_before_response_started{overflow}")),
+        decode_failure(500, Some("via_upstream")),
+        Some(HopFailure::Status(500))
+    );
+    assert_eq!(
+        decode_failure(
+            503,
+            Some("upstream_reset_before_response_started{connection_failure}")
+        ),
+        Some(HopFailure::Connect)
+    );
+    assert_eq!(
+        decode_failure(504, Some("upstream_response_timeout")),
+        Some(HopFailure::Timeout)
+    );
+    assert_eq!(
+        decode_failure(
+            503,
+            Some("upstream_reset_before_response_started{overflow}")
+        ),
         Some(HopFailure::Overloaded)
     );
 }
@@ -74,5 +117,11 @@ fn a_decode_answer_echoing_the_prefills_locators_is_redacted() {
         clean,
         r#"{"error": {"message": "1 validation error: input {'remote_host': '[redacted]', 'remote_port': [redacted], 'remote_engine_id': '[redacted]'}"}}"#
     );
-    assert_eq!(redacted(br#"{"error": {"message": "max_tokens must be positive"}}"#, &locators), None);
+    assert_eq!(
+        redacted(
+            br#"{"error": {"message": "max_tokens must be positive"}}"#,
+            &locators
+        ),
+        None
+    );
 }

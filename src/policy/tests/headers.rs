@@ -15,7 +15,12 @@ fn headers_that_could_choose_an_upstream_are_stripped() {
     ] {
         assert!(must_strip(name, "my-upstream"), "{name}");
     }
-    for name in ["authorization", "x-request-id", "content-type", "traceparent"] {
+    for name in [
+        "authorization",
+        "x-request-id",
+        "content-type",
+        "traceparent",
+    ] {
         assert!(!must_strip(name, "my-upstream"), "{name}");
     }
 }

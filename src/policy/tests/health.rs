@@ -4,7 +4,13 @@ use crate::policy::registry::Role;
 const SECOND: u64 = 1_000_000_000;
 
 fn worker(id: WorkerId, draining: bool) -> Worker {
-    Worker { id, role: Role::Decode, address: ([127, 0, 0, 1], 9000).into(), dp_size: 1, draining }
+    Worker {
+        id,
+        role: Role::Decode,
+        address: ([127, 0, 0, 1], 9000).into(),
+        dp_size: 1,
+        draining,
+    }
 }
 
 #[test]
@@ -12,25 +18,57 @@ fn a_marked_worker_is_unhealthy_until_its_time_then_returns() {
     let mut table = HealthTable::default();
     table.mark(7, 10 * SECOND, 0);
     let at = |now| Observed { table: &table, now }.unavailability(&worker(7, false));
-    assert_eq!(at(0), Some(Unavailability::Unhealthy { retry_after_secs: 10 }));
-    assert_eq!(at(9 * SECOND + 1), Some(Unavailability::Unhealthy { retry_after_secs: 1 }));
+    assert_eq!(
+        at(0),
+        Some(Unavailability::Unhealthy {
+            retry_after_secs: 10
+        })
+    );
+    assert_eq!(
+        at(9 * SECOND + 1),
+        Some(Unavailability::Unhealthy {
+            retry_after_secs: 1
+        })
+    );
     assert_eq!(at(10 * SECOND), None);
-    assert_eq!(Observed { table: &table, now: 0 }.unavailability(&worker(8, false)), None);
+    assert_eq!(
+        Observed {
+            table: &table,
+            now: 0
+        }
+        .unavailability(&worker(8, false)),
+        None
+    );
 }
 
 #[test]
 fn draining_wins_over_health() {
     let table = HealthTable::default();
-    assert_eq!(Observed { table: &table, now: 0 }.unavailability(&worker(7, true)), Some(Unavailability::Draining));
+    assert_eq!(
+        Observed {
+            table: &table,
+            now: 0
+        }
+        .unavailability(&worker(7, true)),
+        Some(Unavailability::Draining)
+    );
 }
 
 #[test]
 fn marking_again_during_an_outage_extends_it_without_lengthening_later_ones() {
     let mut table = HealthTable::default();
     assert_eq!(table.mark(1, 5 * SECOND, 0), 5 * SECOND);
-    assert_eq!(table.mark(1, 5 * SECOND, 2 * SECOND), 7 * SECOND, "a burst of failures is one outage");
+    assert_eq!(
+        table.mark(1, 5 * SECOND, 2 * SECOND),
+        7 * SECOND,
+        "a burst of failures is one outage"
+    );
     assert_eq!(table.mark(1, 5 * SECOND, 3 * SECOND), 8 * SECOND);
-    assert_eq!(table.mark(1, 5 * SECOND, 9 * SECOND), 19 * SECOND, "failed again on return: twice as long");
+    assert_eq!(
+        table.mark(1, 5 * SECOND, 9 * SECOND),
+        19 * SECOND,
+        "failed again on return: twice as long"
+    );
 }
 
 #[test]
@@ -52,9 +90,17 @@ fn a_worker_that_stayed_up_starts_again_from_one_period_and_old_outages_are_forg
     let mut table = HealthTable::default();
     table.mark(1, 5 * SECOND, 0);
     table.mark(1, 5 * SECOND, 5 * SECOND);
-    assert_eq!(table.unhealthy_until(1, 5 * SECOND), Some(15 * SECOND), "second outage: 10 s");
+    assert_eq!(
+        table.unhealthy_until(1, 5 * SECOND),
+        Some(15 * SECOND),
+        "second outage: 10 s"
+    );
     table.mark(2, 5 * SECOND, 0);
-    assert_eq!(table.mark(1, 5 * SECOND, 25 * SECOND), 30 * SECOND, "up for as long as it was out");
+    assert_eq!(
+        table.mark(1, 5 * SECOND, 25 * SECOND),
+        30 * SECOND,
+        "up for as long as it was out"
+    );
     assert_eq!(table.len(), 1, "worker 2's outage is forgotten: {table:?}");
 }
 
@@ -75,5 +121,9 @@ fn the_encoding_round_trips_and_tolerates_garbage() {
 fn a_corrupt_doubling_count_is_capped() {
     let bytes = [7u64, 5 * SECOND, u64::MAX].map(u64::to_le_bytes).concat();
     let mut table = HealthTable::decode(&bytes);
-    assert_eq!(table.mark(7, SECOND, 6 * SECOND), 14 * SECOND, "at most 8 periods");
+    assert_eq!(
+        table.mark(7, SECOND, 6 * SECOND),
+        14 * SECOND,
+        "at most 8 periods"
+    );
 }

@@ -6,7 +6,10 @@ use super::*;
 fn members_keep_order_and_raw_bytes() {
     let text = r#"{"b": 1.50, "a": "\u00e9", "n": 123456789012345678901234567890}"#;
     let object = JsonObject::parse(text.as_bytes()).unwrap();
-    let members: Vec<_> = object.members().map(|(k, v)| (k.to_string(), v.get().to_string())).collect();
+    let members: Vec<_> = object
+        .members()
+        .map(|(k, v)| (k.to_string(), v.get().to_string()))
+        .collect();
     assert_eq!(
         members,
         vec![
@@ -37,26 +40,41 @@ fn refuses_what_is_not_one_json_object() {
     ];
     for (bytes, why) in cases {
         let error = JsonObject::parse(bytes).unwrap_err();
-        assert!(error.to_string().contains(why), "{:?}: {error}", String::from_utf8_lossy(bytes));
+        assert!(
+            error.to_string().contains(why),
+            "{:?}: {error}",
+            String::from_utf8_lossy(bytes)
+        );
     }
 }
 
 #[test]
 fn nesting_up_to_the_limit_is_accepted_and_deeper_is_refused() {
-    let nested = |levels: usize| format!("{{\"a\": {}1{}}}", "[".repeat(levels), "]".repeat(levels));
+    let nested =
+        |levels: usize| format!("{{\"a\": {}1{}}}", "[".repeat(levels), "]".repeat(levels));
     assert!(JsonObject::parse(nested(MAX_DEPTH - 1).as_bytes()).is_ok());
     let error = JsonObject::parse(nested(MAX_DEPTH).as_bytes()).unwrap_err();
     assert_eq!(error, JsonObjectError::TooDeep("a".into()));
     assert!(error.to_string().contains("deeper than 128"), "{error}");
     let deep = nested(100_000);
-    assert_eq!(JsonObject::parse(deep.as_bytes()).unwrap_err(), JsonObjectError::TooDeep("a".into()));
+    assert_eq!(
+        JsonObject::parse(deep.as_bytes()).unwrap_err(),
+        JsonObjectError::TooDeep("a".into())
+    );
     let unbalanced = format!("{{\"a\": {}}}", "[".repeat(100_000));
-    assert!(matches!(JsonObject::parse(unbalanced.as_bytes()), Err(JsonObjectError::NotJson(_))));
+    assert!(matches!(
+        JsonObject::parse(unbalanced.as_bytes()),
+        Err(JsonObjectError::NotJson(_))
+    ));
 }
 
 #[test]
 fn brackets_and_escapes_inside_strings_do_not_count_as_nesting() {
-    let text = format!(r#"{{"messages": [{{"content": "{}\"\\{}"}}]}}"#, "[".repeat(500), "{".repeat(500));
+    let text = format!(
+        r#"{{"messages": [{{"content": "{}\"\\{}"}}]}}"#,
+        "[".repeat(500),
+        "{".repeat(500)
+    );
     assert!(JsonObject::parse(text.as_bytes()).is_ok(), "{text}");
     let big_prompt = format!(r#"{{"prompt": "{}"}}"#, "[{".repeat(200_000));
     assert!(JsonObject::parse(big_prompt.as_bytes()).is_ok());
@@ -74,6 +92,8 @@ fn a_duplicate_key_is_named_whatever_follows_it() {
     let error = JsonObject::parse(br#"{"a": 1, "a": 2, "b": 3}"#).unwrap_err();
     assert_eq!(error, JsonObjectError::DuplicateKey("a".into()));
     let error = JsonObject::parse(br#"{"a": 1, "b": 2, "a": 3, "b": 4} x"#).unwrap_err();
-    assert!(matches!(error, JsonObjectError::NotJson(_)), "trailing data is still found: {error}");
+    assert!(
+        matches!(error, JsonObjectError::NotJson(_)),
+        "trailing data is still found: {error}"
+    );
 }
-

@@ -2,7 +2,12 @@ use super::*;
 
 #[test]
 fn json_is_what_a_worker_would_read_as_json() {
-    for content_type in ["", "application/json", "Application/JSON; charset=utf-8", "application/merge-patch+json"] {
+    for content_type in [
+        "",
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "application/merge-patch+json",
+    ] {
         assert!(read_as_json(content_type), "{content_type}");
     }
     for content_type in ["multipart/form-data; boundary=x", "text/plain", "audio/wav"] {
@@ -20,17 +25,26 @@ fn kv_transfer_params_anywhere_are_refused() {
     ] {
         let error = check_body(body.as_bytes()).unwrap_err();
         assert_eq!(error.code(), "invalid_field", "{body}");
-        assert_eq!(error.to_string(), "kv_transfer_params: is set by the gateway, never by a client");
+        assert_eq!(
+            error.to_string(),
+            "kv_transfer_params: is set by the gateway, never by a client"
+        );
     }
 }
 
 #[test]
 fn other_json_passes_and_what_is_not_json_is_refused() {
-    assert_eq!(check_body(br#"{"input": "kv_transfer_params", "model": "m"}"#), Ok(()));
+    assert_eq!(
+        check_body(br#"{"input": "kv_transfer_params", "model": "m"}"#),
+        Ok(())
+    );
     assert_eq!(check_body(b"[1, 2]"), Ok(()));
     for body in [b"{".as_slice(), b"NaN", b"not json"] {
         assert_eq!(check_body(body).unwrap_err().code(), "invalid_body");
     }
     let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-    assert_eq!(check_body(deep.as_bytes()).unwrap_err().code(), "invalid_body");
+    assert_eq!(
+        check_body(deep.as_bytes()).unwrap_err().code(),
+        "invalid_body"
+    );
 }

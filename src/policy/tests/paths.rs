@@ -3,8 +3,14 @@ use super::*;
 #[test]
 fn the_completion_paths_are_found_with_or_without_a_query() {
     assert_eq!(completion_path("/v1/completions"), Some("/v1/completions"));
-    assert_eq!(completion_path("/v1/chat/completions?x=1"), Some("/v1/chat/completions"));
-    assert_eq!(completion_path("/v1/completions#frag"), Some("/v1/completions"));
+    assert_eq!(
+        completion_path("/v1/chat/completions?x=1"),
+        Some("/v1/chat/completions")
+    );
+    assert_eq!(
+        completion_path("/v1/completions#frag"),
+        Some("/v1/completions")
+    );
 }
 
 #[test]
@@ -25,7 +31,15 @@ fn spellings_a_server_reads_as_a_completion_path_are_completion_paths() {
 
 #[test]
 fn other_paths_are_not() {
-    for raw in ["/v1/models", "/health", "/v1/completions/x", "/V1/completions", "/v1/%2563ompletions", "", "/"] {
+    for raw in [
+        "/v1/models",
+        "/health",
+        "/v1/completions/x",
+        "/V1/completions",
+        "/v1/%2563ompletions",
+        "",
+        "/",
+    ] {
         assert_eq!(completion_path(raw), None, "{raw}");
     }
 }

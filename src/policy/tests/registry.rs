@@ -36,7 +36,12 @@ fn an_aggregated_registry_is_one_hop() {
 #[test]
 fn ids_above_2_pow_53_survive() {
     let json = r#"{"workers": [{"id": 18446744073709551615, "role": "decode", "address": "127.0.0.1:1"}]}"#;
-    assert!(Registry::from_json(json.as_bytes()).unwrap().get(u64::MAX).is_some());
+    assert!(
+        Registry::from_json(json.as_bytes())
+            .unwrap()
+            .get(u64::MAX)
+            .is_some()
+    );
 }
 
 #[test]
@@ -45,16 +50,60 @@ fn invalid_registries_are_refused_with_the_reason() {
         format!(r#"{{"id": {id}, "role": "{role}", "address": "127.0.0.1:{port}"}}"#)
     };
     let cases = [
-        (format!(r#"{{"workers": [{}, {}]}}"#, worker(1, "decode", 1), worker(1, "decode", 2)), "worker id 1 appears more than once"),
-        (format!(r#"{{"workers": [{}, {}]}}"#, worker(1, "decode", 1), worker(2, "decode", 1)), "more than one worker"),
-        (format!(r#"{{"workers": [{}, {}]}}"#, worker(1, "aggregated", 1), worker(2, "decode", 2)), "cannot be mixed"),
-        (format!(r#"{{"workers": [{}]}}"#, worker(1, "prefill", 1)), "no decode or aggregated worker"),
-        (r#"{"workers": []}"#.to_string(), "no decode or aggregated worker"),
-        (r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "dp_size": 0}]}"#.into(), "dp_size 0"),
-        (r#"{"workers": [{"id": 1, "role": "router", "address": "127.0.0.1:1"}]}"#.into(), "unknown variant"),
-        (r#"{"workers": [{"id": 1, "role": "decode", "address": "localhost:1"}]}"#.into(), "invalid"),
-        (r#"{"workers": [{"id": -1, "role": "decode", "address": "127.0.0.1:1"}]}"#.into(), "invalid"),
-        (r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "rank": 2}]}"#.into(), "unknown field"),
+        (
+            format!(
+                r#"{{"workers": [{}, {}]}}"#,
+                worker(1, "decode", 1),
+                worker(1, "decode", 2)
+            ),
+            "worker id 1 appears more than once",
+        ),
+        (
+            format!(
+                r#"{{"workers": [{}, {}]}}"#,
+                worker(1, "decode", 1),
+                worker(2, "decode", 1)
+            ),
+            "more than one worker",
+        ),
+        (
+            format!(
+                r#"{{"workers": [{}, {}]}}"#,
+                worker(1, "aggregated", 1),
+                worker(2, "decode", 2)
+            ),
+            "cannot be mixed",
+        ),
+        (
+            format!(r#"{{"workers": [{}]}}"#, worker(1, "prefill", 1)),
+            "no decode or aggregated worker",
+        ),
+        (
+            r#"{"workers": []}"#.to_string(),
+            "no decode or aggregated worker",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "dp_size": 0}]}"#
+                .into(),
+            "dp_size 0",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "router", "address": "127.0.0.1:1"}]}"#.into(),
+            "unknown variant",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "localhost:1"}]}"#.into(),
+            "invalid",
+        ),
+        (
+            r#"{"workers": [{"id": -1, "role": "decode", "address": "127.0.0.1:1"}]}"#.into(),
+            "invalid",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "rank": 2}]}"#
+                .into(),
+            "unknown field",
+        ),
         (r#"{"workerz": []}"#.into(), "unknown field `workerz`"),
         (r#"{}"#.into(), "\"workers\" list is missing"),
         (r#"[]"#.into(), "invalid JSON"),
@@ -106,16 +155,29 @@ fn a_live_registry_makes_workers_optional() {
     assert!(config.registry.workers().is_empty());
     assert!(config.pool_members.is_empty());
     let source = config.settings.registry.unwrap();
-    assert_eq!((source.path.as_str(), source.refresh(), source.timeout()), ("/registry", Duration::from_secs(5), Duration::from_secs(2)));
+    assert_eq!(
+        (source.path.as_str(), source.refresh(), source.timeout()),
+        ("/registry", Duration::from_secs(5), Duration::from_secs(2))
+    );
     assert_eq!(source.address.as_deref(), Some("registry:8080"));
 
     let with_workers = r#"{"registry": {"cluster": "r", "refresh_ms": 100},
         "workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}, {"id": 2, "role": "prefill", "address": "127.0.0.1:2"}]}"#;
     let config = Config::from_json(with_workers.as_bytes()).unwrap();
-    assert_eq!(config.pool_members, vec!["127.0.0.1:1".parse().unwrap()], "only token workers are pool members");
-    let newer = Registry::from_json(br#"{"workers": [{"id": 3, "role": "decode", "address": "127.0.0.1:3"}]}"#).unwrap();
+    assert_eq!(
+        config.pool_members,
+        vec!["127.0.0.1:1".parse().unwrap()],
+        "only token workers are pool members"
+    );
+    let newer = Registry::from_json(
+        br#"{"workers": [{"id": 3, "role": "decode", "address": "127.0.0.1:3"}]}"#,
+    )
+    .unwrap();
     let updated = config.with_registry(newer.clone());
-    assert_eq!((updated.registry, updated.settings, updated.pool_members), (newer, config.settings, config.pool_members));
+    assert_eq!(
+        (updated.registry, updated.settings, updated.pool_members),
+        (newer, config.settings, config.pool_members)
+    );
 }
 
 #[test]

@@ -21,9 +21,20 @@ fn registry(json: &str) -> Registry {
     Registry::from_json(json.as_bytes()).unwrap()
 }
 
-fn resolve_with(json: &str, settings: &Settings, choice: Choice<'_>, pins: &Pins) -> Result<Route, RouteError> {
+fn resolve_with(
+    json: &str,
+    settings: &Settings,
+    choice: Choice<'_>,
+    pins: &Pins,
+) -> Result<Route, RouteError> {
     let registry = registry(json);
-    Resolver { registry: &registry, settings, availability: &RegistryOnly, choice }.resolve(pins)
+    Resolver {
+        registry: &registry,
+        settings,
+        availability: &RegistryOnly,
+        choice,
+    }
+    .resolve(pins)
 }
 
 fn resolve(json: &str, pins: Pins) -> Result<Route, RouteError> {
@@ -46,7 +57,11 @@ fn prefill_ids(route: &Route) -> Vec<WorkerId> {
 }
 
 fn decode_pin(id: WorkerId) -> Pins {
-    Pins { backend_instance_id: Some(id), decode_worker_id: Some(id), ..Pins::default() }
+    Pins {
+        backend_instance_id: Some(id),
+        decode_worker_id: Some(id),
+        ..Pins::default()
+    }
 }
 
 #[test]
@@ -61,26 +76,41 @@ fn the_original_bug_a_decode_pin_alone_leaves_prefill_free() {
 
 #[test]
 fn the_generic_pin_and_decode_rank_never_reach_the_prefill_hop() {
-    let pins = Pins { backend_instance_id: Some(202), dp_rank: Some(1), ..Pins::default() };
+    let pins = Pins {
+        backend_instance_id: Some(202),
+        dp_rank: Some(1),
+        ..Pins::default()
+    };
     let route = resolve(DISAGGREGATED, pins).unwrap();
     assert_eq!(summary(&route.decode.target), pinned(202, Some(1)));
     match route.prefill {
-        PrefillPlan::Candidates(targets) => assert!(targets.iter().all(|t| t.rank.is_none() && !t.pinned)),
+        PrefillPlan::Candidates(targets) => {
+            assert!(targets.iter().all(|t| t.rank.is_none() && !t.pinned))
+        }
         other => panic!("{other:?}"),
     }
 }
 
 #[test]
 fn a_prefill_pin_alone_leaves_decode_free() {
-    let pins = Pins { prefill_worker_id: Some(101), ..Pins::default() };
+    let pins = Pins {
+        prefill_worker_id: Some(101),
+        ..Pins::default()
+    };
     let route = resolve(DISAGGREGATED, pins).unwrap();
-    assert_eq!(route.prefill, PrefillPlan::Pinned(Target {
-        worker: registry(DISAGGREGATED).get(101).unwrap().clone(),
-        rank: Some(0),
-        pinned: true,
-    }));
+    assert_eq!(
+        route.prefill,
+        PrefillPlan::Pinned(Target {
+            worker: registry(DISAGGREGATED).get(101).unwrap().clone(),
+            rank: Some(0),
+            pinned: true,
+        })
+    );
     assert!(!route.decode.target.pinned);
-    assert_ne!(route.decode.target.worker.id, 203, "a draining worker is never chosen");
+    assert_ne!(
+        route.decode.target.worker.id, 203,
+        "a draining worker is never chosen"
+    );
 }
 
 #[test]
@@ -93,93 +123,212 @@ fn both_pins_with_both_ranks() {
         ..Pins::default()
     };
     let route = resolve(DISAGGREGATED, pins).unwrap();
-    let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!("{:?}", route.prefill) };
+    let PrefillPlan::Pinned(prefill) = &route.prefill else {
+        panic!("{:?}", route.prefill)
+    };
     assert_eq!(summary(prefill), pinned(102, Some(1)));
     assert_eq!(summary(&route.decode.target), pinned(202, Some(0)));
 }
 
 #[test]
 fn multi_rank_workers_pinned_without_a_rank_get_no_rank_and_single_rank_ones_get_zero() {
-    let pins = Pins { prefill_worker_id: Some(102), decode_worker_id: Some(202), ..Pins::default() };
+    let pins = Pins {
+        prefill_worker_id: Some(102),
+        decode_worker_id: Some(202),
+        ..Pins::default()
+    };
     let route = resolve(DISAGGREGATED, pins).unwrap();
-    let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!() };
+    let PrefillPlan::Pinned(prefill) = &route.prefill else {
+        panic!()
+    };
     assert_eq!(summary(prefill), pinned(102, None));
     assert_eq!(summary(&route.decode.target), pinned(202, None));
-    let pins = Pins { prefill_worker_id: Some(101), ..decode_pin(201) };
+    let pins = Pins {
+        prefill_worker_id: Some(101),
+        ..decode_pin(201)
+    };
     let route = resolve(DISAGGREGATED, pins).unwrap();
-    let PrefillPlan::Pinned(prefill) = &route.prefill else { panic!() };
+    let PrefillPlan::Pinned(prefill) = &route.prefill else {
+        panic!()
+    };
     assert_eq!(summary(prefill), pinned(101, Some(0)));
     assert_eq!(summary(&route.decode.target), pinned(201, Some(0)));
 }
 
 #[test]
 fn decode_worker_id_beats_backend_instance_id() {
-    let pins = Pins { backend_instance_id: Some(201), decode_worker_id: Some(202), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.target.worker.id, 202);
-    let pins = Pins { backend_instance_id: Some(201), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins).unwrap().decode.target.worker.id, 201);
+    let pins = Pins {
+        backend_instance_id: Some(201),
+        decode_worker_id: Some(202),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(DISAGGREGATED, pins)
+            .unwrap()
+            .decode
+            .target
+            .worker
+            .id,
+        202
+    );
+    let pins = Pins {
+        backend_instance_id: Some(201),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(DISAGGREGATED, pins)
+            .unwrap()
+            .decode
+            .target
+            .worker
+            .id,
+        201
+    );
 }
 
 #[test]
 fn a_rank_without_a_worker_for_its_hop_is_refused() {
-    let pins = Pins { dp_rank: Some(0), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins), Err(RouteError::RankWithoutWorker { hop: Hop::Decode }));
-    let pins = Pins { prefill_dp_rank: Some(0), ..decode_pin(201) };
-    assert_eq!(resolve(DISAGGREGATED, pins), Err(RouteError::RankWithoutWorker { hop: Hop::Prefill }));
+    let pins = Pins {
+        dp_rank: Some(0),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(DISAGGREGATED, pins),
+        Err(RouteError::RankWithoutWorker { hop: Hop::Decode })
+    );
+    let pins = Pins {
+        prefill_dp_rank: Some(0),
+        ..decode_pin(201)
+    };
+    assert_eq!(
+        resolve(DISAGGREGATED, pins),
+        Err(RouteError::RankWithoutWorker { hop: Hop::Prefill })
+    );
     // A decode pin does not lend itself to the prefill rank.
-    let pins = Pins { prefill_dp_rank: Some(0), prefill_worker_id: None, ..decode_pin(202) };
-    assert!(matches!(resolve(DISAGGREGATED, pins), Err(RouteError::RankWithoutWorker { hop: Hop::Prefill })));
+    let pins = Pins {
+        prefill_dp_rank: Some(0),
+        prefill_worker_id: None,
+        ..decode_pin(202)
+    };
+    assert!(matches!(
+        resolve(DISAGGREGATED, pins),
+        Err(RouteError::RankWithoutWorker { hop: Hop::Prefill })
+    ));
 }
 
 #[test]
 fn unknown_workers_are_refused_per_hop() {
     assert_eq!(
         resolve(DISAGGREGATED, decode_pin(999)),
-        Err(RouteError::UnknownWorker { hop: Hop::Decode, worker: 999 })
+        Err(RouteError::UnknownWorker {
+            hop: Hop::Decode,
+            worker: 999
+        })
     );
-    let pins = Pins { prefill_worker_id: Some(999), ..Pins::default() };
-    assert_eq!(resolve(DISAGGREGATED, pins), Err(RouteError::UnknownWorker { hop: Hop::Prefill, worker: 999 }));
+    let pins = Pins {
+        prefill_worker_id: Some(999),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(DISAGGREGATED, pins),
+        Err(RouteError::UnknownWorker {
+            hop: Hop::Prefill,
+            worker: 999
+        })
+    );
 }
 
 #[test]
 fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
     let registry = Registry::empty();
     let settings = Settings::default();
-    let resolver = Resolver { registry: &registry, settings: &settings, availability: &RegistryOnly, choice: Choice::Turn(0) };
+    let resolver = Resolver {
+        registry: &registry,
+        settings: &settings,
+        availability: &RegistryOnly,
+        choice: Choice::Turn(0),
+    };
     assert_eq!(
         resolver.resolve(&decode_pin(201)),
-        Err(RouteError::NoWorkerAvailable { hop: Hop::Decode, role: Role::Decode })
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Decode,
+            role: Role::Decode
+        })
     );
-    let pins = Pins { prefill_worker_id: Some(101), ..Pins::default() };
-    assert!(matches!(resolver.resolve(&pins), Err(RouteError::NoWorkerAvailable { hop: Hop::Prefill, .. })));
+    let pins = Pins {
+        prefill_worker_id: Some(101),
+        ..Pins::default()
+    };
+    assert!(matches!(
+        resolver.resolve(&pins),
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Prefill,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn a_worker_of_the_other_pool_is_the_wrong_role() {
     assert_eq!(
         resolve(DISAGGREGATED, decode_pin(101)),
-        Err(RouteError::WrongRole { hop: Hop::Decode, worker: 101, actual: Role::Prefill, expected: Role::Decode })
+        Err(RouteError::WrongRole {
+            hop: Hop::Decode,
+            worker: 101,
+            actual: Role::Prefill,
+            expected: Role::Decode
+        })
     );
-    let pins = Pins { prefill_worker_id: Some(201), ..Pins::default() };
+    let pins = Pins {
+        prefill_worker_id: Some(201),
+        ..Pins::default()
+    };
     assert_eq!(
         resolve(DISAGGREGATED, pins),
-        Err(RouteError::WrongRole { hop: Hop::Prefill, worker: 201, actual: Role::Decode, expected: Role::Prefill })
+        Err(RouteError::WrongRole {
+            hop: Hop::Prefill,
+            worker: 201,
+            actual: Role::Decode,
+            expected: Role::Prefill
+        })
     );
 }
 
 #[test]
 fn ranks_outside_the_workers_dp_size_are_refused() {
-    let pins = Pins { dp_rank: Some(2), ..decode_pin(202) };
+    let pins = Pins {
+        dp_rank: Some(2),
+        ..decode_pin(202)
+    };
     assert_eq!(
         resolve(DISAGGREGATED, pins),
-        Err(RouteError::RankOutOfRange { hop: Hop::Decode, worker: 202, rank: 2, dp_size: 2 })
+        Err(RouteError::RankOutOfRange {
+            hop: Hop::Decode,
+            worker: 202,
+            rank: 2,
+            dp_size: 2
+        })
     );
-    let pins = Pins { dp_rank: Some(1), ..decode_pin(201) };
-    assert!(matches!(resolve(DISAGGREGATED, pins), Err(RouteError::RankOutOfRange { dp_size: 1, .. })));
-    let pins = Pins { prefill_worker_id: Some(102), prefill_dp_rank: Some(2), ..Pins::default() };
+    let pins = Pins {
+        dp_rank: Some(1),
+        ..decode_pin(201)
+    };
     assert!(matches!(
         resolve(DISAGGREGATED, pins),
-        Err(RouteError::RankOutOfRange { hop: Hop::Prefill, worker: 102, .. })
+        Err(RouteError::RankOutOfRange { dp_size: 1, .. })
+    ));
+    let pins = Pins {
+        prefill_worker_id: Some(102),
+        prefill_dp_rank: Some(2),
+        ..Pins::default()
+    };
+    assert!(matches!(
+        resolve(DISAGGREGATED, pins),
+        Err(RouteError::RankOutOfRange {
+            hop: Hop::Prefill,
+            worker: 102,
+            ..
+        })
     ));
 }
 
@@ -187,7 +336,11 @@ fn ranks_outside_the_workers_dp_size_are_refused() {
 fn a_draining_pinned_worker_is_unavailable() {
     assert_eq!(
         resolve(DISAGGREGATED, decode_pin(203)),
-        Err(RouteError::WorkerUnavailable { hop: Hop::Decode, worker: 203, why: Unavailability::Draining })
+        Err(RouteError::WorkerUnavailable {
+            hop: Hop::Decode,
+            worker: 203,
+            why: Unavailability::Draining
+        })
     );
 }
 
@@ -196,46 +349,84 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
     struct Down(WorkerId);
     impl Availability for Down {
         fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
-            (worker.id == self.0).then_some(Unavailability::Unhealthy { retry_after_secs: 3 })
+            (worker.id == self.0).then_some(Unavailability::Unhealthy {
+                retry_after_secs: 3,
+            })
         }
     }
     let registry = registry(DISAGGREGATED);
-    let settings = Settings { prefill_retries: 5, ..Settings::default() };
-    let resolver = |down| Resolver { registry: &registry, settings: &settings, availability: down, choice: Choice::Turn(0) };
+    let settings = Settings {
+        prefill_retries: 5,
+        ..Settings::default()
+    };
+    let resolver = |down| Resolver {
+        registry: &registry,
+        settings: &settings,
+        availability: down,
+        choice: Choice::Turn(0),
+    };
     let down = Down(101);
-    let pins = Pins { prefill_worker_id: Some(101), ..Pins::default() };
+    let pins = Pins {
+        prefill_worker_id: Some(101),
+        ..Pins::default()
+    };
     assert_eq!(
         resolver(&down).resolve(&pins),
-        Err(RouteError::WorkerUnavailable { hop: Hop::Prefill, worker: 101, why: Unavailability::Unhealthy { retry_after_secs: 3 } })
+        Err(RouteError::WorkerUnavailable {
+            hop: Hop::Prefill,
+            worker: 101,
+            why: Unavailability::Unhealthy {
+                retry_after_secs: 3
+            }
+        })
     );
-    assert_eq!(prefill_ids(&resolver(&down).resolve(&Pins::default()).unwrap()), vec![102]);
+    assert_eq!(
+        prefill_ids(&resolver(&down).resolve(&Pins::default()).unwrap()),
+        vec![102]
+    );
 }
 
 #[test]
 fn unpinned_prefill_gets_the_first_plus_the_retries() {
-    let settings = Settings { prefill_retries: 0, ..Settings::default() };
+    let settings = Settings {
+        prefill_retries: 0,
+        ..Settings::default()
+    };
     let route = resolve_with(DISAGGREGATED, &settings, Choice::Turn(1), &Pins::default()).unwrap();
     assert_eq!(prefill_ids(&route), vec![102]);
-    let settings = Settings { prefill_retries: 9, ..Settings::default() };
+    let settings = Settings {
+        prefill_retries: 9,
+        ..Settings::default()
+    };
     let route = resolve_with(DISAGGREGATED, &settings, Choice::Turn(1), &Pins::default()).unwrap();
     assert_eq!(prefill_ids(&route), vec![102, 101]);
 }
 
 #[test]
 fn no_prefill_worker_falls_back_to_one_hop_unless_disabled() {
-    let only_decode = r#"{"workers": [{"id": 201, "role": "decode", "address": "127.0.0.1:8201"}]}"#;
+    let only_decode =
+        r#"{"workers": [{"id": 201, "role": "decode", "address": "127.0.0.1:8201"}]}"#;
     let route = resolve(only_decode, Pins::default()).unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
     assert_eq!(route.decode.hop, Hop::Decode);
-    let settings = Settings { aggregated_fallback: false, ..Settings::default() };
+    let settings = Settings {
+        aggregated_fallback: false,
+        ..Settings::default()
+    };
     assert_eq!(
         resolve_with(only_decode, &settings, Choice::Turn(0), &Pins::default()),
-        Err(RouteError::NoWorkerAvailable { hop: Hop::Prefill, role: Role::Prefill })
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Prefill,
+            role: Role::Prefill
+        })
     );
     let draining_prefill = r#"{"workers": [
         {"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "draining": true},
         {"id": 201, "role": "decode", "address": "127.0.0.1:8201"}]}"#;
-    assert_eq!(resolve(draining_prefill, Pins::default()).unwrap().prefill, PrefillPlan::Skip);
+    assert_eq!(
+        resolve(draining_prefill, Pins::default()).unwrap().prefill,
+        PrefillPlan::Skip
+    );
 }
 
 #[test]
@@ -243,13 +434,19 @@ fn no_available_decode_worker_is_503() {
     let json = r#"{"workers": [{"id": 203, "role": "decode", "address": "127.0.0.1:8203", "draining": true}]}"#;
     assert_eq!(
         resolve(json, Pins::default()),
-        Err(RouteError::NoWorkerAvailable { hop: Hop::Decode, role: Role::Decode })
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Decode,
+            role: Role::Decode
+        })
     );
 }
 
 #[test]
 fn an_aggregated_deployment_is_one_hop_pinned_by_the_generic_pins() {
-    let pins = Pins { dp_rank: Some(1), ..decode_pin(301) };
+    let pins = Pins {
+        dp_rank: Some(1),
+        ..decode_pin(301)
+    };
     let route = resolve(AGGREGATED, pins).unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
     assert_eq!(route.decode.hop, Hop::Aggregated);
@@ -261,17 +458,48 @@ fn an_aggregated_deployment_is_one_hop_pinned_by_the_generic_pins() {
 
 #[test]
 fn prefill_pins_in_an_aggregated_deployment_cannot_be_honoured() {
-    let pins = Pins { prefill_worker_id: Some(301), ..Pins::default() };
+    let pins = Pins {
+        prefill_worker_id: Some(301),
+        ..Pins::default()
+    };
     assert_eq!(
         resolve(AGGREGATED, pins),
-        Err(RouteError::WrongRole { hop: Hop::Prefill, worker: 301, actual: Role::Aggregated, expected: Role::Prefill })
+        Err(RouteError::WrongRole {
+            hop: Hop::Prefill,
+            worker: 301,
+            actual: Role::Aggregated,
+            expected: Role::Prefill
+        })
     );
-    let pins = Pins { prefill_worker_id: Some(9), ..Pins::default() };
-    assert_eq!(resolve(AGGREGATED, pins), Err(RouteError::UnknownWorker { hop: Hop::Prefill, worker: 9 }));
-    let pins = Pins { prefill_dp_rank: Some(0), ..Pins::default() };
-    assert_eq!(resolve(AGGREGATED, pins), Err(RouteError::RankWithoutWorker { hop: Hop::Prefill }));
-    let pins = Pins { dp_rank: Some(0), ..Pins::default() };
-    assert_eq!(resolve(AGGREGATED, pins), Err(RouteError::RankWithoutWorker { hop: Hop::Aggregated }));
+    let pins = Pins {
+        prefill_worker_id: Some(9),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(AGGREGATED, pins),
+        Err(RouteError::UnknownWorker {
+            hop: Hop::Prefill,
+            worker: 9
+        })
+    );
+    let pins = Pins {
+        prefill_dp_rank: Some(0),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(AGGREGATED, pins),
+        Err(RouteError::RankWithoutWorker { hop: Hop::Prefill })
+    );
+    let pins = Pins {
+        dp_rank: Some(0),
+        ..Pins::default()
+    };
+    assert_eq!(
+        resolve(AGGREGATED, pins),
+        Err(RouteError::RankWithoutWorker {
+            hop: Hop::Aggregated
+        })
+    );
 }
 
 #[test]
@@ -292,10 +520,21 @@ fn a_session_picks_the_same_workers_and_a_pin_beats_it() {
 fn the_token_hop_alone_ignores_prefill_pins() {
     let registry = registry(DISAGGREGATED);
     let settings = Settings::default();
-    let resolver = Resolver { registry: &registry, settings: &settings, availability: &RegistryOnly, choice: Choice::Turn(0) };
-    let pins = Pins { prefill_worker_id: Some(999), ..decode_pin(202) };
+    let resolver = Resolver {
+        registry: &registry,
+        settings: &settings,
+        availability: &RegistryOnly,
+        choice: Choice::Turn(0),
+    };
+    let pins = Pins {
+        prefill_worker_id: Some(999),
+        ..decode_pin(202)
+    };
     let token_hop = resolver.token_hop(&pins).unwrap();
-    assert_eq!((token_hop.target.worker.id, token_hop.hop), (202, Hop::Decode));
+    assert_eq!(
+        (token_hop.target.worker.id, token_hop.hop),
+        (202, Hop::Decode)
+    );
     assert!(token_hop.alternates.is_empty(), "a pin has no alternates");
 }
 
@@ -305,10 +544,20 @@ fn an_unpinned_decode_hop_offers_its_next_best_workers_for_a_failed_connection()
     let mut offered: Vec<WorkerId> = route.decode.alternates.iter().map(|w| w.id).collect();
     offered.insert(0, route.decode.target.worker.id);
     offered.sort_unstable();
-    assert_eq!(offered, vec![201, 202], "every available decode worker, the draining one never");
+    assert_eq!(
+        offered,
+        vec![201, 202],
+        "every available decode worker, the draining one never"
+    );
     let many = format!(
         r#"{{"workers": [{}]}}"#,
-        (1..=9).map(|i| format!(r#"{{"id": {i}, "role": "decode", "address": "127.0.0.1:{}"}}"#, 9000 + i)).collect::<Vec<_>>().join(",")
+        (1..=9)
+            .map(|i| format!(
+                r#"{{"id": {i}, "role": "decode", "address": "127.0.0.1:{}"}}"#,
+                9000 + i
+            ))
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let route = resolve(&many, Pins::default()).unwrap();
     assert_eq!(route.decode.alternates.len(), DECODE_ATTEMPTS - 1);

@@ -12,12 +12,18 @@ fn parse(text: &str) -> Value {
 fn decoded(request: &str, kv_transfer_params: Option<&RawValue>) -> String {
     let object = JsonObject::parse(request.as_bytes()).unwrap();
     let edit = DecodeBody::new(&object, request.as_bytes()).finish(kv_transfer_params);
-    let body = edit.map_or_else(|| request.as_bytes().to_vec(), |e| e.apply(request.as_bytes()));
+    let body = edit.map_or_else(
+        || request.as_bytes().to_vec(),
+        |e| e.apply(request.as_bytes()),
+    );
     String::from_utf8(body).unwrap()
 }
 
 fn prefill(request: &str) -> Value {
-    parse(&prefill_body(&JsonObject::parse(request.as_bytes()).unwrap(), request.len()))
+    parse(&prefill_body(
+        &JsonObject::parse(request.as_bytes()).unwrap(),
+        request.len(),
+    ))
 }
 
 #[test]
@@ -50,7 +56,8 @@ fn the_prefill_body_adds_the_limits_a_client_left_out() {
 
 #[test]
 fn max_completion_tokens_is_capped_only_when_present() {
-    let body = prefill(r#"{"messages": [], "max_completion_tokens": 50, "min_completion_tokens": 3}"#);
+    let body =
+        prefill(r#"{"messages": [], "max_completion_tokens": 50, "min_completion_tokens": 3}"#);
     assert_eq!(body["max_completion_tokens"], 1);
     assert_eq!(body["max_tokens"], 1);
     assert!(body.get("min_completion_tokens").is_none());
@@ -63,7 +70,9 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
     let prefill = parse(&prefill_body(&object, request.len()));
     assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
     assert_eq!(prefill["kv_transfer_params"]["remote_host"], Value::Null);
-    let edit = DecodeBody::new(&object, request.as_bytes()).finish(None).unwrap();
+    let edit = DecodeBody::new(&object, request.as_bytes())
+        .finish(None)
+        .unwrap();
     assert_eq!(edit.replaced, request.len(), "the whole body is rebuilt");
     assert_eq!(parse(&decoded(request, None)), json!({"prompt": "x"}));
     let from_prefill = RawValue::from_string(r#"{"remote_engine_id":"e1"}"#.into()).unwrap();
@@ -77,20 +86,45 @@ fn a_clients_kv_transfer_params_never_reach_a_worker() {
 fn the_decode_body_keeps_the_clients_bytes() {
     let request = r#"{"prompt":"caf\u00e9 \ud83d\ude00","stream":true,"max_tokens":100,"n":123456789012345678901234567890,"t":1.50}"#;
     let object = JsonObject::parse(request.as_bytes()).unwrap();
-    assert_eq!(DecodeBody::new(&object, request.as_bytes()).finish(None), None, "nothing to rewrite");
+    assert_eq!(
+        DecodeBody::new(&object, request.as_bytes()).finish(None),
+        None,
+        "nothing to rewrite"
+    );
     let params = RawValue::from_string(r#"{"a":1}"#.into()).unwrap();
-    let edit = DecodeBody::new(&object, request.as_bytes()).finish(Some(&params)).unwrap();
-    assert_eq!(edit, BodyEdit { replaced: 1, with: r#"{"kv_transfer_params":{"a":1},"#.into() }, "only the brace is replaced");
-    assert_eq!(decoded(request, Some(&params)), format!("{{\"kv_transfer_params\":{{\"a\":1}},{}", &request[1..]));
-    assert_eq!(edit.edited_len(request.len()), decoded(request, Some(&params)).len());
+    let edit = DecodeBody::new(&object, request.as_bytes())
+        .finish(Some(&params))
+        .unwrap();
+    assert_eq!(
+        edit,
+        BodyEdit {
+            replaced: 1,
+            with: r#"{"kv_transfer_params":{"a":1},"#.into()
+        },
+        "only the brace is replaced"
+    );
+    assert_eq!(
+        decoded(request, Some(&params)),
+        format!("{{\"kv_transfer_params\":{{\"a\":1}},{}", &request[1..])
+    );
+    assert_eq!(
+        edit.edited_len(request.len()),
+        decoded(request, Some(&params)).len()
+    );
 }
 
 #[test]
 fn the_prefill_body_keeps_every_other_field_byte_for_byte() {
     let request = r#"{"prompt":"\u0000\"x","n":123456789012345678901234567890,"logit_bias":{"50256":-100},"stream":true}"#;
-    let text = prefill_body(&JsonObject::parse(request.as_bytes()).unwrap(), request.len());
+    let text = prefill_body(
+        &JsonObject::parse(request.as_bytes()).unwrap(),
+        request.len(),
+    );
     assert!(text.contains(r#""prompt":"\u0000\"x""#), "{text}");
-    assert!(text.contains(r#""n":123456789012345678901234567890"#), "{text}");
+    assert!(
+        text.contains(r#""n":123456789012345678901234567890"#),
+        "{text}"
+    );
     assert!(text.contains(r#""logit_bias":{"50256":-100}"#), "{text}");
 }
 
@@ -99,7 +133,10 @@ fn an_empty_object_stays_valid() {
     let object = JsonObject::parse(b"{}").unwrap();
     assert_eq!(DecodeBody::new(&object, b"{}").finish(None), None);
     let params = RawValue::from_string("{}".into()).unwrap();
-    assert_eq!(parse(&decoded(" \n{ } ", Some(&params))), json!({"kv_transfer_params": {}}));
+    assert_eq!(
+        parse(&decoded(" \n{ } ", Some(&params))),
+        json!({"kv_transfer_params": {}})
+    );
     assert_eq!(prefill_body(&object, 2).chars().next(), Some('{'));
     parse(&prefill_body(&object, 2));
 }
@@ -108,16 +145,35 @@ fn an_empty_object_stays_valid() {
 fn the_prefill_answer_gives_its_kv_transfer_params() {
     let response = br#"{"id": "x", "choices": [], "kv_transfer_params": {"remote_engine_id": "e", "remote_block_ids": [1, 2]}}"#;
     let params = prefill_kv_transfer_params(response).unwrap().unwrap();
-    assert_eq!(params.get(), r#"{"remote_engine_id": "e", "remote_block_ids": [1, 2]}"#);
-    assert!(prefill_kv_transfer_params(br#"{"kv_transfer_params": null}"#).unwrap().is_none());
-    assert!(prefill_kv_transfer_params(br#"{"choices": []}"#).unwrap().is_none());
+    assert_eq!(
+        params.get(),
+        r#"{"remote_engine_id": "e", "remote_block_ids": [1, 2]}"#
+    );
+    assert!(
+        prefill_kv_transfer_params(br#"{"kv_transfer_params": null}"#)
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        prefill_kv_transfer_params(br#"{"choices": []}"#)
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[test]
 fn an_unusable_prefill_answer_is_a_failure_of_the_hop() {
-    for response in [b"not json".as_slice(), b"[]", br#"{"kv_transfer_params": "x"}"#, br#"{"kv_transfer_params": [1]}"#] {
+    for response in [
+        b"not json".as_slice(),
+        b"[]",
+        br#"{"kv_transfer_params": "x"}"#,
+        br#"{"kv_transfer_params": [1]}"#,
+    ] {
         assert!(
-            matches!(prefill_kv_transfer_params(response), Err(HopFailure::BadResponse(_))),
+            matches!(
+                prefill_kv_transfer_params(response),
+                Err(HopFailure::BadResponse(_))
+            ),
             "{}",
             String::from_utf8_lossy(response)
         );
@@ -130,7 +186,13 @@ fn the_decode_hops_nvext_pins_never_reach_the_prefill_worker() {
         "prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]}}"#;
     let object = JsonObject::parse(request.as_bytes()).unwrap();
     let body = parse(&prefill_body(&object, request.len()));
-    assert_eq!(body["nvext"], json!({"prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]}));
+    assert_eq!(
+        body["nvext"],
+        json!({"prefill_worker_id": 101, "prefill_dp_rank": 0, "annotations": ["a"]})
+    );
     let decode = parse(&decoded(request, None));
-    assert_eq!(decode["nvext"]["dp_rank"], 1, "the decode hop keeps the client's nvext");
+    assert_eq!(
+        decode["nvext"]["dp_rank"], 1,
+        "the decode hop keeps the client's nvext"
+    );
 }

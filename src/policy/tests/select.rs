@@ -22,17 +22,28 @@ fn ids(ranked: &[&Worker]) -> Vec<u64> {
 #[test]
 fn turns_rotate_over_the_pool() {
     let pool = workers(3);
-    let firsts: Vec<u64> = (0..6).map(|t| rank_candidates(pool.iter().collect(), Choice::Turn(t))[0].id).collect();
+    let firsts: Vec<u64> = (0..6)
+        .map(|t| rank_candidates(pool.iter().collect(), Choice::Turn(t))[0].id)
+        .collect();
     assert_eq!(firsts, vec![100, 101, 102, 100, 101, 102]);
-    assert_eq!(ids(&rank_candidates(pool.iter().collect(), Choice::Turn(1))), vec![101, 102, 100]);
+    assert_eq!(
+        ids(&rank_candidates(pool.iter().collect(), Choice::Turn(1))),
+        vec![101, 102, 100]
+    );
     assert!(rank_candidates(Vec::new(), Choice::Turn(5)).is_empty());
 }
 
 #[test]
 fn a_session_always_gets_the_same_order_whatever_the_pool_order() {
     let pool = workers(5);
-    let forward = ids(&rank_candidates(pool.iter().collect(), Choice::Session(b"chat-42")));
-    let backward = ids(&rank_candidates(pool.iter().rev().collect(), Choice::Session(b"chat-42")));
+    let forward = ids(&rank_candidates(
+        pool.iter().collect(),
+        Choice::Session(b"chat-42"),
+    ));
+    let backward = ids(&rank_candidates(
+        pool.iter().rev().collect(),
+        Choice::Session(b"chat-42"),
+    ));
     assert_eq!(forward, backward);
     assert_eq!(forward.len(), 5);
 }
@@ -68,20 +79,50 @@ fn sessions_spread_over_the_pool() {
 fn the_session_weight_is_a_fixed_function() {
     // Replicas on any platform must agree: pin the hash to known values.
     let worker = &workers(1)[0];
-    assert_eq!(session_weight(b"abc", worker), xxhash_rust::xxh3::xxh3_64_with_seed(b"abc", 100));
-    assert_ne!(session_weight(b"abc", worker), session_weight(b"abd", worker));
+    assert_eq!(
+        session_weight(b"abc", worker),
+        xxhash_rust::xxh3::xxh3_64_with_seed(b"abc", 100)
+    );
+    assert_ne!(
+        session_weight(b"abc", worker),
+        session_weight(b"abd", worker)
+    );
 }
 
 #[test]
 fn the_less_loaded_of_the_next_two_goes_first() {
     let pool = workers(3);
     let loads = |w: &Worker| if w.id == 100 { 5 } else { 1 };
-    let order = |turn| ids(&rank_candidates(pool.iter().collect(), Choice::LeastLoaded { turn, outstanding: &loads }));
+    let order = |turn| {
+        ids(&rank_candidates(
+            pool.iter().collect(),
+            Choice::LeastLoaded {
+                turn,
+                outstanding: &loads,
+            },
+        ))
+    };
     assert_eq!(order(0), vec![101, 100, 102], "100 is busier than 101");
-    assert_eq!(order(1), vec![101, 102, 100], "101 and 102 tie: round robin decides");
+    assert_eq!(
+        order(1),
+        vec![101, 102, 100],
+        "101 and 102 tie: round robin decides"
+    );
     assert_eq!(order(2), vec![102, 100, 101]);
     let busy_share = (0..300).filter(|t| order(*t)[0] == 100).count();
-    assert_eq!(busy_share, 0, "a busier worker never goes first while a pair partner is idler");
+    assert_eq!(
+        busy_share, 0,
+        "a busier worker never goes first while a pair partner is idler"
+    );
     let one = workers(1);
-    assert_eq!(ids(&rank_candidates(one.iter().collect(), Choice::LeastLoaded { turn: 7, outstanding: &loads })), vec![100]);
+    assert_eq!(
+        ids(&rank_candidates(
+            one.iter().collect(),
+            Choice::LeastLoaded {
+                turn: 7,
+                outstanding: &loads
+            }
+        )),
+        vec![100]
+    );
 }

@@ -41,10 +41,14 @@ impl RootContext for Root {
         if config == "panic" {
             panic!("configuration panic");
         }
-        self.requests = proxy_wasm::hostcalls::define_metric(MetricType::Counter, "test_requests").unwrap();
-        self.ticks = proxy_wasm::hostcalls::define_metric(MetricType::Counter, "test_ticks").unwrap();
-        self.hist = proxy_wasm::hostcalls::define_metric(MetricType::Histogram, "test_body_size").unwrap();
-        self.gauge = proxy_wasm::hostcalls::define_metric(MetricType::Gauge, "test_inflight").unwrap();
+        self.requests =
+            proxy_wasm::hostcalls::define_metric(MetricType::Counter, "test_requests").unwrap();
+        self.ticks =
+            proxy_wasm::hostcalls::define_metric(MetricType::Counter, "test_ticks").unwrap();
+        self.hist =
+            proxy_wasm::hostcalls::define_metric(MetricType::Histogram, "test_body_size").unwrap();
+        self.gauge =
+            proxy_wasm::hostcalls::define_metric(MetricType::Gauge, "test_inflight").unwrap();
         if config.contains("tick") {
             self.set_tick_period(Duration::from_millis(500));
         }
@@ -90,15 +94,25 @@ struct Stream {
 }
 
 impl Context for Stream {
-    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         let headers = self.get_http_call_response_headers();
         log::info!("call {token} answered: {num_headers} headers, {body_size} body bytes");
         if headers.is_empty() {
             self.send_http_response(503, vec![("x-call", "failed")], Some(b"call failed"));
             return;
         }
-        let status = self.get_http_call_response_header(":status").unwrap_or_default();
-        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+        let status = self
+            .get_http_call_response_header(":status")
+            .unwrap_or_default();
+        let body = self
+            .get_http_call_response_body(0, body_size)
+            .unwrap_or_default();
         self.set_http_request_header("x-lookup", Some(&String::from_utf8_lossy(&body)));
         self.set_http_request_header("x-lookup-status", Some(&status));
         if self.mode == "call-read-missing" {
@@ -119,10 +133,19 @@ impl HttpContext for Stream {
         proxy_wasm::hostcalls::increment_metric(self.requests, 1).unwrap();
         proxy_wasm::hostcalls::increment_metric(self.gauge, 1).unwrap();
         let headers = self.get_http_request_headers();
-        log::debug!("ctx {} request headers: {} (eos {end_of_stream}, config {})", self.id, num_headers, self.config);
+        log::debug!(
+            "ctx {} request headers: {} (eos {end_of_stream}, config {})",
+            self.id,
+            num_headers,
+            self.config
+        );
         assert_eq!(headers.len(), num_headers);
         self.mode = self.get_http_request_header("x-mode").unwrap_or_default();
-        let now = self.get_current_time().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let now = self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         self.set_http_request_header("x-time", Some(&now.to_string()));
         if let Some(addr) = self.get_property(vec!["source", "address"]) {
             self.set_http_request_header_bytes("x-source", Some(&addr));
@@ -140,14 +163,23 @@ impl HttpContext for Stream {
                 Action::Continue
             }
             "replace-all" => {
-                self.set_http_request_headers(vec![(":path", "/new"), (":method", "POST"), ("x-only", "1")]);
+                self.set_http_request_headers(vec![
+                    (":path", "/new"),
+                    (":method", "POST"),
+                    ("x-only", "1"),
+                ]);
                 Action::Continue
             }
             "pause-headers" | "late-header" | "body-pause-continue" => Action::Pause,
             "call" | "call-read-missing" | "call-touch-after-resume" => {
                 match self.dispatch_http_call(
                     "lookup",
-                    vec![(":method", "POST"), (":path", "/lookup"), (":authority", "lookup.svc"), ("X-Upper", "v")],
+                    vec![
+                        (":method", "POST"),
+                        (":path", "/lookup"),
+                        (":authority", "lookup.svc"),
+                        ("X-Upper", "v"),
+                    ],
                     Some(b"question"),
                     vec![],
                     Duration::from_millis(1500),
@@ -164,8 +196,20 @@ impl HttpContext for Stream {
                 }
             }
             "call-bad" => {
-                let r = self.dispatch_http_call("nope", vec![(":method", "GET"), (":path", "/"), (":authority", "x")], None, vec![], Duration::from_secs(1));
-                let r2 = self.dispatch_http_call("lookup", vec![(":method", "GET"), (":path", "/")], None, vec![], Duration::from_secs(1));
+                let r = self.dispatch_http_call(
+                    "nope",
+                    vec![(":method", "GET"), (":path", "/"), (":authority", "x")],
+                    None,
+                    vec![],
+                    Duration::from_secs(1),
+                );
+                let r2 = self.dispatch_http_call(
+                    "lookup",
+                    vec![(":method", "GET"), (":path", "/")],
+                    None,
+                    vec![],
+                    Duration::from_secs(1),
+                );
                 self.send_http_response(500, vec![("x-r", &format!("{r:?} {r2:?}"))], None);
                 Action::Pause
             }
@@ -250,7 +294,9 @@ impl HttpContext for Stream {
         if !end_of_stream {
             return Action::Pause;
         }
-        let body = self.get_http_response_body(0, body_size).unwrap_or_default();
+        let body = self
+            .get_http_response_body(0, body_size)
+            .unwrap_or_default();
         self.set_http_response_body(0, body_size, &body.to_ascii_uppercase());
         Action::Continue
     }
