@@ -23,10 +23,11 @@ mod prompt;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use pinroute::policy::availability::RegistryOnly;
+use pinroute::policy::config::Config;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
-use pinroute::policy::registry::Config;
-use pinroute::policy::resolve::{RegistryOnly, Resolver};
+use pinroute::policy::resolve::Resolver;
 use pinroute::policy::rewrite::{self, BodyEdit, DecodeBody};
 use pinroute::policy::select::Choice;
 

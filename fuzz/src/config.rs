@@ -8,7 +8,7 @@
 //!   `dp_size`, no mixed deployment, a token-generating worker), or empty only while a
 //!   live registry source is configured and no `workers` were given.
 
-use pinroute::policy::registry::Config;
+use pinroute::policy::config::Config;
 
 use crate::resolve::registry_is_valid;
 

@@ -21,12 +21,13 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use arbitrary::Arbitrary;
-use pinroute::policy::error::{Hop, RouteError, Unavailability};
+use pinroute::policy::availability::{Availability, Unavailability};
+use pinroute::policy::config::Settings;
+use pinroute::policy::error::RouteError;
+use pinroute::policy::hop::Hop;
 use pinroute::policy::pins::Pins;
-use pinroute::policy::registry::{Deployment, Registry, Role, Settings, Worker, WorkerId};
-use pinroute::policy::resolve::{
-    Availability, DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop,
-};
+use pinroute::policy::registry::{Deployment, Registry, Role, Worker, WorkerId};
+use pinroute::policy::resolve::{DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop};
 use pinroute::policy::select::{Choice, session_weight};
 
 use crate::violated;

@@ -21,7 +21,7 @@
 //! own `kv_transfer_params` object byte-identical, `None` for absent or `null`, and an error
 //! for a body that is not an object or a `kv_transfer_params` of another type.
 
-use pinroute::policy::error::HopFailure;
+use pinroute::policy::hop::HopFailure;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::rewrite::{
     DecodeBody, PREFILL_KV_TRANSFER_PARAMS, prefill_body, prefill_kv_transfer_params,

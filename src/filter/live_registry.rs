@@ -6,7 +6,8 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 
 use super::envoy;
-use crate::policy::registry::{Registry, RegistrySource};
+use crate::policy::config::RegistrySource;
+use crate::policy::registry::Registry;
 
 /// The last good registry document (its CAS token is its version).
 const REGISTRY_KEY: &str = "pinroute.registry";

@@ -15,7 +15,8 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
-use crate::policy::registry::{Config, Registry};
+use crate::policy::config::Config;
+use crate::policy::registry::Registry;
 use metrics::{Counter, Metrics};
 use stream::Stream;
 

@@ -3,7 +3,7 @@
 
 use serde_json::value::RawValue;
 
-use super::error::HopFailure;
+use super::hop::HopFailure;
 use super::rewrite::prefill_kv_transfer_params;
 
 /// What a prefill worker's answer means for the request.

@@ -1,75 +1,10 @@
-//! Every error pinroute answers with (SPEC section 3), and configuration errors.
-
-use std::fmt;
-use std::net::SocketAddr;
+//! Every error pinroute answers with (`docs/semantics.md` §6).
 
 use thiserror::Error;
 
+use super::availability::Unavailability;
+use super::hop::{Hop, HopFailure};
 use super::registry::{Role, WorkerId};
-
-/// A hop of the request: the error message always says which one went wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hop {
-    Prefill,
-    Decode,
-    /// The single hop of an aggregated deployment, or of an aggregated fallback.
-    Aggregated,
-}
-
-impl fmt::Display for Hop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Hop::Prefill => "prefill",
-            Hop::Decode => "decode",
-            Hop::Aggregated => "aggregated",
-        })
-    }
-}
-
-/// Why an upstream hop did not produce a usable response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HopFailure {
-    /// No response at all: connection refused or reset.
-    Connect,
-    /// Envoy's own limit for the cluster (circuit breaker) was reached: no connection tried.
-    Overloaded,
-    Timeout,
-    Status(u16),
-    /// A 2xx whose body could not be used.
-    BadResponse(&'static str),
-}
-
-impl fmt::Display for HopFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HopFailure::Connect => f.write_str("the connection failed"),
-            HopFailure::Overloaded => {
-                f.write_str("the gateway's connection limit for it was reached")
-            }
-            HopFailure::Timeout => f.write_str("it timed out"),
-            HopFailure::Status(status) => write!(f, "it answered HTTP {status}"),
-            HopFailure::BadResponse(why) => write!(f, "its response was unusable: {why}"),
-        }
-    }
-}
-
-/// Why a known worker of the right role cannot take a request now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unavailability {
-    /// Taken out of service by the operator (registry `draining`).
-    Draining,
-    /// A recent hop to it failed; back in service after this many seconds at most.
-    Unhealthy { retry_after_secs: u32 },
-}
-
-impl fmt::Display for Unavailability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Unavailability::Draining => f.write_str("draining"),
-            Unavailability::Unhealthy { .. } => f.write_str("unhealthy after a recent failure"),
-        }
-    }
-}
 
 /// A request pinroute refuses or cannot serve. Each maps to one HTTP status and `code`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -216,27 +151,6 @@ impl RouteError {
         })
         .to_string()
     }
-}
-
-/// Why a plugin configuration or registry was refused.
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    #[error("invalid JSON: {0}")]
-    Json(serde_json::Error),
-    #[error("the \"workers\" list is missing")]
-    MissingWorkers,
-    #[error("worker id {0} appears more than once")]
-    DuplicateId(WorkerId),
-    #[error("address {0} is given to more than one worker")]
-    DuplicateAddress(SocketAddr),
-    #[error("worker {0} has dp_size 0")]
-    ZeroDpSize(WorkerId),
-    #[error("aggregated workers cannot be mixed with prefill or decode workers")]
-    MixedDeployment,
-    #[error("no decode or aggregated worker: nothing could generate tokens")]
-    NoDecodeWorker,
-    #[error("{0}")]
-    Setting(&'static str),
 }
 
 #[cfg(test)]

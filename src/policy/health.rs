@@ -1,9 +1,7 @@
 //! Passive health: a worker whose hop failed is out of service for a while, for every Envoy
 //! worker thread alike (the host keeps this table in proxy-wasm shared data).
 
-use super::error::Unavailability;
-use super::registry::{Worker, WorkerId};
-use super::resolve::Availability;
+use super::registry::WorkerId;
 
 /// Workers out of service, each until an instant in nanoseconds since the Unix epoch.
 /// A worker that fails again soon after it returned is out twice as long as the time
@@ -110,28 +108,6 @@ fn u64_le(bytes: Option<&[u8]>) -> u64 {
     bytes
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_le_bytes)
-}
-
-/// Availability at an instant: draining from the registry, unhealthy from the table.
-pub struct Observed<'a> {
-    pub table: &'a HealthTable,
-    pub now: u64,
-}
-
-impl Availability for Observed<'_> {
-    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
-        if worker.draining {
-            return Some(Unavailability::Draining);
-        }
-        let until = self.table.unhealthy_until(worker.id, self.now)?;
-        let seconds = until
-            .saturating_sub(self.now)
-            .div_ceil(1_000_000_000)
-            .max(1);
-        Some(Unavailability::Unhealthy {
-            retry_after_secs: u32::try_from(seconds).unwrap_or(u32::MAX),
-        })
-    }
 }
 
 #[cfg(test)]

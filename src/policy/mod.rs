@@ -15,9 +15,12 @@
 //! | 7. Headers a client may not send | [`headers`] |
 
 pub mod answers;
+pub mod availability;
+pub mod config;
 pub mod error;
 pub mod headers;
 pub mod health;
+pub mod hop;
 pub mod json;
 pub mod passthrough;
 pub mod paths;

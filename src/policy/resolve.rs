@@ -6,9 +6,12 @@
 //! | decode | D, else B | r |
 //! | aggregated | D, else B | r |
 
-use super::error::{Hop, RouteError, Unavailability};
+use super::availability::Availability;
+use super::config::Settings;
+use super::error::RouteError;
+use super::hop::Hop;
 use super::pins::Pins;
-use super::registry::{Deployment, Registry, Role, Settings, Worker, WorkerId};
+use super::registry::{Deployment, Registry, Role, Worker, WorkerId};
 use super::select::{Choice, rank_candidates};
 
 /// A worker chosen for a hop, with the rank to send it as `X-data-parallel-rank`.
@@ -47,27 +50,6 @@ pub struct TokenHop {
 pub struct Route {
     pub prefill: PrefillPlan,
     pub decode: TokenHop,
-}
-
-/// Whether a worker can take requests now. Draining comes from the registry; health from
-/// the host's observations.
-pub trait Availability {
-    fn unavailability(&self, worker: &Worker) -> Option<Unavailability>;
-}
-
-impl<T: Availability> Availability for &T {
-    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
-        (**self).unavailability(worker)
-    }
-}
-
-/// Only the registry's own `draining` flag.
-pub struct RegistryOnly;
-
-impl Availability for RegistryOnly {
-    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
-        worker.draining.then_some(Unavailability::Draining)
-    }
 }
 
 /// The inputs of one resolution.

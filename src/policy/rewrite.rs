@@ -2,7 +2,7 @@
 
 use serde_json::value::RawValue;
 
-use super::error::HopFailure;
+use super::hop::HopFailure;
 use super::json::{JsonObject, write_key};
 
 /// What the prefill worker is told: produce KV for a remote decode.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{Context, Result, bail};
-use pinroute::policy::registry::Settings;
+use pinroute::policy::config::Settings;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use pinroute::policy::registry::{Config, Settings};
+use pinroute::policy::config::{Config, Settings};
 use serde_json::json;
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");

@@ -31,8 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
+use pinroute::policy::config::{Config, Settings};
 use pinroute::policy::headers::POOL_HEADER;
-use pinroute::policy::registry::{Config, Settings};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};

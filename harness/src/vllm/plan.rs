@@ -297,6 +297,6 @@ mod tests {
         );
         assert_eq!(config["workers"][1]["role"], "decode");
         assert_eq!(config["prefill_timeout_ms"], 60000);
-        pinroute::policy::registry::Config::from_json(config.to_string().as_bytes()).unwrap();
+        pinroute::policy::config::Config::from_json(config.to_string().as_bytes()).unwrap();
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
-use crate::policy::registry::Role;
+use crate::policy::availability::{Availability, Observed, Unavailability};
+use crate::policy::registry::{Role, Worker};
 
 const SECOND: u64 = 1_000_000_000;
 

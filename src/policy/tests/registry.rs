@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::policy::config::Config;
 
 const DISAGGREGATED: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},
@@ -112,83 +113,5 @@ fn invalid_registries_are_refused_with_the_reason() {
     for (json, why) in cases {
         let message = refused(&json);
         assert!(message.contains(why), "{json}: {message}");
-    }
-}
-
-#[test]
-fn settings_default_and_can_be_set() {
-    let config = Config::from_json(DISAGGREGATED.as_bytes()).unwrap();
-    assert_eq!(config.settings, Settings::default());
-    assert_eq!(config.settings.prefill_timeout(), Duration::from_secs(30));
-    let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
-        "prefill_timeout_ms": 500, "prefill_retries": 3, "aggregated_fallback": false,
-        "max_body_bytes": 1024, "upstream_header": "x-my-upstream", "prefill_cluster": "p"}"#;
-    let settings = Config::from_json(json.as_bytes()).unwrap().settings;
-    assert_eq!(settings.prefill_timeout(), Duration::from_millis(500));
-    assert_eq!(settings.prefill_retries, 3);
-    assert!(!settings.aggregated_fallback);
-    assert_eq!(settings.max_body_bytes, 1024);
-    assert_eq!(settings.upstream_header, "x-my-upstream");
-    assert_eq!(settings.prefill_cluster, "p");
-}
-
-#[test]
-fn invalid_settings_are_refused() {
-    let base = r#""workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}]"#;
-    for (setting, why) in [
-        (r#""prefill_timeout_ms": 0"#, "prefill_timeout_ms"),
-        (r#""max_body_bytes": 0"#, "max_body_bytes"),
-        (r#""upstream_header": "X-Upper""#, "upstream_header"),
-        (r#""upstream_header": """#, "upstream_header"),
-        (r#""prefill_retries": -1"#, "invalid"),
-        (r#""prefil_retries": 1"#, "unknown field"),
-    ] {
-        let message = refused(&format!("{{{base}, {setting}}}"));
-        assert!(message.contains(why), "{setting}: {message}");
-    }
-}
-
-#[test]
-fn a_live_registry_makes_workers_optional() {
-    let json = r#"{"registry": {"cluster": "pinroute_registry", "address": "registry:8080"}}"#;
-    let config = Config::from_json(json.as_bytes()).unwrap();
-    assert!(config.registry.workers().is_empty());
-    assert!(config.pool_members.is_empty());
-    let source = config.settings.registry.unwrap();
-    assert_eq!(
-        (source.path.as_str(), source.refresh(), source.timeout()),
-        ("/registry", Duration::from_secs(5), Duration::from_secs(2))
-    );
-    assert_eq!(source.address.as_deref(), Some("registry:8080"));
-
-    let with_workers = r#"{"registry": {"cluster": "r", "refresh_ms": 100},
-        "workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}, {"id": 2, "role": "prefill", "address": "127.0.0.1:2"}]}"#;
-    let config = Config::from_json(with_workers.as_bytes()).unwrap();
-    assert_eq!(
-        config.pool_members,
-        vec!["127.0.0.1:1".parse().unwrap()],
-        "only token workers are pool members"
-    );
-    let newer = Registry::from_json(
-        br#"{"workers": [{"id": 3, "role": "decode", "address": "127.0.0.1:3"}]}"#,
-    )
-    .unwrap();
-    let updated = config.with_registry(newer.clone());
-    assert_eq!(
-        (updated.registry, updated.settings, updated.pool_members),
-        (newer, config.settings, config.pool_members)
-    );
-}
-
-#[test]
-fn an_invalid_registry_source_is_refused() {
-    for (source, why) in [
-        (r#"{"cluster": ""}"#, "registry needs a cluster"),
-        (r#"{"cluster": "r", "path": "registry"}"#, "starting with /"),
-        (r#"{"cluster": "r", "refresh_ms": 0}"#, "must be positive"),
-        (r#"{"cluster": "r", "url": "http://x"}"#, "unknown field"),
-    ] {
-        let message = refused(&format!(r#"{{"registry": {source}}}"#));
-        assert!(message.contains(why), "{source}: {message}");
     }
 }

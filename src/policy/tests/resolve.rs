@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use super::*;
-use crate::policy::error::Unavailability;
+use crate::policy::availability::{RegistryOnly, Unavailability};
 
 /// Prefill 101 (dp 1), 102 (dp 2); decode 201 (dp 1), 202 (dp 2), 203 (draining).
 const DISAGGREGATED: &str = r#"{"workers": [

@@ -1,0 +1,68 @@
+//! Whether a worker can take requests now (`docs/semantics.md` §5): draining comes from
+//! the registry, health from the host's observations.
+
+use std::fmt;
+
+use super::health::HealthTable;
+use super::registry::Worker;
+
+/// Why a known worker of the right role cannot take a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailability {
+    /// Taken out of service by the operator (registry `draining`).
+    Draining,
+    /// A recent hop to it failed; back in service after this many seconds at most.
+    Unhealthy { retry_after_secs: u32 },
+}
+
+impl fmt::Display for Unavailability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailability::Draining => f.write_str("draining"),
+            Unavailability::Unhealthy { .. } => f.write_str("unhealthy after a recent failure"),
+        }
+    }
+}
+
+/// Whether a worker can take requests now. Draining comes from the registry; health from
+/// the host's observations.
+pub trait Availability {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability>;
+}
+
+impl<T: Availability> Availability for &T {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        (**self).unavailability(worker)
+    }
+}
+
+/// Only the registry's own `draining` flag.
+pub struct RegistryOnly;
+
+impl Availability for RegistryOnly {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        worker.draining.then_some(Unavailability::Draining)
+    }
+}
+
+/// Availability at an instant: draining from the registry, unhealthy from the table.
+pub struct Observed<'a> {
+    pub table: &'a HealthTable,
+    pub now: u64,
+}
+
+impl Availability for Observed<'_> {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        if worker.draining {
+            return Some(Unavailability::Draining);
+        }
+        let until = self.table.unhealthy_until(worker.id, self.now)?;
+        let seconds = until
+            .saturating_sub(self.now)
+            .div_ceil(1_000_000_000)
+            .max(1);
+        Some(Unavailability::Unhealthy {
+            retry_after_secs: u32::try_from(seconds).unwrap_or(u32::MAX),
+        })
+    }
+}

@@ -1,0 +1,215 @@
+//! The filter's plugin configuration (`docs/semantics.md` §8): the registry, the settings
+//! an operator may turn, and where a live registry comes from.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::registry::{Registry, WorkerId};
+
+/// The plugin configuration: the registry plus the knobs an operator may turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub registry: Registry,
+    pub settings: Settings,
+    /// Token-generating workers of the configured (static) list: the members of the
+    /// bootstrap's decode pool cluster, the only addresses an `x-pinroute-pool` may name.
+    pub pool_members: Vec<SocketAddr>,
+}
+
+impl Config {
+    /// The same settings with a newer registry (from the live source).
+    pub fn with_registry(&self, registry: Registry) -> Self {
+        Self {
+            registry,
+            settings: self.settings.clone(),
+            pool_members: self.pool_members.clone(),
+        }
+    }
+}
+
+/// Where the filter fetches the registry (`docs/semantics.md` §8) on a period.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySource {
+    /// The Envoy cluster serving it.
+    pub cluster: String,
+    #[serde(default = "default_registry_path")]
+    pub path: String,
+    #[serde(default = "default_registry_authority")]
+    pub authority: String,
+    #[serde(default = "default_refresh_ms")]
+    pub refresh_ms: u64,
+    #[serde(default = "default_fetch_timeout_ms")]
+    pub timeout_ms: u64,
+    /// `host:port` of the registry service, for the bootstrap renderer to define `cluster`
+    /// (the filter itself only names the cluster).
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+fn default_registry_path() -> String {
+    "/registry".into()
+}
+
+fn default_registry_authority() -> String {
+    "pinroute-registry".into()
+}
+
+fn default_refresh_ms() -> u64 {
+    5_000
+}
+
+fn default_fetch_timeout_ms() -> u64 {
+    2_000
+}
+
+impl RegistrySource {
+    pub fn refresh(&self) -> Duration {
+        Duration::from_millis(self.refresh_ms)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Envoy cluster the prefill hop is dispatched to (ORIGINAL_DST, `x-envoy-original-dst-host`).
+    pub prefill_cluster: String,
+    /// Request header the filter alone sets to steer the decode hop (the decode cluster's
+    /// ORIGINAL_DST `http_header_name`).
+    pub upstream_header: String,
+    pub prefill_timeout_ms: u64,
+    /// How many other prefill workers an unpinned request tries after the first fails.
+    pub prefill_retries: u32,
+    /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
+    pub aggregated_fallback: bool,
+    pub max_body_bytes: usize,
+    /// How long a worker whose hop failed is skipped by unpinned selection (pins to it
+    /// answer 503). 0 disables passive health.
+    pub unhealthy_period_ms: u64,
+    /// A live registry replacing `workers` as it changes.
+    pub registry: Option<RegistrySource>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            prefill_cluster: "pinroute_prefill".into(),
+            upstream_header: "x-pinroute-upstream".into(),
+            prefill_timeout_ms: 30_000,
+            prefill_retries: 1,
+            aggregated_fallback: true,
+            max_body_bytes: 8 * 1024 * 1024,
+            unhealthy_period_ms: 10_000,
+            registry: None,
+        }
+    }
+}
+
+impl Settings {
+    pub fn prefill_timeout(&self) -> Duration {
+        Duration::from_millis(self.prefill_timeout_ms)
+    }
+
+    pub fn unhealthy_period(&self) -> Duration {
+        Duration::from_millis(self.unhealthy_period_ms)
+    }
+}
+
+impl Config {
+    pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
+        let mut doc: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(json).map_err(ConfigError::Json)?;
+        let workers = doc.remove("workers");
+        let settings: Settings =
+            serde_json::from_value(serde_json::Value::Object(doc)).map_err(ConfigError::Json)?;
+        settings.validate()?;
+        let registry = match (workers, &settings.registry) {
+            (Some(workers), _) => {
+                Registry::new(serde_json::from_value(workers).map_err(ConfigError::Json)?)?
+            }
+            (None, Some(_)) => Registry::empty(),
+            (None, None) => return Err(ConfigError::MissingWorkers),
+        };
+        let role = registry.token_role();
+        let pool_members = registry.pool(role).map(|w| w.address).collect();
+        Ok(Self {
+            registry,
+            settings,
+            pool_members,
+        })
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let settings = self;
+        if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
+            return Err(ConfigError::Setting(
+                "prefill_timeout_ms must be in 1..=4294967295",
+            ));
+        }
+        if settings.max_body_bytes == 0 {
+            return Err(ConfigError::Setting("max_body_bytes must be positive"));
+        }
+        if !is_header_name(&settings.upstream_header) {
+            return Err(ConfigError::Setting(
+                "upstream_header must be a lowercase header name",
+            ));
+        }
+        if let Some(source) = &settings.registry {
+            if source.cluster.is_empty() || !source.path.starts_with('/') {
+                return Err(ConfigError::Setting(
+                    "registry needs a cluster and a path starting with /",
+                ));
+            }
+            if source.refresh_ms == 0
+                || source.timeout_ms == 0
+                || source.timeout_ms > u64::from(u32::MAX)
+            {
+                return Err(ConfigError::Setting(
+                    "registry refresh_ms and timeout_ms must be positive",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Why a plugin configuration or registry was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("invalid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("the \"workers\" list is missing")]
+    MissingWorkers,
+    #[error("worker id {0} appears more than once")]
+    DuplicateId(WorkerId),
+    #[error("address {0} is given to more than one worker")]
+    DuplicateAddress(SocketAddr),
+    #[error("worker {0} has dp_size 0")]
+    ZeroDpSize(WorkerId),
+    #[error("aggregated workers cannot be mixed with prefill or decode workers")]
+    MixedDeployment,
+    #[error("no decode or aggregated worker: nothing could generate tokens")]
+    NoDecodeWorker,
+    #[error("{0}")]
+    Setting(&'static str),
+}
+
+#[cfg(test)]
+#[path = "tests/config.rs"]
+mod tests;

@@ -1,0 +1,49 @@
+//! The two hops of a request and how one can fail (`docs/semantics.md` §4).
+
+use std::fmt;
+
+/// A hop of the request: the error message always says which one went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    Prefill,
+    Decode,
+    /// The single hop of an aggregated deployment, or of an aggregated fallback.
+    Aggregated,
+}
+
+impl fmt::Display for Hop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hop::Prefill => "prefill",
+            Hop::Decode => "decode",
+            Hop::Aggregated => "aggregated",
+        })
+    }
+}
+
+/// Why an upstream hop did not produce a usable response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HopFailure {
+    /// No response at all: connection refused or reset.
+    Connect,
+    /// Envoy's own limit for the cluster (circuit breaker) was reached: no connection tried.
+    Overloaded,
+    Timeout,
+    Status(u16),
+    /// A 2xx whose body could not be used.
+    BadResponse(&'static str),
+}
+
+impl fmt::Display for HopFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HopFailure::Connect => f.write_str("the connection failed"),
+            HopFailure::Overloaded => {
+                f.write_str("the gateway's connection limit for it was reached")
+            }
+            HopFailure::Timeout => f.write_str("it timed out"),
+            HopFailure::Status(status) => write!(f, "it answered HTTP {status}"),
+            HopFailure::BadResponse(why) => write!(f, "its response was unusable: {why}"),
+        }
+    }
+}
