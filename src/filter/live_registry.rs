@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
-
-use super::envoy;
+use super::host::Host;
 use crate::policy::config::RegistrySource;
 use crate::policy::registry::Registry;
 
@@ -18,8 +16,8 @@ const LEASE_KEY: &str = "pinroute.registry.next_fetch";
 pub const ADOPT_PERIOD: Duration = Duration::from_millis(500);
 
 /// A shared registry newer than `known_version`, parsed; `None` when there is none.
-pub fn newer_shared(known_version: Option<u32>) -> Option<(Registry, u32)> {
-    let (bytes, version) = hostcalls::get_shared_data(REGISTRY_KEY).ok()?;
+pub fn newer_shared(host: &impl Host, known_version: Option<u32>) -> Option<(Registry, u32)> {
+    let (bytes, version) = host.shared_data(REGISTRY_KEY).ok()?;
     let (bytes, version) = (bytes?, version?);
     if Some(version) == known_version {
         return None;
@@ -34,8 +32,9 @@ pub fn newer_shared(known_version: Option<u32>) -> Option<(Registry, u32)> {
 }
 
 /// Claims the next fetch for this thread when it is due; true when this thread should fetch.
-pub fn claim_fetch(source: &RegistrySource, now: u64) -> bool {
-    let Ok((bytes, cas)) = hostcalls::get_shared_data(LEASE_KEY) else {
+pub fn claim_fetch(host: &impl Host, source: &RegistrySource) -> bool {
+    let now = host.now_nanos();
+    let Ok((bytes, cas)) = host.shared_data(LEASE_KEY) else {
         return false;
     };
     let due = bytes
@@ -46,16 +45,17 @@ pub fn claim_fetch(source: &RegistrySource, now: u64) -> bool {
         return false;
     }
     let next = now.saturating_add(u64::try_from(source.refresh().as_nanos()).unwrap_or(u64::MAX));
-    hostcalls::set_shared_data(LEASE_KEY, Some(&next.to_le_bytes()), cas.or(Some(0))).is_ok()
+    host.set_shared_data(LEASE_KEY, &next.to_le_bytes(), cas.or(Some(0)))
+        .is_ok()
 }
 
-pub fn dispatch_fetch(source: &RegistrySource) -> Option<u32> {
+pub fn dispatch_fetch(host: &impl Host, source: &RegistrySource) -> Option<u32> {
     let headers = vec![
         (":method", "GET"),
         (":path", source.path.as_str()),
         (":authority", source.authority.as_str()),
     ];
-    match hostcalls::dispatch_http_call(&source.cluster, headers, None, vec![], source.timeout()) {
+    match host.dispatch(&source.cluster, &headers, None, source.timeout()) {
         Ok(token) => Some(token),
         Err(status) => {
             log::error!(
@@ -68,8 +68,10 @@ pub fn dispatch_fetch(source: &RegistrySource) -> Option<u32> {
 }
 
 /// Why a fetched registry was not taken; the last good one stays.
-pub fn take_fetched(body_size: usize) -> Result<Registry, String> {
-    let headers = envoy::call_response_headers().map_err(|s| format!("no response ({s:?})"))?;
+pub fn take_fetched(host: &impl Host, body_size: usize) -> Result<Registry, String> {
+    let headers = host
+        .call_response_headers()
+        .map_err(|s| format!("no response ({s:?})"))?;
     let status = headers
         .iter()
         .find(|(n, _)| n == ":status")
@@ -78,10 +80,11 @@ pub fn take_fetched(body_size: usize) -> Result<Registry, String> {
         let status = status.map_or("none".into(), |s| String::from_utf8_lossy(s).into_owned());
         return Err(format!("the registry answered status {status}"));
     }
-    let body =
-        envoy::call_response_body(body_size).map_err(|s| format!("unreadable body ({s:?})"))?;
+    let body = host
+        .call_response_body(body_size)
+        .map_err(|s| format!("unreadable body ({s:?})"))?;
     let registry = Registry::from_json(&body).map_err(|e| format!("invalid registry: {e}"))?;
-    hostcalls::set_shared_data(REGISTRY_KEY, Some(&body), None)
+    host.set_shared_data(REGISTRY_KEY, &body, None)
         .map_err(|s| format!("cannot share it ({s:?})"))?;
     Ok(registry)
 }

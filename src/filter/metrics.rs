@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
+use super::host::Host;
 use crate::policy::error::RouteError;
 
 /// Every counter but the per-code error counters.
@@ -67,7 +67,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn define() -> Self {
+    pub fn define(host: &impl Host) -> Self {
+        let define = |kind, name: &str| host.define_metric(kind, name).ok();
         let counters = COUNTERS
             .iter()
             .map(|(_, name)| define(MetricType::Counter, name))
@@ -83,36 +84,32 @@ impl Metrics {
         }
     }
 
-    pub fn count(&self, counter: Counter) {
+    pub fn count(&self, host: &impl Host, counter: Counter) {
         let id = COUNTERS
             .iter()
             .position(|(c, _)| *c == counter)
             .and_then(|i| self.counters.get(i));
-        increment(id.copied().flatten());
+        increment(host, id.copied().flatten());
     }
 
-    pub fn count_error(&self, error: &RouteError) {
+    pub fn count_error(&self, host: &impl Host, error: &RouteError) {
         let id = RouteError::CODES
             .iter()
             .position(|c| *c == error.code())
             .and_then(|i| self.errors.get(i));
-        increment(id.copied().flatten());
+        increment(host, id.copied().flatten());
     }
 
-    pub fn record_prefill_latency(&self, latency: Duration) {
+    pub fn record_prefill_latency(&self, host: &impl Host, latency: Duration) {
         if let Some(id) = self.prefill_latency {
             let millis = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
-            let _ = hostcalls::record_metric(id, millis);
+            let _ = host.record_metric(id, millis);
         }
     }
 }
 
-fn define(kind: MetricType, name: &str) -> Option<u32> {
-    hostcalls::define_metric(kind, name).ok()
-}
-
-fn increment(id: Option<u32>) {
+fn increment(host: &impl Host, id: Option<u32>) {
     if let Some(id) = id {
-        let _ = hostcalls::increment_metric(id, 1);
+        let _ = host.increment_metric(id);
     }
 }

@@ -1,28 +1,45 @@
 //! The proxy-wasm host layer: maps Envoy's callbacks onto [`crate::policy`].
 //!
+//! | module | what |
+//! |---|---|
+//! | [`host`] | the one door to the host: every proxy-wasm call, the request path's behind [`host::Host`] |
+//! | [`stream`] | one request's state machine: headers, body, prefill, routed, answered |
+//! | [`prefill`] | the prefill call: dispatch, retry, judging its answer |
+//! | [`response`] | the routed hop and its answer: typed errors, redaction |
+//! | [`env`] | what every phase works with: host, configuration, counters, request id |
+//! | [`shared`] | state all Envoy threads see: passive health, requests in flight |
+//! | [`live_registry`] | the registry fetched on a period and shared by all threads |
+//! | [`metrics`] | the filter's stats |
+//!
 //! Host calls are made only in the phases where Envoy allows them; the SDK panics on an
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
-mod envoy;
+mod env;
+mod host;
 mod live_registry;
 mod metrics;
+mod prefill;
+mod response;
 mod shared;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
+use proxy_wasm::types::ContextType;
 
 use crate::policy::config::Config;
 use crate::policy::registry::Registry;
+use env::Env;
+use host::Envoy;
 use metrics::{Counter, Metrics};
 use stream::Stream;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+    host::start(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
 /// One per Envoy worker thread: the configuration, the round-robin counter, and the live
@@ -62,14 +79,14 @@ impl Context for Root {
             return;
         }
         self.fetch = None;
-        match live_registry::take_fetched(body_size) {
+        match live_registry::take_fetched(&Envoy, body_size) {
             Ok(registry) => {
-                self.metrics.count(Counter::RegistryRefreshed);
+                self.metrics.count(&Envoy, Counter::RegistryRefreshed);
                 self.registry_version = None;
                 self.adopt(registry);
             }
             Err(why) => {
-                self.metrics.count(Counter::RegistryRefreshFailed);
+                self.metrics.count(&Envoy, Counter::RegistryRefreshFailed);
                 log::warn!("pinroute: registry refresh failed, keeping the last good one: {why}");
             }
         }
@@ -78,7 +95,7 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let raw = envoy::plugin_configuration().unwrap_or_default();
+        let raw = host::plugin_configuration().unwrap_or_default();
         let config = match Config::from_json(&raw) {
             Ok(config) => config,
             Err(error) => {
@@ -97,15 +114,15 @@ impl RootContext for Root {
             }
         );
         if config.settings.registry.is_some()
-            && let Err(status) = proxy_wasm::hostcalls::set_tick_period(live_registry::ADOPT_PERIOD)
+            && let Err(status) = host::set_tick_period(live_registry::ADOPT_PERIOD)
         {
             log::error!("pinroute: cannot start the registry refresh timer: {status:?}");
             return false;
         }
         self.config = Some(Rc::new(config));
         self.registry_version = None;
-        self.metrics = Rc::new(Metrics::define());
-        shared::initialize();
+        self.metrics = Rc::new(Metrics::define(&Envoy));
+        shared::initialize(&Envoy);
         true
     }
 
@@ -117,22 +134,21 @@ impl RootContext for Root {
         else {
             return;
         };
-        if let Some((registry, version)) = live_registry::newer_shared(self.registry_version) {
+        if let Some((registry, version)) =
+            live_registry::newer_shared(&Envoy, self.registry_version)
+        {
             self.registry_version = Some(version);
             self.adopt(registry);
         }
-        if self.fetch.is_none() && live_registry::claim_fetch(&source, envoy::now_nanos()) {
-            self.fetch = live_registry::dispatch_fetch(&source);
+        if self.fetch.is_none() && live_registry::claim_fetch(&Envoy, &source) {
+            self.fetch = live_registry::dispatch_fetch(&Envoy, &source);
         }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Stream::new(
-            config,
-            self.turns.clone(),
-            self.metrics.clone(),
-        )))
+        let env = Env::new(Envoy, config, self.turns.clone(), self.metrics.clone());
+        Some(Box::new(Stream::new(env)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+
+use super::host::Host;
 
 use crate::policy::health::HealthTable;
 use crate::policy::registry::WorkerId;
@@ -15,14 +16,14 @@ const HEALTH_KEY: &str = "pinroute.health.v2";
 const CAS_ATTEMPTS: usize = 16;
 
 /// Creates the shared entries if absent, so that every later update is a compare-and-swap.
-pub fn initialize() {
-    if let Ok((None, _)) = hostcalls::get_shared_data(HEALTH_KEY) {
-        let _ = hostcalls::set_shared_data(HEALTH_KEY, Some(&[]), None);
+pub fn initialize(host: &impl Host) {
+    if let Ok((None, _)) = host.shared_data(HEALTH_KEY) {
+        let _ = host.set_shared_data(HEALTH_KEY, &[], None);
     }
 }
 
-pub fn health() -> HealthTable {
-    match hostcalls::get_shared_data(HEALTH_KEY) {
+pub fn health(host: &impl Host) -> HealthTable {
+    match host.shared_data(HEALTH_KEY) {
         Ok((Some(bytes), _)) => HealthTable::decode(&bytes),
         _ => HealthTable::default(),
     }
@@ -30,14 +31,15 @@ pub fn health() -> HealthTable {
 
 /// Takes `worker` out of unpinned selection for `period` (longer after repeated outages),
 /// for every thread.
-pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
+pub fn mark_unhealthy(host: &impl Host, worker: WorkerId, period: Duration) {
+    let now = host.now_nanos();
     let period = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = hostcalls::get_shared_data(HEALTH_KEY).unwrap_or((None, None));
+        let (bytes, cas) = host.shared_data(HEALTH_KEY).unwrap_or((None, None));
         let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
         let already_out = table.unhealthy_until(worker, now).is_some();
         let until = table.mark(worker, period, now);
-        match hostcalls::set_shared_data(HEALTH_KEY, Some(&table.encode()), cas) {
+        match host.set_shared_data(HEALTH_KEY, &table.encode(), cas) {
             Ok(()) => {
                 if !already_out {
                     let seconds = until.saturating_sub(now) as f64 / 1e9;
@@ -60,22 +62,22 @@ pub fn mark_unhealthy(worker: WorkerId, period: Duration, now: u64) {
 const LOAD_PREFIX: &str = "pinroute.load.";
 
 /// Requests in flight to `worker`, counted by every thread.
-pub fn outstanding(worker: WorkerId) -> u64 {
-    match hostcalls::get_shared_data(&format!("{LOAD_PREFIX}{worker}")) {
+pub fn outstanding(host: &impl Host, worker: WorkerId) -> u64 {
+    match host.shared_data(&format!("{LOAD_PREFIX}{worker}")) {
         Ok((Some(bytes), _)) => decode_count(&bytes),
         _ => 0,
     }
 }
 
 /// Adds `delta` (+1 when a hop starts, -1 when it ends) to `worker`'s outstanding count.
-pub fn add_outstanding(worker: WorkerId, delta: i64) {
+pub fn add_outstanding(host: &impl Host, worker: WorkerId, delta: i64) {
     let key = format!("{LOAD_PREFIX}{worker}");
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = hostcalls::get_shared_data(&key).unwrap_or((None, None));
+        let (bytes, cas) = host.shared_data(&key).unwrap_or((None, None));
         let count = bytes
             .map_or(0, |b| decode_count(&b))
             .saturating_add_signed(delta);
-        match hostcalls::set_shared_data(&key, Some(&count.to_le_bytes()), cas.or(Some(0))) {
+        match host.set_shared_data(&key, &count.to_le_bytes(), cas.or(Some(0))) {
             Ok(()) => return,
             Err(Status::CasMismatch) => continue,
             Err(status) => {

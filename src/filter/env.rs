@@ -1,0 +1,138 @@
+//! What every phase of a request works with: the host, the configuration, the thread's
+//! counters, and the request's id.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use proxy_wasm::types::Action;
+
+use super::host::Host;
+use super::metrics::{Counter, Metrics};
+use super::shared;
+use super::stream::{Phase, host_failure};
+use crate::policy::availability::Observed;
+use crate::policy::config::Config;
+use crate::policy::error::RouteError;
+use crate::policy::headers;
+use crate::policy::pins::{HeaderHints, Pins};
+use crate::policy::registry::{Worker, WorkerId};
+use crate::policy::resolve::Resolver;
+use crate::policy::select::Choice;
+
+pub struct Env<H: Host> {
+    pub host: H,
+    pub config: Rc<Config>,
+    /// The thread's running request count: round-robin turns and generated request ids.
+    pub turns: Rc<Cell<u64>>,
+    pub metrics: Rc<Metrics>,
+    /// The request's `x-request-id`, for the prefill hop and the logs (known once the
+    /// headers are read).
+    pub request_id: String,
+}
+
+impl<H: Host> Env<H> {
+    pub fn new(host: H, config: Rc<Config>, turns: Rc<Cell<u64>>, metrics: Rc<Metrics>) -> Self {
+        Self {
+            host,
+            config,
+            turns,
+            metrics,
+            request_id: String::new(),
+        }
+    }
+
+    pub fn count(&self, counter: Counter) {
+        self.metrics.count(&self.host, counter);
+    }
+
+    pub fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), RouteError> {
+        self.host
+            .set_request_header(name, value)
+            .map_err(host_failure)
+    }
+
+    /// Runs `resolve` with this request's resolver: health as all threads see it now, and
+    /// the session or least-loaded choice for unpinned hops.
+    pub fn with_resolver<T>(
+        &self,
+        hints: &HeaderHints,
+        resolve: impl FnOnce(&Resolver<'_, Observed<'_>>) -> T,
+    ) -> T {
+        let turn = self.turns.get();
+        self.turns.set(turn.wrapping_add(1));
+        let outstanding = |worker: &Worker| shared::outstanding(&self.host, worker.id);
+        let choice = match &hints.session {
+            Some(key) => Choice::Session(key),
+            None => Choice::LeastLoaded {
+                turn,
+                outstanding: &outstanding,
+            },
+        };
+        let table = shared::health(&self.host);
+        let availability = Observed {
+            table: &table,
+            now: self.host.now_nanos(),
+        };
+        resolve(&Resolver {
+            registry: &self.config.registry,
+            settings: &self.config.settings,
+            availability,
+            choice,
+        })
+    }
+
+    pub fn count_pins(&self, pins: &Pins, hints: &HeaderHints) {
+        let counted = [
+            (pins.prefill_worker_id.is_some(), Counter::PinPrefillWorker),
+            (pins.prefill_dp_rank.is_some(), Counter::PinPrefillRank),
+            (
+                pins.decode_worker_id.or(pins.backend_instance_id).is_some(),
+                Counter::PinDecodeWorker,
+            ),
+            (pins.dp_rank.is_some(), Counter::PinDecodeRank),
+            (hints.session.is_some(), Counter::PinSession),
+        ];
+        for (_, counter) in counted.iter().filter(|(pinned, _)| *pinned) {
+            self.count(*counter);
+        }
+    }
+
+    /// Takes a failed worker out of unpinned selection for a while, on every thread.
+    pub fn mark_unhealthy(&self, worker: WorkerId) {
+        let period = self.config.settings.unhealthy_period();
+        if !period.is_zero() {
+            shared::mark_unhealthy(&self.host, worker, period);
+            self.count(Counter::WorkerMarkedUnhealthy);
+        }
+    }
+
+    /// Answers `error` in place of whatever the request would have got; the request is over.
+    pub fn answer(&self, error: &RouteError) -> (Phase, Action) {
+        log::debug!(
+            "pinroute: request {} answered {}: {error}",
+            self.request_id,
+            error.status()
+        );
+        self.metrics.count_error(&self.host, error);
+        self.send_error(error);
+        (Phase::Answered, Action::Pause)
+    }
+
+    pub fn send_error(&self, error: &RouteError) {
+        let retry_after = error.retry_after_secs().map(|s| s.to_string());
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            (headers::ERROR_CODE_HEADER, error.code()),
+        ];
+        if let Some(seconds) = &retry_after {
+            headers.push(("retry-after", seconds));
+        }
+        let body = error.body();
+        if let Err(status) = self
+            .host
+            .send_response(error.status(), &headers, body.as_bytes())
+        {
+            log::error!("pinroute: could not send the local response: {status:?}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The routed hop and its answer (`docs/semantics.md` §4, §6): the request goes to its
+//! token-generating worker; a failed hop becomes a typed error, and a worker's 4xx loses
+//! the prefill's KV locators.
+
+use proxy_wasm::types::{Action, Status};
+use serde_json::value::RawValue;
+
+use super::env::Env;
+use super::host::Host;
+use super::metrics::Counter;
+use super::shared;
+use super::stream::Phase;
+use crate::policy::answers;
+use crate::policy::error::RouteError;
+use crate::policy::headers::{self, DP_RANK_HEADER};
+use crate::policy::registry::WorkerId;
+use crate::policy::resolve::TokenHop;
+use crate::policy::rewrite::{self, BodyEdit};
+
+/// The request body Envoy holds, and the edit the routed hop needs made to it.
+pub(super) struct HeldBody {
+    size: usize,
+    edit: Option<BodyEdit>,
+}
+
+impl HeldBody {
+    pub fn edited(size: usize, edit: Option<BodyEdit>) -> Self {
+        Self { size, edit }
+    }
+}
+
+/// The prefill hop that served the request.
+pub(super) struct ServedPrefill {
+    pub worker: WorkerId,
+    /// What locates its KV, sent with the decode hop: it must never reach the client.
+    pub kv_transfer_params: Option<Box<RawValue>>,
+}
+
+/// A request on its way to its token-generating worker.
+pub(super) struct Routed {
+    decode: TokenHop,
+    prefill: Option<ServedPrefill>,
+    answer: Answer,
+}
+
+/// What becomes of the worker's answer on its way to the client.
+enum Answer {
+    /// Its headers have not come yet.
+    Awaited,
+    AsItIs,
+    /// A failed hop: the body is replaced by this typed error.
+    Failed(RouteError),
+    /// A worker's 4xx, which may echo the decode body: these KV locators in it are redacted.
+    Redacted(Vec<String>),
+}
+
+impl<H: Host> Env<H> {
+    /// Sends the request on to its token-generating worker, with the held body edited as
+    /// the hop needs.
+    pub(super) fn route(
+        &self,
+        decode: TokenHop,
+        held: Option<HeldBody>,
+        prefill: Option<ServedPrefill>,
+    ) -> Result<Phase, RouteError> {
+        let target = &decode.target;
+        let address = target.worker.address.to_string();
+        self.set_request_header(&self.config.settings.upstream_header, Some(&address))?;
+        let pool = pool_header(&decode, &self.config.pool_members);
+        self.set_request_header(headers::POOL_HEADER, pool.as_deref())?;
+        let rank = target.rank.map(|r| r.to_string());
+        self.set_request_header(DP_RANK_HEADER, rank.as_deref())?;
+        if let Some(held) = held {
+            if let Some(edit) = &held.edit {
+                let edited = self
+                    .host
+                    .edit_request_body(edit.replaced, edit.with.as_bytes());
+                edited.map_err(super::stream::host_failure)?;
+            }
+            let length = held
+                .edit
+                .as_ref()
+                .map_or(held.size, |e| e.edited_len(held.size));
+            self.set_request_header("content-length", Some(&length.to_string()))?;
+        }
+        log::debug!(
+            "pinroute: request {} {} on worker {}",
+            self.request_id,
+            decode.hop,
+            target.worker.id
+        );
+        self.count(Counter::DecodeRouted);
+        shared::add_outstanding(&self.host, target.worker.id, 1);
+        let routed = Routed {
+            decode,
+            prefill,
+            answer: Answer::Awaited,
+        };
+        Ok(Phase::Routed(Box::new(routed)))
+    }
+}
+
+impl Routed {
+    /// The worker counted as serving the request, until the stream ends.
+    pub fn worker(&self) -> WorkerId {
+        self.decode.target.worker.id
+    }
+
+    pub fn on_response_headers<H: Host>(&mut self, env: &Env<H>, end_of_stream: bool) -> Action {
+        if !matches!(self.answer, Answer::Awaited) {
+            return Action::Continue;
+        }
+        self.answer = self.judge(env).unwrap_or_else(|status| {
+            log::error!(
+                "pinroute: could not edit the response of {}: {status:?}",
+                env.request_id
+            );
+            Answer::AsItIs
+        });
+        if end_of_stream && let Answer::Failed(error) = &self.answer {
+            // No body will come to be replaced: the error is answered whole instead.
+            env.send_error(error);
+            self.answer = Answer::AsItIs;
+            return Action::Pause;
+        }
+        Action::Continue
+    }
+
+    /// Names the served workers, and decides what the worker's answer becomes.
+    fn judge<H: Host>(&self, env: &Env<H>) -> Result<Answer, Status> {
+        let host = &env.host;
+        if let Some(prefill) = &self.prefill {
+            let worker = prefill.worker.to_string();
+            host.set_response_header(headers::PREFILL_WORKER_HEADER, Some(&worker))?;
+        }
+        let worker = self.served_decode_worker(env);
+        host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
+        let status = host.response_status().unwrap_or(0);
+        if (400..=499).contains(&status) {
+            return self.redacting(host);
+        }
+        if !(500..=599).contains(&status) {
+            return Ok(Answer::AsItIs);
+        }
+        let details = host.response_code_details();
+        let Some(failure) = answers::decode_failure(status, details.as_deref()) else {
+            return Ok(Answer::AsItIs);
+        };
+        if answers::takes_worker_out(&failure) {
+            env.mark_unhealthy(worker);
+        }
+        let hop = self.decode.hop;
+        let error = if self.decode.target.pinned {
+            RouteError::PinnedWorkerFailed {
+                hop,
+                worker,
+                failure,
+            }
+        } else {
+            RouteError::UpstreamFailed {
+                hop,
+                worker,
+                failure,
+            }
+        };
+        log::warn!("pinroute: request {}: {error}", env.request_id);
+        env.count(Counter::DecodeFailed);
+        env.metrics.count_error(host, &error);
+        host.set_response_header(":status", Some(&error.status().to_string()))?;
+        host.set_response_header("content-type", Some("application/json"))?;
+        host.set_response_header("content-length", None)?;
+        host.set_response_header(headers::ERROR_CODE_HEADER, Some(error.code()))?;
+        Ok(Answer::Failed(error))
+    }
+
+    /// A worker's 4xx to a hop that carried KV locators: they are redacted from its body.
+    fn redacting(&self, host: &impl Host) -> Result<Answer, Status> {
+        let params = self
+            .prefill
+            .as_ref()
+            .and_then(|p| p.kv_transfer_params.as_deref());
+        let locators = params.map(rewrite::kv_locators).unwrap_or_default();
+        if locators.is_empty() {
+            return Ok(Answer::AsItIs);
+        }
+        host.set_response_header("content-length", None)?;
+        Ok(Answer::Redacted(locators))
+    }
+
+    /// The worker Envoy's last attempt went to: the first candidate, or an alternate after
+    /// connections to the ones before it failed (then those are marked unhealthy).
+    fn served_decode_worker<H: Host>(&self, env: &Env<H>) -> WorkerId {
+        let first = self.decode.target.worker.id;
+        let alternates = &self.decode.alternates;
+        let Some(served) = env.host.upstream_address() else {
+            return first;
+        };
+        let Some(at) = alternates
+            .iter()
+            .position(|w| w.address.to_string() == served)
+        else {
+            return first;
+        };
+        env.mark_unhealthy(first);
+        let skipped = alternates.get(..at).unwrap_or_default();
+        skipped.iter().for_each(|w| env.mark_unhealthy(w.id));
+        alternates.get(at).map_or(first, |w| w.id)
+    }
+
+    pub fn on_response_body<H: Host>(&mut self, env: &Env<H>, size: usize, end: bool) -> Action {
+        if matches!(self.answer, Answer::Awaited | Answer::AsItIs) {
+            return Action::Continue;
+        }
+        if !end {
+            return Action::Pause;
+        }
+        let host = &env.host;
+        let replacement = match &self.answer {
+            Answer::Failed(error) => Some(error.body().into_bytes()),
+            Answer::Redacted(locators) => host
+                .response_body(size)
+                .ok()
+                .and_then(|body| answers::redacted(&body, locators)),
+            Answer::Awaited | Answer::AsItIs => None,
+        };
+        if let Some(body) = replacement
+            && let Err(status) = host.replace_response_body(size, &body)
+        {
+            log::error!(
+                "pinroute: could not replace the response of {}: {status:?}",
+                env.request_id
+            );
+        }
+        Action::Continue
+    }
+}
+
+/// `ip:port,ip:port,...`: an unpinned decode hop's candidates for Envoy's connect-failure
+/// retries, when its first choice is a member of the bootstrap's pool cluster. Only members
+/// are listed, so Envoy never picks a host the filter did not choose.
+fn pool_header(decode: &TokenHop, members: &[std::net::SocketAddr]) -> Option<String> {
+    if decode.target.pinned || !members.contains(&decode.target.worker.address) {
+        return None;
+    }
+    let candidates = std::iter::once(&decode.target.worker).chain(&decode.alternates);
+    let listed: Vec<String> = candidates
+        .filter(|w| members.contains(&w.address))
+        .map(|w| w.address.to_string())
+        .collect();
+    Some(listed.join(","))
+}

@@ -1,0 +1,269 @@
+//! An in-memory host with Envoy's rules for the calls the request path makes: header maps,
+//! the held request body, HTTP calls, shared data with compare-and-swap, and metrics.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::types::{MetricType, Status};
+
+use crate::filter::host::{Headers, Host, SharedValue};
+
+/// A request the filter dispatched.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub token: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout: Duration,
+}
+
+impl Call {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A response the filter sent itself.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Sent {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_default()
+    }
+}
+
+#[derive(Default)]
+pub struct State {
+    pub now: u64,
+    pub request_headers: Headers,
+    pub request_body: Vec<u8>,
+    pub resumed: usize,
+    pub response_headers: Headers,
+    pub response_body: Vec<u8>,
+    pub code_details: Option<String>,
+    pub upstream_address: Option<String>,
+    pub sent: Vec<Sent>,
+    pub calls: Vec<Call>,
+    /// The answer the next `call_response_*` reads.
+    pub call_answer: (Headers, Vec<u8>),
+    pub fail_dispatch: bool,
+    shared: HashMap<String, (Vec<u8>, u32)>,
+    metric_names: Vec<String>,
+    metric_values: HashMap<u32, u64>,
+}
+
+/// Cheap to clone: every clone is the same host.
+#[derive(Clone, Default)]
+pub struct FakeHost(pub Rc<RefCell<State>>);
+
+impl FakeHost {
+    pub fn state(&self) -> std::cell::RefMut<'_, State> {
+        self.0.borrow_mut()
+    }
+
+    pub fn request_header(&self, name: &str) -> Option<String> {
+        text(&self.0.borrow().request_headers, name)
+    }
+
+    pub fn response_header(&self, name: &str) -> Option<String> {
+        text(&self.0.borrow().response_headers, name)
+    }
+
+    pub fn take_calls(&self) -> Vec<Call> {
+        std::mem::take(&mut self.state().calls)
+    }
+
+    pub fn take_sent(&self) -> Vec<Sent> {
+        std::mem::take(&mut self.state().sent)
+    }
+
+    /// The value of the metric `name` (0 if never incremented).
+    pub fn metric(&self, name: &str) -> u64 {
+        let state = self.0.borrow();
+        let id = state.metric_names.iter().position(|n| n == name);
+        id.and_then(|id| state.metric_values.get(&(id as u32)))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn shared(&self, key: &str) -> Option<Vec<u8>> {
+        self.0.borrow().shared.get(key).map(|(v, _)| v.clone())
+    }
+}
+
+fn text(headers: &Headers, name: &str) -> Option<String> {
+    let (_, value) = headers.iter().find(|(n, _)| n == name)?;
+    String::from_utf8(value.clone()).ok()
+}
+
+fn set(headers: &mut Headers, name: &str, value: Option<&str>) {
+    headers.retain(|(n, _)| n != name);
+    if let Some(value) = value {
+        headers.push((name.to_string(), value.as_bytes().to_vec()));
+    }
+}
+
+fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Host for FakeHost {
+    fn request_headers(&self) -> Result<Headers, Status> {
+        Ok(self.0.borrow().request_headers.clone())
+    }
+
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), Status> {
+        set(&mut self.state().request_headers, name, value);
+        Ok(())
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, Status> {
+        let body = &self.0.borrow().request_body;
+        Ok(body.get(..size).unwrap_or(body).to_vec())
+    }
+
+    fn edit_request_body(&self, replaced: usize, with: &[u8]) -> Result<(), Status> {
+        let body = &mut self.state().request_body;
+        *body = [with, body.get(replaced..).unwrap_or_default()].concat();
+        Ok(())
+    }
+
+    fn resume_request(&self) -> Result<(), Status> {
+        self.state().resumed += 1;
+        Ok(())
+    }
+
+    fn response_status(&self) -> Option<u16> {
+        self.response_header(":status")?.parse().ok()
+    }
+
+    fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), Status> {
+        set(&mut self.state().response_headers, name, value);
+        Ok(())
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
+        let body = &self.0.borrow().response_body;
+        Ok(body.get(..size).unwrap_or(body).to_vec())
+    }
+
+    fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), Status> {
+        let held = &mut self.state().response_body;
+        *held = [body, held.get(old_size..).unwrap_or_default()].concat();
+        Ok(())
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        self.0.borrow().code_details.clone()
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        self.0.borrow().upstream_address.clone()
+    }
+
+    fn send_response(
+        &self,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status> {
+        let sent = Sent {
+            status,
+            headers: owned(headers),
+            body: body.to_vec(),
+        };
+        self.state().sent.push(sent);
+        Ok(())
+    }
+
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<u32, Status> {
+        let mut state = self.state();
+        if state.fail_dispatch {
+            return Err(Status::BadArgument);
+        }
+        let token = state.calls.len() as u32 + 100;
+        state.calls.push(Call {
+            token,
+            cluster: cluster.to_string(),
+            headers: owned(headers),
+            body: body.unwrap_or_default().to_vec(),
+            timeout,
+        });
+        Ok(token)
+    }
+
+    fn call_response_headers(&self) -> Result<Headers, Status> {
+        Ok(self.0.borrow().call_answer.0.clone())
+    }
+
+    fn call_response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
+        let body = &self.0.borrow().call_answer.1;
+        Ok(body.get(..size).unwrap_or(body).to_vec())
+    }
+
+    fn shared_data(&self, key: &str) -> Result<SharedValue, Status> {
+        Ok(match self.0.borrow().shared.get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        })
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        let mut state = self.state();
+        let current = state.shared.get(key).map_or(0, |(_, cas)| *cas);
+        if cas.is_some_and(|cas| cas != 0 && cas != current) {
+            return Err(Status::CasMismatch);
+        }
+        state
+            .shared
+            .insert(key.to_string(), (value.to_vec(), current + 1));
+        Ok(())
+    }
+
+    fn define_metric(&self, _kind: MetricType, name: &str) -> Result<u32, Status> {
+        let mut state = self.state();
+        state.metric_names.push(name.to_string());
+        Ok(state.metric_names.len() as u32 - 1)
+    }
+
+    fn increment_metric(&self, id: u32) -> Result<(), Status> {
+        *self.state().metric_values.entry(id).or_default() += 1;
+        Ok(())
+    }
+
+    fn record_metric(&self, id: u32, value: u64) -> Result<(), Status> {
+        self.state().metric_values.insert(id, value);
+        Ok(())
+    }
+
+    fn now_nanos(&self) -> u64 {
+        self.0.borrow().now
+    }
+}

@@ -1,0 +1,142 @@
+//! The request path against an in-memory host: retries, fallback, passive health, typed
+//! errors and redaction, natively and fast. `tests/abi` drives the compiled module through
+//! the real ABI.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+mod fake_host;
+mod prefill;
+mod response;
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+
+use super::env::Env;
+use super::metrics::Metrics;
+use super::stream::Stream;
+use crate::policy::config::Config;
+use fake_host::{Call, FakeHost};
+
+const REGISTRY: &str = r#"{"workers": [
+    {"id": 101, "role": "prefill", "address": "10.0.0.11:8000"},
+    {"id": 102, "role": "prefill", "address": "10.0.0.12:8000"},
+    {"id": 201, "role": "decode", "address": "10.0.0.21:8000"},
+    {"id": 202, "role": "decode", "address": "10.0.0.22:8000", "dp_size": 2}
+]}"#;
+
+const PROMPT: &str = r#"{"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true}"#;
+
+const KV: &str = r#"{"remote_engine_id":"engine-101","remote_host":"10.0.0.11","remote_port":5600,"remote_block_ids":[1,2],"remote_request_id":"req-xyz"}"#;
+
+const COMPLETION_HEADERS: &[(&str, &str)] = &[
+    (":method", "POST"),
+    (":path", "/v1/completions"),
+    ("content-type", "application/json"),
+    ("x-request-id", "req-1"),
+];
+
+/// One request through the filter, with its host.
+struct Request {
+    host: FakeHost,
+    stream: Stream<FakeHost>,
+}
+
+impl Request {
+    /// A request with these headers on a fresh host configured with `config`.
+    fn new(config: &str, headers: &[(&str, &str)]) -> Self {
+        Self::on(FakeHost::default(), config, headers)
+    }
+
+    /// A request on `host`, which may have served others before.
+    fn on(host: FakeHost, config: &str, headers: &[(&str, &str)]) -> Self {
+        let config = Rc::new(Config::from_json(config.as_bytes()).unwrap());
+        let metrics = Rc::new(Metrics::define(&host));
+        let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics);
+        host.state().request_headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        Self {
+            host,
+            stream: Stream::new(env),
+        }
+    }
+
+    /// A completion request with `extra` headers, its headers and whole body sent.
+    fn completion(config: &str, extra: &[(&str, &str)], body: &str) -> Self {
+        Self::completion_on(FakeHost::default(), config, extra, body)
+    }
+
+    fn completion_on(host: FakeHost, config: &str, extra: &[(&str, &str)], body: &str) -> Self {
+        let headers = [COMPLETION_HEADERS, extra].concat();
+        let mut request = Self::on(host, config, &headers);
+        assert_eq!(request.headers(false), Action::Pause);
+        assert_eq!(request.body(body), Action::Pause);
+        request
+    }
+
+    fn headers(&mut self, end_of_stream: bool) -> Action {
+        self.stream.on_http_request_headers(0, end_of_stream)
+    }
+
+    fn body(&mut self, body: &str) -> Action {
+        self.host.state().request_body = body.as_bytes().to_vec();
+        self.stream.on_http_request_body(body.len(), true)
+    }
+
+    /// The only prefill call in flight, taken from the host.
+    fn prefill_call(&self) -> Call {
+        let mut calls = self.host.take_calls();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        calls.remove(0)
+    }
+
+    /// Answers `call` with `status` (none: no response at all) and `body`.
+    fn answer(&mut self, call: &Call, status: Option<u16>, body: &str) {
+        let headers = status
+            .map(|s| vec![(":status".to_string(), s.to_string().into_bytes())])
+            .unwrap_or_default();
+        self.host.state().call_answer = (headers, body.as_bytes().to_vec());
+        self.stream
+            .on_http_call_response(call.token, 0, body.len(), 0);
+    }
+
+    /// The worker's response headers (and, when `body` is given, its whole body) come back.
+    fn respond(&mut self, status: u16, body: Option<&str>) -> Action {
+        let mut state = self.host.state();
+        state.response_headers = vec![(":status".into(), status.to_string().into_bytes())];
+        state.response_body = body.unwrap_or_default().as_bytes().to_vec();
+        drop(state);
+        let action = self.stream.on_http_response_headers(0, body.is_none());
+        match body {
+            Some(body) => self.stream.on_http_response_body(body.len(), true),
+            None => action,
+        }
+    }
+
+    fn request_body(&self) -> String {
+        String::from_utf8(self.host.state().request_body.clone()).unwrap()
+    }
+
+    fn response_body(&self) -> String {
+        String::from_utf8(self.host.state().response_body.clone()).unwrap()
+    }
+
+    fn outstanding(&self, worker: u64) -> u64 {
+        let key = format!("pinroute.load.{worker}");
+        let bytes = self.host.shared(&key).unwrap_or_default();
+        bytes.try_into().map_or(0, u64::from_le_bytes)
+    }
+
+    fn end(&mut self) {
+        self.stream.on_log();
+    }
+}
+
+/// The configuration with `settings` added to the registry.
+fn config_with(settings: &str) -> String {
+    REGISTRY.replacen("{\"workers\"", &format!("{{{settings}, \"workers\""), 1)
+}

@@ -1,0 +1,141 @@
+//! The routed hop's answer: typed errors, passive health, redaction; other paths.
+
+use super::*;
+
+/// A decode-pinned completion whose prefill answered with `KV`: routed to decode 202.
+fn routed(pins: &[(&str, &str)]) -> Request {
+    let mut request = Request::completion(REGISTRY, pins, PROMPT);
+    let call = request.prefill_call();
+    request.answer(
+        &call,
+        Some(200),
+        &format!(r#"{{"kv_transfer_params": {KV}}}"#),
+    );
+    request
+}
+
+const CONNECT_FAILURE: &str = "upstream_reset_before_response_started{connection_failure}";
+
+#[test]
+fn a_decode_connection_failure_becomes_a_typed_error_and_takes_the_worker_out() {
+    let mut request = routed(&[]);
+    request.host.state().code_details = Some(CONNECT_FAILURE.into());
+    let body = "upstream connect error or disconnect/reset before headers";
+    assert_eq!(request.respond(503, Some(body)), Action::Continue);
+    let header = |name| request.host.response_header(name);
+    assert_eq!(header(":status").as_deref(), Some("502"));
+    assert_eq!(
+        header("x-pinroute-error-code").as_deref(),
+        Some("upstream_failed")
+    );
+    assert_eq!(header("x-pinroute-decode-worker").as_deref(), Some("201"));
+    let answer: serde_json::Value = serde_json::from_str(&request.response_body()).unwrap();
+    assert_eq!(answer["error"]["code"], "upstream_failed");
+    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 1);
+    assert_eq!(request.host.metric("pinroute.decode.failed"), 1);
+    assert_eq!(request.host.metric("pinroute.errors.upstream_failed"), 1);
+}
+
+#[test]
+fn a_workers_own_5xx_fails_the_request_but_not_the_worker() {
+    let mut request = routed(&[("x-dynamo-worker-instance-id", "202")]);
+    request.host.state().code_details = Some("via_upstream".into());
+    request.respond(500, Some("engine error"));
+    let code = request.host.response_header("x-pinroute-error-code");
+    assert_eq!(code.as_deref(), Some("pinned_worker_failed"));
+    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 0);
+}
+
+#[test]
+fn a_failed_answer_without_a_body_is_answered_whole() {
+    let mut request = routed(&[("x-dynamo-worker-instance-id", "202")]);
+    request.host.state().code_details = Some(CONNECT_FAILURE.into());
+    assert_eq!(request.respond(503, None), Action::Pause);
+    let sent = request.host.take_sent();
+    assert_eq!((sent.len(), sent[0].status), (1, 502));
+    assert_eq!(sent[0].json()["error"]["code"], "pinned_worker_failed");
+    assert_eq!(
+        request.respond(502, None),
+        Action::Continue,
+        "the local reply passes"
+    );
+    assert!(request.host.take_sent().is_empty());
+    request.end();
+    assert_eq!(request.outstanding(202), 0);
+}
+
+#[test]
+fn a_decode_4xx_echoing_the_kv_locators_is_redacted() {
+    let mut request = routed(&[]);
+    let echo = r#"{"error": "bad stream_options near 10.0.0.11 port 5600 engine-101 req-xyz"}"#;
+    request.respond(400, Some(echo));
+    let body = request.response_body();
+    for secret in ["10.0.0.11", "5600", "engine-101", "req-xyz"] {
+        assert!(!body.contains(secret), "{secret} in {body}");
+    }
+    assert!(body.contains("[redacted]"), "{body}");
+    assert_eq!(request.host.response_header("content-length"), None);
+}
+
+#[test]
+fn a_decode_4xx_without_locators_passes_as_it_is() {
+    let mut request = routed(&[]);
+    let refusal = r#"{"error": "max_tokens must be positive"}"#;
+    request.respond(400, Some(refusal));
+    assert_eq!(request.response_body(), refusal);
+}
+
+#[test]
+fn the_worker_envoy_retried_on_serves_and_the_refusing_ones_are_out() {
+    let mut request = routed(&[]);
+    let pool = request.host.request_header("x-pinroute-pool");
+    assert_eq!(pool.as_deref(), Some("10.0.0.21:8000,10.0.0.22:8000"));
+    request.host.state().upstream_address = Some("10.0.0.22:8000".into());
+    request.respond(200, Some("{}"));
+    let served = request.host.response_header("x-pinroute-decode-worker");
+    assert_eq!(served.as_deref(), Some("202"));
+    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 1);
+    let health = request.host.shared("pinroute.health.v2").unwrap();
+    assert_eq!(health.get(..8), Some(201u64.to_le_bytes().as_slice()));
+}
+
+#[test]
+fn another_paths_json_body_is_checked_before_any_load_is_counted() {
+    let headers = [
+        (":method", "POST"),
+        (":path", "/tokenize"),
+        ("content-type", "application/json"),
+    ];
+    let mut request = Request::new(REGISTRY, &headers);
+    assert_eq!(request.headers(false), Action::Pause);
+    assert_eq!(
+        request.outstanding(201),
+        0,
+        "no load while the body arrives"
+    );
+    assert_eq!(request.body(r#"{"prompt": "hi"}"#), Action::Continue);
+    assert_eq!(request.outstanding(201), 1);
+    let upstream = request.host.request_header("x-pinroute-upstream");
+    assert_eq!(upstream.as_deref(), Some("10.0.0.21:8000"));
+
+    let mut forged = Request::new(REGISTRY, &headers);
+    forged.headers(false);
+    forged.body(r#"{"nested": {"kv_transfer_params": {}}}"#);
+    let sent = forged.host.take_sent();
+    assert_eq!(
+        (sent[0].status, sent[0].json()["error"]["code"].clone()),
+        (400, "invalid_field".into())
+    );
+    assert_eq!(forged.outstanding(201), 0);
+}
+
+#[test]
+fn another_path_without_a_body_is_routed_at_once() {
+    let headers = [(":method", "GET"), (":path", "/v1/models")];
+    let mut request = Request::new(REGISTRY, &headers);
+    assert_eq!(request.headers(true), Action::Continue);
+    assert_eq!(request.outstanding(201), 1);
+    assert!(request.host.take_calls().is_empty(), "no prefill hop");
+    request.end();
+    assert_eq!(request.outstanding(201), 0);
+}
