@@ -1,4 +1,4 @@
-//! `Config::from_json` on arbitrary bytes (SPEC section 6).
+//! `Config::from_json` on arbitrary bytes (docs/semantics.md §8).
 //!
 //! Properties:
 //! - it never panics: a bad configuration is refused at load, with a message;

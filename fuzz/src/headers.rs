@@ -1,4 +1,4 @@
-//! `parse_headers` against a model of SPEC section 2 and docs/semantics.md.
+//! `parse_headers` against a model of docs/semantics.md §2.
 //!
 //! Input: text, one header a line, `name:value` split at the first `:` (the value is the
 //! raw bytes after it, untrimmed). Lines without a `:` or with a non-UTF-8 name are skipped.
@@ -36,14 +36,14 @@ enum Sets {
     Session,
 }
 
-/// A pin of SPEC section 2: canonical name first, then aliases.
+/// A pin of docs/semantics.md §2: canonical name first, then aliases.
 struct Group {
     names: &'static [&'static str],
     kind: Kind,
     sets: Sets,
 }
 
-/// The table of SPEC section 2, written out independently of `pins.rs`.
+/// The table of docs/semantics.md §2, written out independently of `pins.rs`.
 const GROUPS: &[Group] = &[
     Group {
         names: &["x-dynamo-worker-instance-id", "x-worker-instance-id"],
@@ -190,7 +190,7 @@ fn group_value(group: &Group, headers: &[(&str, &[u8])]) -> Result<Option<Value>
     }
 }
 
-/// SPEC section 2: a decimal integer of the type's range, or a session of 1–256 bytes.
+/// docs/semantics.md §2: a decimal integer of the type's range, or a session of 1–256 bytes.
 fn parse(kind: Kind, raw: &[u8]) -> Option<Value> {
     if kind == Kind::Session {
         return (1..=SESSION_MAX_BYTES)

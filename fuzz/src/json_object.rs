@@ -9,7 +9,7 @@
 //! - an accepted object has the members `serde_json` sees, in the client's order, each raw
 //!   value reading back to the same value, and it is written back to the same value by
 //!   splicing members (what the rewrites do);
-//! - `parse_nvext` agrees with a model of SPEC section 2 read off the `Value`: absent or
+//! - `parse_nvext` agrees with a model of docs/semantics.md §2 read off the `Value`: absent or
 //!   `null` is no pin, an integer in range is a pin, anything else is an `invalid_field`
 //!   error naming that field (or `nvext` itself when it is not an object).
 

@@ -1,7 +1,7 @@
 //! Property checks for pinroute's pure policy core, one module per fuzz target.
 //!
 //! Each `check` takes one fuzzer input and panics (through [`violated`] or an assertion)
-//! when the core breaks a property of SPEC.md; a panic is what libFuzzer records as a
+//! when the core breaks a property of docs/semantics.md; a panic is what libFuzzer records as a
 //! crash. The targets in `fuzz_targets/` only decode the input and call these.
 
 use pinroute::policy::json::JsonObjectError;

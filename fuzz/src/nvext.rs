@@ -256,7 +256,7 @@ impl Scalar {
         }
     }
 
-    /// SPEC section 2: absent or null is no pin; only a plain integer in `0..=max` is one.
+    /// docs/semantics.md §2: absent or null is no pin; only a plain integer in `0..=max` is one.
     fn as_pin(self, max: u64) -> Result<Option<u64>, ()> {
         let value = match self {
             Scalar::Null => return Ok(None),

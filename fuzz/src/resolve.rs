@@ -1,13 +1,13 @@
-//! Registry validation and per-hop resolution (SPEC sections 3, 5, 6).
+//! Registry validation and per-hop resolution (docs/semantics.md §3, §5, §8).
 //!
 //! The input describes a worker list, health, settings, the unpinned choice and the pins
 //! (often naming registry workers, so pins hit real, wrong-role and unknown workers).
 //!
 //! Properties:
-//! - `Registry::new` accepts exactly the lists SPEC section 6 allows, and `from_json` of
+//! - `Registry::new` accepts exactly the lists docs/semantics.md §8 allows, and `from_json` of
 //!   the same list agrees with it;
 //! - resolution never panics and is deterministic, on the empty registry too;
-//! - it equals a model of SPEC section 3 written out here: route, or exact error and hop;
+//! - it equals a model of docs/semantics.md §3 written out here: route, or exact error and hop;
 //! - every target is a registry worker (so its address is a registry address) of the hop's
 //!   role; a pinned target is exactly the pinned worker; a rank is < `dp_size`;
 //! - the prefill plan depends on P and pr only: changing B, D and r never changes it (so
@@ -266,7 +266,7 @@ impl PinsSpec {
     }
 }
 
-/// `Registry::new` against SPEC section 6, and `from_json` against `new`.
+/// `Registry::new` against docs/semantics.md §8, and `from_json` against `new`.
 fn check_registry(workers: &[Worker]) -> Option<Registry> {
     let valid = registry_is_valid(workers);
     let registry = Registry::new(workers.to_vec());
@@ -351,7 +351,7 @@ impl World<'_> {
         self.check_session_stability(pins, &actual);
     }
 
-    // ---- the model of SPEC section 3 ----
+    // ---- the model of docs/semantics.md §3 ----
 
     fn expected(&self, pins: &Pins) -> Result<Route, RouteError> {
         let prefill = self.expected_prefill(pins)?;
@@ -763,7 +763,7 @@ fn expected_status(error: &RouteError) -> (u16, &'static str) {
     }
 }
 
-/// SPEC section 3: a worker out of service answers 503 with `Retry-After`; a 400 has none.
+/// docs/semantics.md §3: a worker out of service answers 503 with `Retry-After`; a 400 has none.
 fn expected_retry_after(error: &RouteError) -> Option<u32> {
     match error {
         RouteError::WorkerUnavailable {

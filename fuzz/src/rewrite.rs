@@ -1,4 +1,4 @@
-//! Both body rewrites and the prefill response reader (SPEC section 4).
+//! Both body rewrites and the prefill response reader (docs/semantics.md §4).
 //!
 //! Input: a client body, optionally followed by a NUL byte and a prefill response body.
 //!

@@ -1,4 +1,4 @@
-//! How a worker's answer is judged (SPEC sections 3 and 4): a failure of the hop (connect
+//! How a worker's answer is judged (`docs/semantics.md` §4): a failure of the hop (connect
 //! error, 5xx, timeout, unusable prefill answer), or an answer that is the client's to read.
 
 use serde_json::value::RawValue;

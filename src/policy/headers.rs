@@ -1,4 +1,4 @@
-//! Request headers a client may not send (SPEC section 7): anything that could choose an
+//! Request headers a client may not send (`docs/semantics.md` §7): anything that could choose an
 //! upstream, or speak for the filter.
 
 use super::pins::is_pin_header;

@@ -1,18 +1,20 @@
-//! The pure policy core: everything SPEC.md decides, with no proxy-wasm dependency.
+//! The pure policy core: every rule of `docs/semantics.md`, with no proxy-wasm dependency.
 //!
-//! | SPEC section | module |
+//! | `docs/semantics.md` | module |
 //! |---|---|
-//! | 2. Inputs (headers, `nvext`) | [`pins`], [`json`] |
-//! | 2. Which paths take the two-hop flow | [`paths`] |
-//! | 2, 4. Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
-//! | 3. Per-hop resolution, exact pins | [`resolve`] |
-//! | 3. Errors and their answers | [`error`] |
-//! | 3–4. Which worker answers are failures of the hop | [`answers`] |
-//! | 4. The two-hop flow and its bodies | [`rewrite`] |
-//! | 5. Session affinity, unpinned choice | [`select`] |
-//! | Passive health shared by all threads | [`health`] |
-//! | 6. Registry and plugin configuration | [`registry`] |
-//! | 7. Headers a client may not send | [`headers`] |
+//! | §1 Which paths take the two-hop flow | [`paths`] |
+//! | §1, §4 Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
+//! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
+//! | §3 Per-hop resolution, exact pins | [`resolve`] |
+//! | §3, §5 Whether a worker can take a request (draining, passive health) | [`availability`], [`health`] |
+//! | §4 The two hops and how one fails | [`hop`] |
+//! | §4 The bodies of the two hops | [`rewrite`] |
+//! | §4, §6 Which worker answers are failures of the hop | [`answers`] |
+//! | §5 Session affinity, unpinned choice | [`select`] |
+//! | §6 Errors and their answers | [`error`] |
+//! | §7 Headers a client may not send | [`headers`] |
+//! | §8 Registry | [`registry`] |
+//! | §8 Plugin configuration | [`config`] |
 
 pub mod answers;
 pub mod availability;

@@ -1,5 +1,5 @@
-//! Requests on the other paths (SPEC section 2) go to a worker as the client sent them, but a
-//! client must never steer KV transfer (SPEC section 4): vLLM also reads
+//! Requests on the other paths (`docs/semantics.md` §1) go to a worker as the client sent them, but a
+//! client must never steer KV transfer (§4): vLLM also reads
 //! `kv_transfer_params` outside the completion paths (`/inference/v1/generate` at the top
 //! level and in `sampling_params.extra_args`), so a JSON body that names it anywhere is
 //! refused.

@@ -1,4 +1,4 @@
-//! Which requests take the two-hop flow (SPEC section 2): the completion paths, however a
+//! Which requests take the two-hop flow (`docs/semantics.md` §1): the completion paths, however a
 //! client spells them.
 //!
 //! A worker's HTTP server decodes `%xx` before it matches a route, so `/v1/%63ompletions`

@@ -1,4 +1,4 @@
-//! Worker pins a client sends (SPEC section 2): headers with their aliases, and `nvext` fields.
+//! Worker pins a client sends (`docs/semantics.md` §2): headers with their aliases, and `nvext` fields.
 
 use serde_json::Value;
 use serde_json::value::RawValue;

@@ -1,4 +1,4 @@
-//! Per-hop resolution of pins against the registry (SPEC section 3).
+//! Per-hop resolution of pins against the registry (`docs/semantics.md` §3).
 //!
 //! | hop | worker pin | rank pin |
 //! |---|---|---|

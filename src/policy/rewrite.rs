@@ -1,4 +1,4 @@
-//! The bodies of the two hops (SPEC section 4).
+//! The bodies of the two hops (`docs/semantics.md` §4).
 
 use serde_json::value::RawValue;
 
@@ -10,7 +10,7 @@ pub const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_rem
 
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 
-/// `nvext` fields that pin the decode hop: they never reach the prefill worker (SPEC 3).
+/// `nvext` fields that pin the decode hop: they never reach the prefill worker (§3).
 const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id", "dp_rank"];
 
 /// The prefill hop's body: the client's, capped at one token, not streamed, and asking for

@@ -1,4 +1,4 @@
-//! Choosing a worker for a hop that is not pinned (SPEC sections 4 and 5).
+//! Choosing a worker for a hop that is not pinned (`docs/semantics.md` §5).
 
 use super::registry::Worker;
 

@@ -1,4 +1,4 @@
-//! Every error of SPEC section 3, through the real Envoy.
+//! Every error of `docs/semantics.md` §3 and §6, through the real Envoy.
 
 use pinroute_harness::sim::{Fault, SimRole};
 use pinroute_harness::stack::StackSpec;

@@ -22,7 +22,7 @@ fn assert_untouched(deployment: &Deployment, ids: &[u64]) {
     }
 }
 
-/// The prefill hop as SPEC section 4 describes it.
+/// The prefill hop as `docs/semantics.md` §4 describes it.
 fn assert_prefill_hop(request: &RecordedRequest, original: &Value) {
     let body = &request.body;
     assert_eq!(body["stream"], false);

@@ -1,4 +1,4 @@
-//! SPEC section 7: only registry addresses are ever dialled.
+//! `docs/semantics.md` §7: only registry addresses are ever dialled.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

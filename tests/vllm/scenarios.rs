@@ -183,7 +183,7 @@ async fn decode_pin_only(gateway: &Gateway) {
     .await;
 }
 
-/// SPEC section 4: the client's `X-Request-Id` is the one both hops carry (vLLM names its
+/// `docs/semantics.md` §4: the client's `X-Request-Id` is the one both hops carry (vLLM names its
 /// answer `cmpl-<X-Request-Id>`).
 async fn client_request_id_reaches_the_engines(gateway: &Gateway) {
     let headers = [

@@ -1,5 +1,5 @@
 //! `pinroute-harness bench`: what pinroute costs, side by side with the floor and the
-//! alternatives, on one machine, in one run (issue 6).
+//! alternatives, on one machine, in one run.
 //!
 //! End to end ([`e2e`]): one prefill and one decode sim worker in a child process
 //! ([`sims`]), and four ways to send the two hops of a streamed completion ([`Scenario`]):
@@ -12,7 +12,7 @@
 //! natively, under wasmtime ([`wasmtime_runner`]) and under V8 (Node).
 //!
 //! Results: a table on stdout ([`table`]), `bench.json` and `bench.md`, SVG plots
-//! ([`plot`]), and the targets of issue 6 checked ([`results`]).
+//! ([`plot`]), and the targets checked ([`results`]).
 
 pub mod e2e;
 pub mod gateways;

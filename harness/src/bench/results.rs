@@ -1,5 +1,5 @@
 //! The benchmark's results (written as `bench.json`), their ratios to the floor, and the
-//! targets of issue 6 checked against them.
+//! targets it checks them against.
 
 use std::collections::BTreeMap;
 
@@ -91,7 +91,7 @@ pub struct VsFloor {
     pub throughput_ratio: f64,
 }
 
-/// One target of issue 6 and how the run measured against it.
+/// One target of the benchmark and how the run measured against it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
     pub target: String,
@@ -153,7 +153,7 @@ pub fn size_label(size: usize) -> String {
     }
 }
 
-/// Every target of issue 6 that the results can speak to.
+/// Every target that the results can speak to.
 pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
     let mut checks = vec![
         added_latency_check(results, 1024, 1.0),

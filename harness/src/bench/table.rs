@@ -45,7 +45,7 @@ pub fn render(results: &BenchResults, style: Style) -> String {
         let (header, rows) = micro_table(&results.micro, &results.meta.sizes);
         out.push_str(&grid(&header, &rows, style));
     }
-    let _ = writeln!(out, "\n{}Targets (issue 6)\n", title_mark(style));
+    let _ = writeln!(out, "\n{}Targets\n", title_mark(style));
     out.push_str(&targets(&results.targets, style));
     out
 }

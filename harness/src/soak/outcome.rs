@@ -5,8 +5,8 @@
 //! - a valid request: a 2xx with a complete body (an SSE stream up to `data: [DONE]`, the
 //!   pinned workers and decode rank named in the response headers);
 //! - a valid request pinned to a worker that was down, or out of service after its restart
-//!   (passive health), while the request ran: that 2xx, or one of the typed errors of SPEC
-//!   section 3: 502 or 504 `pinned_worker_failed`, 503 `worker_unavailable` with
+//!   (passive health), while the request ran: that 2xx, or one of the typed errors of
+//!   `docs/semantics.md` §3: 502 or 504 `pinned_worker_failed`, 503 `worker_unavailable` with
 //!   `Retry-After`.
 //!
 //! Two outcomes a kill can cause that no gateway can turn into a success are counted apart,
