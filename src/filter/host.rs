@@ -24,7 +24,6 @@ pub trait Host {
 
     fn response_status(&self) -> Option<u16>;
     fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), Status>;
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, Status>;
     fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), Status>;
     /// Envoy's `response.code_details`: `via_upstream` for a worker's own answer, otherwise
     /// why Envoy answered itself (`upstream_reset_before_response_started{...}`, ...).
@@ -95,10 +94,6 @@ impl Host for Envoy {
 
     fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), Status> {
         hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value)
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
-        Ok(hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)?.unwrap_or_default())
     }
 
     fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), Status> {

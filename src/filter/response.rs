@@ -1,6 +1,6 @@
 //! The routed hop and its answer (`docs/semantics.md` §4, §6): the request goes to its
-//! token-generating worker; a failed hop becomes a typed error, and a worker's 4xx loses
-//! the prefill's KV locators.
+//! token-generating worker; a failed hop becomes a typed error, and so does a worker's 4xx
+//! to a hop that carried the prefill's KV transfer parameters.
 
 use proxy_wasm::types::{Action, Status};
 use serde_json::value::RawValue;
@@ -15,7 +15,7 @@ use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::registry::WorkerId;
 use crate::policy::resolve::TokenHop;
-use crate::policy::rewrite::{self, BodyEdit};
+use crate::policy::rewrite::BodyEdit;
 
 /// The request body Envoy holds, and the edit the routed hop needs made to it.
 pub(super) struct HeldBody {
@@ -48,10 +48,8 @@ enum Answer {
     /// Its headers have not come yet.
     Awaited,
     AsItIs,
-    /// A failed hop: the body is replaced by this typed error.
-    Failed(RouteError),
-    /// A worker's 4xx, which may echo the decode body: these KV locators in it are redacted.
-    Redacted(Vec<String>),
+    /// Replaced by this typed error.
+    Replaced(RouteError),
 }
 
 impl<H: Host> Env<H> {
@@ -117,7 +115,7 @@ impl Routed {
             );
             Answer::AsItIs
         });
-        if end_of_stream && let Answer::Failed(error) = &self.answer {
+        if end_of_stream && let Answer::Replaced(error) = &self.answer {
             // No body will come to be replaced: the error is answered whole instead.
             env.send_error(error);
             self.answer = Answer::AsItIs;
@@ -136,21 +134,38 @@ impl Routed {
         let worker = self.served_decode_worker(env);
         host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = host.response_status().unwrap_or(0);
-        if (400..=499).contains(&status) {
-            return self.redacting(host);
-        }
-        if !(500..=599).contains(&status) {
-            return Ok(Answer::AsItIs);
-        }
-        let details = host.response_code_details();
-        let Some(failure) = answers::decode_failure(status, details.as_deref()) else {
+        let Some(error) = self.failure(env, worker, status) else {
             return Ok(Answer::AsItIs);
         };
+        log::warn!("pinroute: request {}: {error}", env.request_id);
+        env.metrics.count_error(host, &error);
+        host.set_response_header(":status", Some(&error.status().to_string()))?;
+        host.set_response_header("content-type", Some("application/json"))?;
+        host.set_response_header("content-length", None)?;
+        host.set_response_header(headers::ERROR_CODE_HEADER, Some(error.code()))?;
+        Ok(Answer::Replaced(error))
+    }
+
+    /// The typed error a worker's answer becomes, if any: a failed hop (5xx), or a 4xx to a
+    /// hop that carried the prefill's `kv_transfer_params`. vLLM's validation errors echo
+    /// the request, so that 4xx could show a client the prefill's host, port and ids, or
+    /// confirm a guess of them; its body is withheld whatever it says.
+    fn failure<H: Host>(&self, env: &Env<H>, worker: WorkerId, status: u16) -> Option<RouteError> {
+        let carried_kv = self
+            .prefill
+            .as_ref()
+            .is_some_and(|p| p.kv_transfer_params.is_some());
+        if (400..=499).contains(&status) && carried_kv {
+            return Some(RouteError::DecodeRefused { worker, status });
+        }
+        let details = env.host.response_code_details();
+        let failure = answers::decode_failure(status, details.as_deref())?;
         if answers::takes_worker_out(&failure) {
             env.mark_unhealthy(worker);
         }
+        env.count(Counter::DecodeFailed);
         let hop = self.decode.hop;
-        let error = if self.decode.target.pinned {
+        Some(if self.decode.target.pinned {
             RouteError::PinnedWorkerFailed {
                 hop,
                 worker,
@@ -162,29 +177,7 @@ impl Routed {
                 worker,
                 failure,
             }
-        };
-        log::warn!("pinroute: request {}: {error}", env.request_id);
-        env.count(Counter::DecodeFailed);
-        env.metrics.count_error(host, &error);
-        host.set_response_header(":status", Some(&error.status().to_string()))?;
-        host.set_response_header("content-type", Some("application/json"))?;
-        host.set_response_header("content-length", None)?;
-        host.set_response_header(headers::ERROR_CODE_HEADER, Some(error.code()))?;
-        Ok(Answer::Failed(error))
-    }
-
-    /// A worker's 4xx to a hop that carried KV locators: they are redacted from its body.
-    fn redacting(&self, host: &impl Host) -> Result<Answer, Status> {
-        let params = self
-            .prefill
-            .as_ref()
-            .and_then(|p| p.kv_transfer_params.as_deref());
-        let locators = params.map(rewrite::kv_locators).unwrap_or_default();
-        if locators.is_empty() {
-            return Ok(Answer::AsItIs);
-        }
-        host.set_response_header("content-length", None)?;
-        Ok(Answer::Redacted(locators))
+        })
     }
 
     /// The worker Envoy's last attempt went to: the first candidate, or an alternate after
@@ -208,23 +201,15 @@ impl Routed {
     }
 
     pub fn on_response_body<H: Host>(&mut self, env: &Env<H>, size: usize, end: bool) -> Action {
-        if matches!(self.answer, Answer::Awaited | Answer::AsItIs) {
+        let Answer::Replaced(error) = &self.answer else {
             return Action::Continue;
-        }
+        };
         if !end {
             return Action::Pause;
         }
-        let host = &env.host;
-        let replacement = match &self.answer {
-            Answer::Failed(error) => Some(error.body().into_bytes()),
-            Answer::Redacted(locators) => host
-                .response_body(size)
-                .ok()
-                .and_then(|body| answers::redacted(&body, locators)),
-            Answer::Awaited | Answer::AsItIs => None,
-        };
-        if let Some(body) = replacement
-            && let Err(status) = host.replace_response_body(size, &body)
+        if let Err(status) = env
+            .host
+            .replace_response_body(size, error.body().as_bytes())
         {
             log::error!(
                 "pinroute: could not replace the response of {}: {status:?}",

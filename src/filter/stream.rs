@@ -24,7 +24,7 @@ use crate::policy::pins::{self, HeaderHints};
 use crate::policy::registry::Deployment;
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
-use crate::policy::{headers, passthrough, paths};
+use crate::policy::{headers, passthrough, paths, steering};
 
 /// Client headers never copied onto the prefill hop: the filter sets its own, or they
 /// describe the client's connection rather than the request.
@@ -169,6 +169,7 @@ impl<H: Host> Env<H> {
         };
         let request =
             JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
+        steering::check_completion(&request)?;
         let pins = completion
             .hints
             .pins

@@ -73,25 +73,6 @@ pub fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> 
     })
 }
 
-/// A worker's 4xx answer to a decode hop that carried the prefill's `kv_transfer_params`,
-/// with every `locators` value in it replaced: vLLM's validation errors echo the request
-/// body, and the internal address of the prefill worker must not reach the client (SPEC
-/// section 3). `None` when there is nothing to hide.
-pub fn redacted(body: &[u8], locators: &[String]) -> Option<Vec<u8>> {
-    let text = String::from_utf8_lossy(body);
-    let found: Vec<&String> = locators
-        .iter()
-        .filter(|l| text.contains(l.as_str()))
-        .collect();
-    if found.is_empty() {
-        return None;
-    }
-    let clean = found.iter().fold(text.into_owned(), |text, locator| {
-        text.replace(locator.as_str(), "[redacted]")
-    });
-    Some(clean.into_bytes())
-}
-
 #[cfg(test)]
 #[path = "tests/answers.rs"]
 mod tests;

@@ -55,6 +55,11 @@ pub enum RouteError {
         worker: WorkerId,
         failure: HopFailure,
     },
+    #[error(
+        "decode hop: worker {worker} refused the request with HTTP {status}; its answer is \
+         withheld, as it may echo the prefill's KV transfer parameters"
+    )]
+    DecodeRefused { worker: WorkerId, status: u16 },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -82,6 +87,7 @@ impl RouteError {
                     502
                 }
             }
+            DecodeRefused { status, .. } => (*status).clamp(400, 499),
             Internal(_) => 500,
         }
     }
@@ -101,6 +107,7 @@ impl RouteError {
             NoWorkerAvailable { .. } => "no_worker_available",
             PinnedWorkerFailed { .. } => "pinned_worker_failed",
             UpstreamFailed { .. } => "upstream_failed",
+            DecodeRefused { .. } => "decode_refused",
             Internal(_) => "internal_error",
         }
     }
@@ -119,6 +126,7 @@ impl RouteError {
         "no_worker_available",
         "pinned_worker_failed",
         "upstream_failed",
+        "decode_refused",
         "internal_error",
     ];
 

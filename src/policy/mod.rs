@@ -12,6 +12,7 @@
 //! | §4, §6 Which worker answers are failures of the hop | [`answers`] |
 //! | §5 Session affinity, unpinned choice | [`select`] |
 //! | §6 Errors and their answers | [`error`] |
+//! | §4, §7 Body fields a client may not send | [`steering`] |
 //! | §7 Headers a client may not send | [`headers`] |
 //! | §8 Registry | [`registry`] |
 //! | §8 Plugin configuration | [`config`] |
@@ -31,3 +32,4 @@ pub mod registry;
 pub mod resolve;
 pub mod rewrite;
 pub mod select;
+pub mod steering;

@@ -164,26 +164,6 @@ pub fn prefill_kv_transfer_params(response: &[u8]) -> Result<Option<Box<RawValue
     }
 }
 
-/// The values of a prefill worker's `kv_transfer_params` that locate its KV (hosts, ports,
-/// engine and request ids): internal, never to be shown to a client, longest first.
-pub fn kv_locators(params: &RawValue) -> Vec<String> {
-    let Ok(serde_json::Value::Object(members)) = serde_json::from_str(params.get()) else {
-        return Vec::new();
-    };
-    let mut locators: Vec<String> = members
-        .iter()
-        .filter_map(|(key, value)| match value {
-            serde_json::Value::String(text) => Some(text.clone()),
-            serde_json::Value::Number(number) if key.contains("port") => Some(number.to_string()),
-            _ => None,
-        })
-        .filter(|text| text.len() >= 2)
-        .collect();
-    locators.sort_by_key(|text| std::cmp::Reverse(text.len()));
-    locators.dedup();
-    locators
-}
-
 /// Writes `{"k":v,...}` member by member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectWriter {

@@ -340,7 +340,7 @@ fn an_escaped_completion_path_takes_the_two_hop_flow_and_loses_the_clients_kv() 
 }
 
 #[test]
-fn a_decode_4xx_echoing_the_prefills_kv_locators_reaches_the_client_redacted() {
+fn a_decode_4xx_to_a_hop_carrying_kv_is_withheld_as_a_typed_error() {
     let mut host = host(REGISTRY);
     let ctx = send_completion(&mut host, &[("x-dynamo-worker-instance-id", "202")], PROMPT);
     let call = host.take_http_calls().remove(0);
@@ -371,9 +371,13 @@ fn a_decode_4xx_echoing_the_prefills_kv_locators_reaches_the_client_redacted() {
         host.response_body(ctx, tail.as_bytes(), true).unwrap(),
         Action::Continue
     );
-    let sent = String::from_utf8(host.stream(ctx).unwrap().response_body_sent.clone()).unwrap();
+    let stream = host.stream(ctx).unwrap();
+    let sent = json(&stream.response_body_sent);
+    assert_eq!(sent["error"]["code"], "decode_refused");
+    assert!(!sent.to_string().contains("10.9.8.7"), "{sent}");
+    assert_eq!(stream.response_header(":status"), Some("400"));
     assert_eq!(
-        sent,
-        r#"{"error": {"message": "bad input {'remote_host': '[redacted]', 'remote_port': [redacted], 'remote_engine_id': '[redacted]'}"}}"#
+        stream.response_header("x-pinroute-error-code"),
+        Some("decode_refused")
     );
 }

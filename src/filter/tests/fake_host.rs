@@ -163,11 +163,6 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
-        let body = &self.0.borrow().response_body;
-        Ok(body.get(..size).unwrap_or(body).to_vec())
-    }
-
     fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), Status> {
         let held = &mut self.state().response_body;
         *held = [body, held.get(old_size..).unwrap_or_default()].concat();

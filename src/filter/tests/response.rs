@@ -65,24 +65,39 @@ fn a_failed_answer_without_a_body_is_answered_whole() {
 }
 
 #[test]
-fn a_decode_4xx_echoing_the_kv_locators_is_redacted() {
-    let mut request = routed(&[]);
-    let echo = r#"{"error": "bad stream_options near 10.0.0.11 port 5600 engine-101 req-xyz"}"#;
-    request.respond(400, Some(echo));
-    let body = request.response_body();
-    for secret in ["10.0.0.11", "5600", "engine-101", "req-xyz"] {
-        assert!(!body.contains(secret), "{secret} in {body}");
-    }
-    assert!(body.contains("[redacted]"), "{body}");
-    assert_eq!(request.host.response_header("content-length"), None);
+fn a_decode_4xx_to_a_hop_carrying_kv_is_withheld_whatever_it_echoes() {
+    let answer = |echo: &str| {
+        let mut request = routed(&[]);
+        request.respond(400, Some(echo));
+        let headers = request.host.state().response_headers.clone();
+        (headers, request.response_body())
+    };
+    let right_guess = answer(r#"{"error": "bad stream_options: 10.0.0.11 p5600 engine-101"}"#);
+    let wrong_guess = answer(r#"{"error": "bad stream_options: 10.0.0.12 p5601 engine-102"}"#);
+    assert_eq!(right_guess, wrong_guess, "no answer may confirm a guess");
+    let (headers, body) = right_guess;
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "decode_refused");
+    assert!(!body.to_string().contains("10.0.0.11"));
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header(":status"), Some(b"400".to_vec()));
+    assert_eq!(header("content-length"), None);
 }
 
 #[test]
-fn a_decode_4xx_without_locators_passes_as_it_is() {
-    let mut request = routed(&[]);
+fn a_4xx_to_a_hop_without_kv_passes_as_it_is() {
+    let mut request = Request::completion(REGISTRY, &[], PROMPT);
+    let call = request.prefill_call();
+    request.answer(&call, Some(200), r#"{"kv_transfer_params": null}"#);
     let refusal = r#"{"error": "max_tokens must be positive"}"#;
     request.respond(400, Some(refusal));
     assert_eq!(request.response_body(), refusal);
+    assert_eq!(request.host.response_header("x-pinroute-error-code"), None);
 }
 
 #[test]

@@ -108,6 +108,14 @@ fn each_error_has_its_status_code_and_type() {
             502,
             "upstream_failed",
         ),
+        (
+            RouteError::DecodeRefused {
+                worker: 9,
+                status: 422,
+            },
+            422,
+            "decode_refused",
+        ),
         (RouteError::Internal("x"), 500, "internal_error"),
     ];
     assert_eq!(
