@@ -127,6 +127,9 @@ impl<H: Host> Env<H> {
         if let Some(seconds) = &retry_after {
             headers.push(("retry-after", seconds));
         }
+        if let Some(methods) = error.allow() {
+            headers.push(("allow", methods));
+        }
         let body = error.body();
         if let Err(status) = self
             .host

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | [`host`] | the one door to the host: every proxy-wasm call, the request path's behind [`host::Host`] |
 //! | [`stream`] | one request's state machine: headers, body, prefill, routed, answered |
+//! | [`intake`] | what the client sent: admitted paths, methods and sizes, request id, forwarded headers, whole body |
 //! | [`prefill`] | the prefill call: dispatch, retry, judging its answer |
 //! | [`response`] | the routed hop and its answer: typed errors, redaction |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id |
@@ -16,6 +17,7 @@
 
 mod env;
 mod host;
+mod intake;
 mod live_registry;
 mod metrics;
 mod prefill;

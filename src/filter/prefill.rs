@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use super::env::Env;
 use super::host::Host;
+use super::intake::header_text;
 use super::metrics::Counter;
 use super::response::{HeldBody, ServedPrefill};
 use super::shared;
-use super::stream::{Completion, Phase, header_text};
+use super::stream::{Completion, Phase};
 use crate::policy::answers::{self, PrefillAnswer};
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};

@@ -13,34 +13,20 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::env::Env;
-use super::host::{Headers, Host};
+use super::host::Host;
+use super::intake::{forwarded_headers, header_text};
 use super::metrics::Counter;
 use super::prefill::Prefilling;
 use super::response::{HeldBody, Routed};
 use super::shared;
 use crate::policy::error::RouteError;
 use crate::policy::json::JsonObject;
+use crate::policy::paths::Destination;
 use crate::policy::pins::{self, HeaderHints};
 use crate::policy::registry::Deployment;
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
-use crate::policy::{headers, passthrough, paths, steering};
-
-/// Client headers never copied onto the prefill hop: the filter sets its own, or they
-/// describe the client's connection rather than the request.
-const NOT_FORWARDED: &[&str] = &[
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "upgrade",
-    "te",
-    "expect",
-    "host",
-    "x-request-id",
-];
+use crate::policy::{headers, passthrough, steering};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
@@ -94,6 +80,7 @@ impl<H: Host> Env<H> {
     fn on_headers(&mut self, end_of_stream: bool) -> Step {
         self.count(Counter::Requests);
         let headers = self.host.request_headers().map_err(host_failure)?;
+        let destination = self.admit(&headers)?;
         let hints = pins::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())))?;
         let upstream_header = self.config.settings.upstream_header.as_str();
         for (name, _) in headers
@@ -103,7 +90,7 @@ impl<H: Host> Env<H> {
             self.set_request_header(name, None)?;
         }
         self.request_id = self.request_id(&headers)?;
-        let Some(path) = paths::completion_path(header_text(&headers, ":path")) else {
+        let Destination::Completion(path) = destination else {
             let decode = self.with_resolver(&hints, |r| r.token_hop(&hints.pins))?;
             let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
             if end_of_stream || !reads_body {
@@ -114,11 +101,6 @@ impl<H: Host> Env<H> {
         if end_of_stream {
             return Err(RouteError::InvalidBody("the body is empty".into()));
         }
-        let limit = self.config.settings.max_body_bytes;
-        let length = header_text(&headers, "content-length").parse::<u64>();
-        if length.is_ok_and(|n| n > limit as u64) {
-            return Err(RouteError::BodyTooLarge { limit });
-        }
         let forwarded = forwarded_headers(&headers, upstream_header);
         self.set_request_header("content-length", None)?;
         let completion = Completion {
@@ -127,40 +109,6 @@ impl<H: Host> Env<H> {
             forwarded,
         };
         Ok((Phase::CompletionBody(completion), Action::Pause))
-    }
-
-    /// The client's `x-request-id`, or one of the filter's own, set on the request.
-    fn request_id(&self, headers: &Headers) -> Result<String, RouteError> {
-        let existing = header_text(headers, "x-request-id");
-        if !existing.is_empty() {
-            return Ok(existing.to_string());
-        }
-        let id = format!(
-            "pinroute-{:x}-{:x}",
-            self.host.now_nanos(),
-            self.turns.get()
-        );
-        self.set_request_header("x-request-id", Some(&id))?;
-        Ok(id)
-    }
-
-    /// The request body once Envoy holds all of it (`None` until then), within the limit.
-    fn whole_body(
-        &self,
-        body_size: usize,
-        end_of_stream: bool,
-    ) -> Result<Option<Vec<u8>>, RouteError> {
-        let limit = self.config.settings.max_body_bytes;
-        if body_size > limit {
-            return Err(RouteError::BodyTooLarge { limit });
-        }
-        if !end_of_stream {
-            return Ok(None);
-        }
-        self.host
-            .request_body(body_size)
-            .map(Some)
-            .map_err(host_failure)
     }
 
     fn on_completion_body(&mut self, completion: Completion, size: usize, end: bool) -> Step {
@@ -294,27 +242,6 @@ impl<H: Host> HttpContext for Stream<H> {
         };
         shared::add_outstanding(&self.env.host, worker, -1);
     }
-}
-
-pub(super) fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
-    headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
-        .unwrap_or("")
-}
-
-/// The client headers worth copying onto the prefill hop (authorization, tracing, ...).
-fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter(|(name, _)| {
-            !name.starts_with(':')
-                && !NOT_FORWARDED.contains(&name.as_str())
-                && !headers::must_strip(name, upstream_header)
-        })
-        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
-        .collect()
 }
 
 pub(super) fn host_failure(status: proxy_wasm::types::Status) -> RouteError {

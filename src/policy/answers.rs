@@ -38,18 +38,30 @@ pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
     }
 }
 
-/// Envoy's own 503 for a call it could not make: a circuit breaker, or the connection.
+/// Envoy's own 503 for a call it could not make: a circuit breaker, the connection, or a
+/// reset once connected (its body names the reset reason).
 fn envoy_reset(body: &[u8]) -> HopFailure {
-    const OVERFLOW: &[u8] = b"reset reason: overflow";
-    if body.windows(OVERFLOW.len()).any(|w| w == OVERFLOW) {
+    let reason = String::from_utf8_lossy(body);
+    reset_failure(&reason.replace(' ', "_"))
+}
+
+/// The failure a reset reason of Envoy's names (`connection_failure`, `connection_timeout`,
+/// `overflow`, `remote_reset`, `connection_termination`, ...): only a connection that was
+/// never made is `Connect`.
+fn reset_failure(reason: &str) -> HopFailure {
+    if reason.contains("overflow") {
         HopFailure::Overloaded
-    } else {
+    } else if reason.contains("connection_failure") || reason.contains("connection_timeout") {
         HopFailure::Connect
+    } else {
+        HopFailure::Reset
     }
 }
 
 /// Whether a failure takes the worker out of unpinned selection (passive health): only a
-/// connection that failed says the worker is down. A timeout, a 5xx or an unusable answer
+/// connection that was never made says the worker is down. A reset after the worker
+/// accepted the connection can be the worker refusing what a client sent (a body it will
+/// not read), so it fails that request only. A timeout, a 5xx or an unusable answer
 /// can be caused by the request itself (a huge prompt, a pathological parameter), so it
 /// fails that request but costs no other client the worker; a slow or stuck worker is
 /// avoided anyway, as its requests pile up in least-loaded selection.
@@ -66,10 +78,10 @@ pub fn decode_failure(status: u16, details: Option<&str>) -> Option<HopFailure> 
     }
     Some(match details.unwrap_or("via_upstream") {
         "via_upstream" => HopFailure::Status(status),
+        d if d.contains("connection_timeout") => HopFailure::Connect,
         d if d.contains("timeout") => HopFailure::Timeout,
-        d if d.contains("overflow") => HopFailure::Overloaded,
         _ if status == 504 => HopFailure::Timeout,
-        _ => HopFailure::Connect,
+        d => reset_failure(d),
     })
 }
 

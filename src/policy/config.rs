@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::paths::INFERENCE_PATHS;
 use super::registry::{Registry, WorkerId};
 
 /// The plugin configuration: the registry plus the knobs an operator may turn.
@@ -95,6 +96,9 @@ pub struct Settings {
     pub unhealthy_period_ms: u64,
     /// A live registry replacing `workers` as it changes.
     pub registry: Option<RegistrySource>,
+    /// The paths besides the completion paths that reach a worker (exact, or `/prefix/*`);
+    /// any other answers 404 `unknown_path`.
+    pub routed_paths: Vec<String>,
 }
 
 impl Default for Settings {
@@ -108,6 +112,7 @@ impl Default for Settings {
             max_body_bytes: 8 * 1024 * 1024,
             unhealthy_period_ms: 10_000,
             registry: None,
+            routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
         }
     }
 }
@@ -162,6 +167,9 @@ impl Settings {
             return Err(ConfigError::Setting(
                 "upstream_header must be a lowercase header name",
             ));
+        }
+        if settings.routed_paths.iter().any(|p| !p.starts_with('/')) {
+            return Err(ConfigError::Setting("routed_paths must start with /"));
         }
         if let Some(source) = &settings.registry {
             if source.cluster.is_empty() || !source.path.starts_with('/') {

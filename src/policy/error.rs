@@ -15,6 +15,10 @@ pub enum RouteError {
     InvalidBody(String),
     #[error("{field}: {reason}")]
     InvalidField { field: &'static str, reason: String },
+    #[error("{method} is not allowed on {path}: it takes POST")]
+    MethodNotAllowed { method: String, path: &'static str },
+    #[error("path {path} is not served by this gateway")]
+    UnknownPath { path: String },
     #[error("request body is larger than the {limit}-byte limit")]
     BodyTooLarge { limit: usize },
     #[error("{hop} hop: a data-parallel rank was pinned without a {hop} worker")]
@@ -78,6 +82,8 @@ impl RouteError {
             | UnknownWorker { .. }
             | WrongRole { .. }
             | RankOutOfRange { .. } => 400,
+            UnknownPath { .. } => 404,
+            MethodNotAllowed { .. } => 405,
             BodyTooLarge { .. } => 413,
             WorkerUnavailable { .. } | NoWorkerAvailable { .. } => 503,
             PinnedWorkerFailed { failure, .. } | UpstreamFailed { failure, .. } => {
@@ -98,6 +104,8 @@ impl RouteError {
             InvalidHeader { .. } => "invalid_header",
             InvalidBody(_) => "invalid_body",
             InvalidField { .. } => "invalid_field",
+            MethodNotAllowed { .. } => "method_not_allowed",
+            UnknownPath { .. } => "unknown_path",
             BodyTooLarge { .. } => "body_too_large",
             RankWithoutWorker { .. } => "rank_without_worker",
             UnknownWorker { .. } => "unknown_worker",
@@ -117,6 +125,8 @@ impl RouteError {
         "invalid_header",
         "invalid_body",
         "invalid_field",
+        "method_not_allowed",
+        "unknown_path",
         "body_too_large",
         "rank_without_worker",
         "unknown_worker",
@@ -152,6 +162,11 @@ impl RouteError {
         }
     }
 
+    /// The methods a path takes, for the `Allow` header of a 405.
+    pub fn allow(&self) -> Option<&'static str> {
+        matches!(self, RouteError::MethodNotAllowed { .. }).then_some("POST")
+    }
+
     /// The OpenAI-shaped JSON body: `{"error": {"message", "type", "code"}}`.
     pub fn body(&self) -> String {
         serde_json::json!({
@@ -159,6 +174,16 @@ impl RouteError {
         })
         .to_string()
     }
+}
+
+/// Quotes a client value for an error message, cut short so a message stays small.
+pub fn quoted(text: &str) -> String {
+    const MAX_CHARS: usize = 40;
+    let mut cut: String = text.chars().take(MAX_CHARS).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    serde_json::Value::String(cut).to_string()
 }
 
 #[cfg(test)]

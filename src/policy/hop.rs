@@ -24,8 +24,11 @@ impl fmt::Display for Hop {
 /// Why an upstream hop did not produce a usable response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HopFailure {
-    /// No response at all: connection refused or reset.
+    /// No connection: refused, or not made in time. Nothing reached the worker.
     Connect,
+    /// The worker accepted the connection, then reset or closed it before answering: it
+    /// may have refused what the client sent (`docs/semantics.md` §5).
+    Reset,
     /// Envoy's own limit for the cluster (circuit breaker) was reached: no connection tried.
     Overloaded,
     Timeout,
@@ -38,6 +41,7 @@ impl fmt::Display for HopFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HopFailure::Connect => f.write_str("the connection failed"),
+            HopFailure::Reset => f.write_str("it reset the connection before answering"),
             HopFailure::Overloaded => {
                 f.write_str("the gateway's connection limit for it was reached")
             }

@@ -1,5 +1,6 @@
-//! Which requests take the two-hop flow (`docs/semantics.md` §1): the completion paths, however a
-//! client spells them.
+//! Which paths reach a worker, and which take the two-hop flow (`docs/semantics.md` §1):
+//! the completion paths, however a client spells them, and the rest of the inference
+//! surface an operator routes.
 //!
 //! A worker's HTTP server decodes `%xx` before it matches a route, so `/v1/%63ompletions`
 //! reaches the completions handler. The filter therefore decides on the path as a server
@@ -9,13 +10,46 @@
 /// The paths whose body is read and which take the prefill hop.
 pub const COMPLETION_PATHS: &[&str] = &["/v1/completions", "/v1/chat/completions"];
 
-/// The completion path `raw` (a request's `:path`) names, if it names one.
-pub fn completion_path(raw: &str) -> Option<&'static str> {
+/// The other paths routed by default: the OpenAI-compatible inference surface. vLLM's
+/// control endpoints (`/reset_prefix_cache`, `/sleep`, `/collective_rpc`, ...) are not.
+pub const INFERENCE_PATHS: &[&str] = &[
+    "/v1/embeddings",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/health",
+];
+
+/// Where a request's path takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// A completion path, in its plain spelling: two hops.
+    Completion(&'static str),
+    /// Another routed path: one hop, as the client sent it.
+    Other,
+    /// Not routed: its canonical spelling, for the 404.
+    NotRouted(String),
+}
+
+/// Where `raw` (a request's `:path`) goes, given the other paths an operator routes: exact
+/// paths, or prefixes written `/prefix/*`.
+pub fn destination(raw: &str, routed: &[String]) -> Destination {
     let canonical = canonical_path(raw);
-    COMPLETION_PATHS
-        .iter()
-        .copied()
-        .find(|path| *path == canonical)
+    if let Some(path) = COMPLETION_PATHS.iter().find(|path| **path == canonical) {
+        return Destination::Completion(path);
+    }
+    if routed.iter().any(|route| matches_route(route, &canonical)) {
+        Destination::Other
+    } else {
+        Destination::NotRouted(canonical)
+    }
+}
+
+fn matches_route(route: &str, canonical: &str) -> bool {
+    match route.strip_suffix('*') {
+        Some(prefix) => canonical.starts_with(prefix),
+        None => route == canonical,
+    }
 }
 
 /// `raw` without its query or fragment, percent-decoded once, with repeated slashes merged

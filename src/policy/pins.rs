@@ -3,7 +3,7 @@
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::error::RouteError;
+use super::error::{RouteError, quoted};
 use super::json::JsonObject;
 use super::registry::WorkerId;
 
@@ -199,16 +199,6 @@ fn parse_session(raw: &[u8]) -> Result<Vec<u8>, String> {
         }
         _ => Ok(raw.to_vec()),
     }
-}
-
-/// Quotes a client value for an error message, cut short so a message stays small.
-fn quoted(text: &str) -> String {
-    const MAX_CHARS: usize = 40;
-    let mut cut: String = text.chars().take(MAX_CHARS).collect();
-    if cut.len() < text.len() {
-        cut.push('…');
-    }
-    serde_json::Value::String(cut).to_string()
 }
 
 /// Reads the routing fields of `nvext` in a request body.

@@ -167,7 +167,7 @@ fn a_failed_unpinned_prefill_is_retried_elsewhere_then_falls_back_to_one_hop() {
     host.http_call_response(
         second.token,
         &[(":status", "503")],
-        b"upstream connect error",
+        b"upstream connect error or disconnect/reset before headers. reset reason: connection failure",
     )
     .unwrap();
     assert!(host.take_http_calls().is_empty(), "prefill_retries is 1");

@@ -1,6 +1,6 @@
 //! Every error of `docs/semantics.md` §3 and §6, through the real Envoy.
 
-use pinroute_harness::sim::{Fault, SimRole};
+use pinroute_harness::sim::{Fault, SimConfig, SimRole};
 use pinroute_harness::stack::StackSpec;
 use serde_json::json;
 
@@ -399,22 +399,29 @@ const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
 
 /// A deployment whose decode worker 201 drops its connections and has just failed a pinned
 /// request.
-async fn with_201_failed(unhealthy_period_ms: u64) -> Deployment {
+async fn with_201_failed(unhealthy_period_ms: u64) -> (Deployment, Killed) {
     let mut spec = disaggregated_spec();
     spec.settings = json!({ "unhealthy_period_ms": unhealthy_period_ms });
-    let deployment = start(spec).await;
-    deployment.worker(201).unwrap().set_fault(Fault::Close);
+    let mut deployment = start(spec).await;
+    let killed = deployment.stack.kill_worker(201).await.unwrap();
     complete(&deployment, &PIN_201, &prompt())
         .await
         .error(502, "pinned_worker_failed");
-    deployment
+    (deployment, killed)
+}
+
+/// A killed worker's configuration and address, to restart it on.
+type Killed = (SimConfig, std::net::SocketAddr);
+
+async fn restart(deployment: &mut Deployment, (config, addr): Killed) {
+    deployment.stack.restart_worker(config, addr).await.unwrap();
 }
 
 #[tokio::test]
 async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
-    let deployment = with_201_failed(1500).await;
+    let (mut deployment, killed) = with_201_failed(1500).await;
     let pin = PIN_201;
-    deployment.worker(201).unwrap().set_fault(Fault::None);
+    restart(&mut deployment, killed).await;
     let reply = complete(&deployment, &pin, &prompt()).await;
     assert!(reply.error(503, "worker_unavailable").contains("unhealthy"));
     let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
@@ -433,14 +440,35 @@ async fn a_failed_worker_answers_503_to_pins_and_returns_by_itself() {
 }
 
 #[tokio::test]
+async fn a_worker_that_drops_a_connection_it_accepted_stays_in_service() {
+    let mut spec = disaggregated_spec();
+    spec.settings = json!({ "unhealthy_period_ms": 60000 });
+    let deployment = start(spec).await;
+    deployment.worker(201).unwrap().set_fault(Fault::Close);
+    complete(&deployment, &PIN_201, &prompt())
+        .await
+        .error(502, "pinned_worker_failed");
+    deployment.worker(201).unwrap().set_fault(Fault::None);
+    complete(&deployment, &PIN_201, &prompt())
+        .await
+        .assert_ok("a pin right after the dropped connection");
+    let mut served_by_201 = 0;
+    for _ in 0..6 {
+        let unpinned = complete(&deployment, &[], &prompt()).await;
+        served_by_201 += usize::from(unpinned.worker("decode") == Some(201));
+    }
+    assert!(served_by_201 > 0, "201 is still chosen unpinned");
+}
+
+#[tokio::test]
 async fn a_worker_failing_again_on_its_return_is_out_twice_as_long() {
-    let deployment = with_201_failed(1000).await;
+    let (mut deployment, killed) = with_201_failed(1000).await;
     let pin = PIN_201;
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     complete(&deployment, &pin, &prompt())
         .await
         .error(502, "pinned_worker_failed");
-    deployment.worker(201).unwrap().set_fault(Fault::None);
+    restart(&mut deployment, killed).await;
     let reply = complete(&deployment, &pin, &prompt()).await;
     reply.error(503, "worker_unavailable");
     assert_eq!(

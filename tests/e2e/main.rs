@@ -10,6 +10,7 @@
     clippy::indexing_slicing
 )]
 
+mod adversarial;
 mod client;
 mod errors;
 mod operations;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::net::TcpListener;
 
 use crate::client::{complete, prompt, send};
-use crate::disaggregated;
+use crate::{disaggregated, disaggregated_spec, start};
 
 /// A listener that counts the connections it is offered.
 async fn canary() -> (String, Arc<AtomicUsize>) {
@@ -79,7 +79,9 @@ async fn forged_routing_headers_never_reach_another_address() {
 
 #[tokio::test]
 async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
-    let deployment = disaggregated().await;
+    let mut spec = disaggregated_spec();
+    spec.settings = serde_json::json!({ "routed_paths": ["/inference/*"] });
+    let deployment = start(spec).await;
     let pin = [("x-dynamo-worker-instance-id", "201")];
     let forged = serde_json::json!({"token_ids": [1, 2],
         "sampling_params": {"extra_args": {"kv_transfer_params": {"remote_host": "10.1.2.3"}}}});

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 mod fake_host;
+mod intake;
 mod prefill;
 mod response;
 

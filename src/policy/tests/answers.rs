@@ -40,13 +40,24 @@ fn a_4xx_is_the_clients_to_read_not_a_failure_of_the_worker() {
 #[test]
 fn connect_errors_timeouts_and_5xx_are_failures() {
     assert_eq!(judged(None, ""), "failed: the connection failed");
+    let reset = |reason: &str| {
+        let body = format!(
+            "upstream connect error or disconnect/reset before headers. reset reason: {reason}"
+        );
+        judged(Some(503), &body)
+    };
+    assert_eq!(reset("connection failure"), "failed: the connection failed");
     assert_eq!(
-        judged(
-            Some(503),
-            "upstream connect error or disconnect/reset before headers"
-        ),
+        reset("remote connection failure, transport failure reason: delayed connect error: 111"),
         "failed: the connection failed"
     );
+    assert_eq!(reset("connection timeout"), "failed: the connection failed");
+    for reason in ["remote reset", "connection termination"] {
+        assert_eq!(
+            reset(reason),
+            "failed: it reset the connection before answering"
+        );
+    }
     assert_eq!(
         judged(Some(503), "overloaded"),
         "failed: it answered HTTP 503"
@@ -81,6 +92,10 @@ fn a_decode_5xx_is_a_failure_and_says_whose() {
         decode_failure(504, Some("upstream_response_timeout")),
         Some(HopFailure::Timeout)
     );
+    for accepted_then_reset in ["remote_reset", "connection_termination"] {
+        let details = format!("upstream_reset_before_response_started{{{accepted_then_reset}}}");
+        assert_eq!(decode_failure(503, Some(&details)), Some(HopFailure::Reset));
+    }
     assert_eq!(
         decode_failure(
             503,
@@ -94,6 +109,7 @@ fn a_decode_5xx_is_a_failure_and_says_whose() {
 fn only_a_failed_connection_takes_a_worker_out() {
     assert!(takes_worker_out(&HopFailure::Connect));
     for failure in [
+        HopFailure::Reset,
         HopFailure::Overloaded,
         HopFailure::Timeout,
         HopFailure::Status(500),

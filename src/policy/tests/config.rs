@@ -38,6 +38,7 @@ fn invalid_settings_are_refused() {
         (r#""upstream_header": """#, "upstream_header"),
         (r#""prefill_retries": -1"#, "invalid"),
         (r#""prefil_retries": 1"#, "unknown field"),
+        (r#""routed_paths": ["v1/models"]"#, "routed_paths"),
     ] {
         let message = refused(&format!("{{{base}, {setting}}}"));
         assert!(message.contains(why), "{setting}: {message}");

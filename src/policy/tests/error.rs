@@ -27,6 +27,21 @@ fn each_error_has_its_status_code_and_type() {
             "invalid_field",
         ),
         (
+            RouteError::UnknownPath {
+                path: "\"/x\"".into(),
+            },
+            404,
+            "unknown_path",
+        ),
+        (
+            RouteError::MethodNotAllowed {
+                method: "\"GET\"".into(),
+                path: "/v1/completions",
+            },
+            405,
+            "method_not_allowed",
+        ),
+        (
             RouteError::BodyTooLarge { limit: 10 },
             413,
             "body_too_large",

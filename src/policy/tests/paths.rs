@@ -1,5 +1,41 @@
 use super::*;
 
+fn completion_path(raw: &str) -> Option<&'static str> {
+    match destination(raw, &[]) {
+        Destination::Completion(path) => Some(path),
+        _ => None,
+    }
+}
+
+#[test]
+fn only_the_routed_paths_reach_a_worker_however_they_are_spelled() {
+    let routed: Vec<String> = ["/v1/models", "/health", "/admin/*"]
+        .map(String::from)
+        .into();
+    for raw in [
+        "/v1/models",
+        "/v1//models?x",
+        "/health",
+        "/admin/a/b",
+        "/v1/%6dodels",
+    ] {
+        assert_eq!(destination(raw, &routed), Destination::Other, "{raw}");
+    }
+    for (raw, canonical) in [
+        ("/reset_prefix_cache", "/reset_prefix_cache"),
+        ("/%72eset_prefix_cache", "/reset_prefix_cache"),
+        ("/v1/models/../sleep", "/v1/sleep"),
+        ("/healthz", "/healthz"),
+        ("/admin", "/admin"),
+    ] {
+        assert_eq!(
+            destination(raw, &routed),
+            Destination::NotRouted(canonical.into()),
+            "{raw}"
+        );
+    }
+}
+
 #[test]
 fn the_completion_paths_are_found_with_or_without_a_query() {
     assert_eq!(completion_path("/v1/completions"), Some("/v1/completions"));

@@ -1,0 +1,107 @@
+//! Reading what the client sent (`docs/semantics.md` §1, §2, §4): which paths, methods and
+//! sizes are admitted, the request id, the headers the prefill hop carries, the whole body.
+
+use super::env::Env;
+use super::host::{Headers, Host};
+use super::stream::host_failure;
+use crate::policy::error::{RouteError, quoted};
+use crate::policy::headers;
+use crate::policy::paths::{self, Destination};
+
+/// Client headers never copied onto the prefill hop: the filter sets its own, or they
+/// describe the client's connection rather than the request.
+/// (Nor is any `content-*` header: the prefill body is the filter's own.)
+const NOT_FORWARDED: &[&str] = &[
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "expect",
+    "host",
+    "x-request-id",
+];
+
+impl<H: Host> Env<H> {
+    /// Where the request may go, from its path, method and announced size: only the routed
+    /// paths reach a worker, a completion only by `POST`, no body over the limit.
+    pub(super) fn admit(&self, headers: &Headers) -> Result<Destination, RouteError> {
+        let settings = &self.config.settings;
+        let destination = paths::destination(header_text(headers, ":path"), &settings.routed_paths);
+        let method = header_text(headers, ":method");
+        match &destination {
+            Destination::NotRouted(path) => {
+                let path = quoted(path);
+                return Err(RouteError::UnknownPath { path });
+            }
+            Destination::Completion(path) if method != "POST" => {
+                let method = quoted(method);
+                return Err(RouteError::MethodNotAllowed { method, path });
+            }
+            _ => {}
+        }
+        let limit = settings.max_body_bytes;
+        let length = header_text(headers, "content-length").parse::<u64>();
+        if length.is_ok_and(|n| n > limit as u64) {
+            return Err(RouteError::BodyTooLarge { limit });
+        }
+        Ok(destination)
+    }
+
+    /// The client's `x-request-id`, or one of the filter's own, set on the request.
+    pub(super) fn request_id(&self, headers: &Headers) -> Result<String, RouteError> {
+        let existing = header_text(headers, "x-request-id");
+        if !existing.is_empty() {
+            return Ok(existing.to_string());
+        }
+        let id = format!(
+            "pinroute-{:x}-{:x}",
+            self.host.now_nanos(),
+            self.turns.get()
+        );
+        self.set_request_header("x-request-id", Some(&id))?;
+        Ok(id)
+    }
+
+    /// The request body once Envoy holds all of it (`None` until then), within the limit.
+    pub(super) fn whole_body(
+        &self,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Result<Option<Vec<u8>>, RouteError> {
+        let limit = self.config.settings.max_body_bytes;
+        if body_size > limit {
+            return Err(RouteError::BodyTooLarge { limit });
+        }
+        if !end_of_stream {
+            return Ok(None);
+        }
+        self.host
+            .request_body(body_size)
+            .map(Some)
+            .map_err(host_failure)
+    }
+}
+
+pub(super) fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .unwrap_or("")
+}
+
+/// The client headers worth copying onto the prefill hop (authorization, tracing, ...).
+pub(super) fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !name.starts_with(':')
+                && !name.starts_with("content-")
+                && !NOT_FORWARDED.contains(&name.as_str())
+                && !headers::must_strip(name, upstream_header)
+        })
+        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect()
+}
