@@ -1,5 +1,6 @@
 use super::*;
 use crate::policy::registry::Role;
+use crate::policy::testing::test;
 
 const SECOND: u64 = 1_000_000_000;
 

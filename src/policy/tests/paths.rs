@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 #[test]
 fn the_completion_paths_are_found_with_or_without_a_query() {
