@@ -33,3 +33,14 @@ pub mod resolve;
 pub mod rewrite;
 pub mod select;
 pub mod steering;
+
+/// The attribute the core's unit tests are marked with (`use crate::policy::testing::test;`):
+/// libtest's `#[test]` natively and on wasm32-wasip1, wasm-bindgen-test's on
+/// wasm32-unknown-unknown, where the same tests run in Node.
+#[cfg(test)]
+mod testing {
+    #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
+    pub(super) use core::prelude::v1::test;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    pub(super) use wasm_bindgen_test::wasm_bindgen_test as test;
+}

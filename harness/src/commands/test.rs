@@ -1,12 +1,34 @@
 //! `test`: every test suite, with everything they need set up first.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{envoy_binary, repo_root};
 use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, run};
+
+/// The project's habits, checked before any test: formatting, and clippy with warnings
+/// denied natively, for the filter's own target and on the fuzz workspace (its own).
+const HABITS: [(&str, &str); 5] = [
+    ("formatting (root workspace)", "fmt --all --check"),
+    (
+        "formatting (fuzz workspace)",
+        "fmt --all --check --manifest-path fuzz/Cargo.toml",
+    ),
+    (
+        "clippy, warnings denied (root workspace, every target)",
+        "clippy --workspace --all-targets -- -D warnings",
+    ),
+    (
+        "clippy, warnings denied (the filter for wasm32-wasip1)",
+        "clippy -p pinroute --lib --target wasm32-wasip1 -- -D warnings",
+    ),
+    (
+        "clippy, warnings denied (fuzz workspace, every target)",
+        "clippy --manifest-path fuzz/Cargo.toml --workspace --all-targets -- -D warnings",
+    ),
+];
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,28 +43,37 @@ pub struct Args {
 
 pub fn run_all(args: &Args) -> Result<()> {
     let root = repo_root();
+    let mut steps: Vec<(&str, f64)> = Vec::new();
+    for (name, cargo_args) in HABITS {
+        timed(
+            &mut steps,
+            name,
+            cargo()
+                .args(cargo_args.split_whitespace())
+                .current_dir(&root),
+        )?;
+    }
     let wasm = build_filter()?;
     let test_filter = build_test_filter()?;
     let envoy = envoy_binary(&root)?;
-    let mut steps: Vec<(&str, f64)> = Vec::new();
     let mut step = |name, command: &mut Command| -> Result<()> {
-        let started = Instant::now();
-        println!("\n==> {name}");
         let command = command
             .current_dir(&root)
             .env("PINROUTE_WASM", &wasm)
             .env("PW_TEST_FILTER", &test_filter);
-        run(command.env("ENVOY_BIN", &envoy)).with_context(|| format!("{name} failed"))?;
-        steps.push((name, started.elapsed().as_secs_f64()));
-        Ok(())
+        timed(&mut steps, name, command.env("ENVOY_BIN", &envoy))
     };
     step(
         "native tests: policy core, filter, harness, wasm ABI, end-to-end through Envoy",
         cargo().args(["test", "--workspace"]),
     )?;
     step(
-        "policy core tests compiled to wasm32-wasip1 (Node WASI runner)",
-        &mut wasm_core_tests(&root)?,
+        "policy core tests on wasm32-wasip1, under wasmtime (tests/wasi-run)",
+        &mut wasip1_core_tests(&root)?,
+    )?;
+    step(
+        "policy core tests on wasm32-unknown-unknown, under wasm-bindgen-test in Node",
+        &mut wasm_bindgen_core_tests(&root)?,
     )?;
     let seconds = args.fuzz_seconds.to_string();
     let fuzz = [
@@ -89,19 +120,99 @@ fn quick_soak(wasm: &Path) -> Result<Command> {
     Ok(command)
 }
 
-fn wasm_core_tests(root: &Path) -> Result<Command> {
-    let node = Command::new("node").arg("--version").output();
-    anyhow::ensure!(
-        node.is_ok_and(|o| o.status.success()),
-        "Node.js is needed to run the wasm32-wasip1 tests (apt-get install nodejs)"
-    );
-    let runner = format!(
-        "node --no-warnings {}",
-        root.join("tests/wasi-runner.mjs").display()
-    );
+/// Runs `command` as the step `name`, recording how long it took.
+fn timed<'a>(steps: &mut Vec<(&'a str, f64)>, name: &'a str, command: &mut Command) -> Result<()> {
+    let started = Instant::now();
+    println!("\n==> {name}");
+    run(command).with_context(|| format!("{name} failed"))?;
+    steps.push((name, started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// The core's unit tests built for the filter's target, run by `pinroute-wasi-run`
+/// (wasmtime with WASI preview 1), so 32-bit `usize` and other target differences cannot hide.
+fn wasip1_core_tests(root: &Path) -> Result<Command> {
+    run(cargo().current_dir(root).args([
+        "build",
+        "-p",
+        "pinroute-tests",
+        "--bin",
+        "pinroute-wasi-run",
+    ]))?;
     let mut command = cargo();
     command
         .args(["test", "-p", "pinroute", "--lib", "--target", TARGET])
-        .env("CARGO_TARGET_WASM32_WASIP1_RUNNER", runner);
+        .env(
+            "CARGO_TARGET_WASM32_WASIP1_RUNNER",
+            root.join("target/debug/pinroute-wasi-run"),
+        );
     Ok(command)
+}
+
+const BINDGEN_TARGET: &str = "wasm32-unknown-unknown";
+
+/// The core's unit tests as `#[wasm_bindgen_test]`s, run in Node by wasm-bindgen's test
+/// runner; `tests/wasm-bindgen-env` stands in for the proxy-wasm host the filter imports.
+fn wasm_bindgen_core_tests(root: &Path) -> Result<Command> {
+    let node = Command::new("node").arg("--version").output();
+    anyhow::ensure!(
+        node.is_ok_and(|o| o.status.success()),
+        "Node.js is needed to run the {BINDGEN_TARGET} tests (apt-get install nodejs)"
+    );
+    run(Command::new("rustup").args(["target", "add", BINDGEN_TARGET]))?;
+    let mut command = cargo();
+    command
+        .args([
+            "test",
+            "-p",
+            "pinroute",
+            "--lib",
+            "--target",
+            BINDGEN_TARGET,
+        ])
+        .env(
+            "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER",
+            wasm_bindgen_test_runner(root)?,
+        )
+        .env("NODE_PATH", root.join("tests/wasm-bindgen-env"));
+    Ok(command)
+}
+
+/// `wasm-bindgen-test-runner` of exactly the `wasm-bindgen` in Cargo.lock (the runner
+/// refuses any other), installed into `.cache/wasm-bindgen` when missing.
+fn wasm_bindgen_test_runner(root: &Path) -> Result<PathBuf> {
+    let version = locked_version(root, "wasm-bindgen")?;
+    let install_root = root.join(".cache/wasm-bindgen");
+    let runner = install_root.join("bin/wasm-bindgen-test-runner");
+    let installed = Command::new(&runner).arg("--version").output();
+    let wanted = format!("wasm-bindgen-test-runner {version}");
+    if installed.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == wanted) {
+        return Ok(runner);
+    }
+    println!(
+        "installing wasm-bindgen-cli {version} into {} for its test runner \
+         (built once, about 6 minutes)",
+        install_root.display()
+    );
+    // Not `--locked`: its published lockfile names a webpki-roots the registry lacks.
+    run(cargo()
+        .args(["install", "wasm-bindgen-cli", "--version"])
+        .arg(format!("={version}"))
+        .arg("--root")
+        .arg(&install_root))?;
+    Ok(runner)
+}
+
+/// The version Cargo.lock resolves `package` to (its first entry).
+fn locked_version(root: &Path, package: &str) -> Result<String> {
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).context("reading Cargo.lock")?;
+    let name = format!("name = \"{package}\"");
+    let mut lines = lock.lines();
+    lines
+        .find(|line| *line == name)
+        .and_then(|_| lines.next())
+        .and_then(|line| line.strip_prefix("version = \""))
+        .and_then(|version| version.strip_suffix('"'))
+        .map(str::to_owned)
+        .with_context(|| format!("{package} is not in Cargo.lock"))
 }

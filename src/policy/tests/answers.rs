@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 fn judged(status: Option<u16>, body: &str) -> String {
     match prefill_answer(status, body.as_bytes()) {

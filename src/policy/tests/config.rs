@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::policy::testing::test;
 
 const DISAGGREGATED: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},

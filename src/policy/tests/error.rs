@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::policy::testing::test;
 
 fn body_of(error: &RouteError) -> serde_json::Value {
     serde_json::from_str(&error.body()).unwrap()

@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 #[test]
 fn headers_that_could_choose_an_upstream_are_stripped() {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::policy::availability::{Availability, Observed, Unavailability};
 use crate::policy::registry::{Role, Worker};
+use crate::policy::testing::test;
 
 const SECOND: u64 = 1_000_000_000;
 

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::policy::testing::test;
 
 #[test]
 fn members_keep_order_and_raw_bytes() {

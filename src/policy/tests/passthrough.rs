@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 #[test]
 fn json_is_what_a_worker_would_read_as_json() {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 fn completion_path(raw: &str) -> Option<&'static str> {
     match destination(raw, &[]) {

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use super::*;
+use crate::policy::testing::test;
 
 fn headers(pairs: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static [u8])> {
     pairs.iter().map(|(n, v)| (*n, v.as_bytes())).collect()

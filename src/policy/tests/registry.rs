@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::policy::config::Config;
+use crate::policy::testing::test;
 
 const DISAGGREGATED: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::policy::availability::{RegistryOnly, Unavailability};
+use crate::policy::testing::test;
 
 /// Prefill 101 (dp 1), 102 (dp 2); decode 201 (dp 1), 202 (dp 2), 203 (draining).
 const DISAGGREGATED: &str = r#"{"workers": [

@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::policy::testing::test;
 
 fn parse(text: &str) -> Value {
     serde_json::from_str(text).unwrap()

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::policy::registry::Role;
+use crate::policy::testing::test;
 
 fn workers(n: u64) -> Vec<Worker> {
     (0..n)

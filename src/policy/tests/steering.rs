@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::testing::test;
 
 fn completion(body: &str) -> Result<(), RouteError> {
     check_completion(&JsonObject::parse(body.as_bytes()).unwrap())
