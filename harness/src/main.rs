@@ -24,10 +24,6 @@ enum Command {
     EnvoyConfig(commands::envoy_config::Args),
     /// Run one simulated vLLM worker until Ctrl-C.
     SimWorker(commands::sim_worker::Args),
-    /// Benchmark pinroute against the floor, Envoy alone and a Python proxy (docs/benchmarks.md).
-    Bench(commands::bench::Args),
-    /// Soak: many requests with pins, sessions, streams and bad input while workers are killed (docs/soak.md).
-    Soak(commands::soak::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,8 +35,6 @@ fn main() -> ExitCode {
         Command::SimWorker(args) => {
             runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args)))
         }
-        Command::Bench(args) => runtime().and_then(|rt| rt.block_on(commands::bench::run(&args))),
-        Command::Soak(args) => runtime().and_then(|rt| rt.block_on(commands::soak::run(&args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

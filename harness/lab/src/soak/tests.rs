@@ -411,7 +411,7 @@ fn a_kill_in_progress_counts_for_requests_that_end_meanwhile() {
 /// worker restarts on the same address.
 #[tokio::test]
 async fn a_killed_sim_worker_cuts_its_streams_and_restarts_on_its_address() {
-    use crate::sim::{SimConfig, SimRole, SimWorker};
+    use pinroute_harness::sim::{SimConfig, SimRole, SimWorker};
     let config =
         SimConfig::new(7, SimRole::Aggregated).with_token_latency(Duration::from_millis(100));
     let worker = SimWorker::start(config.clone(), "127.0.0.1:0".parse().unwrap())
