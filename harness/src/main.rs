@@ -6,6 +6,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pinroute_harness::cli::{exit_code, init_logging, runtime};
 
 #[derive(Parser)]
 #[command(name = "pinroute-harness", version, about)]
@@ -27,7 +28,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    init_logging();
     let result = match Cli::parse().command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(commands::up::run(&args))),
         Command::Test(args) => commands::test::run_all(&args),
@@ -36,17 +37,5 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args)))
         }
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pinroute-harness: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    exit_code("pinroute-harness", result)
 }

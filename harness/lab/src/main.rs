@@ -7,6 +7,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pinroute_harness::cli::{exit_code, init_logging, runtime};
 
 #[derive(Parser)]
 #[command(name = "pinroute-lab", version, about)]
@@ -24,7 +25,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    init_logging();
     let command = Cli::parse().command;
     let result = runtime().and_then(|rt| {
         rt.block_on(async {
@@ -34,17 +35,5 @@ fn main() -> ExitCode {
             }
         })
     });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pinroute-lab: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    exit_code("pinroute-lab", result)
 }
