@@ -1,6 +1,6 @@
 //! Micro-benchmark of the policy core: what the filter computes per completion request,
 //! stage by stage, per prompt size. Standard library only, so the same program runs
-//! natively and as `wasm32-wasip1` under wasmtime or V8 (`pinroute-harness bench` builds
+//! natively and as `wasm32-wasip1` under wasmtime or V8 (`pinroute-lab bench` builds
 //! and runs all three; `cargo bench --bench policy` runs it natively).
 //!
 //! Arguments: `--sizes 1024,32768,262144` (request body bytes), `--budget-ms 300` (time per
@@ -17,7 +17,7 @@
 //! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
 //! - `total`: all of the above, as one request.
 
-#[path = "../harness/src/bench/prompt.rs"]
+#[path = "../harness/lab/src/bench/prompt.rs"]
 mod prompt;
 
 use std::hint::black_box;

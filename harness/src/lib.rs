@@ -1,10 +1,10 @@
-//! The native side of pinroute: Envoy and worker management, scenarios, benchmarks.
-pub mod bench;
+//! The native side of pinroute: building the filter, Envoy and worker management (sim
+//! workers, a real vLLM pair), the stack they form. The load generator, `bench` and `soak`
+//! are `pinroute-lab` (`harness/lab/`), so that `up` builds none of their dependencies.
+pub mod cli;
 pub mod envoy;
-pub mod load;
 pub mod registry_server;
 pub mod sim;
-pub mod soak;
 pub mod stack;
 pub mod venv;
 pub mod vllm;

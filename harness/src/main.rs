@@ -6,6 +6,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pinroute_harness::cli::{exit_code, init_logging, runtime};
 
 #[derive(Parser)]
 #[command(name = "pinroute-harness", version, about)]
@@ -24,14 +25,10 @@ enum Command {
     EnvoyConfig(commands::envoy_config::Args),
     /// Run one simulated vLLM worker until Ctrl-C.
     SimWorker(commands::sim_worker::Args),
-    /// Benchmark pinroute against the floor, Envoy alone and a Python proxy (docs/benchmarks.md).
-    Bench(commands::bench::Args),
-    /// Soak: many requests with pins, sessions, streams and bad input while workers are killed (docs/soak.md).
-    Soak(commands::soak::Args),
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    init_logging();
     let result = match Cli::parse().command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(commands::up::run(&args))),
         Command::Test(args) => commands::test::run_all(&args),
@@ -39,20 +36,6 @@ fn main() -> ExitCode {
         Command::SimWorker(args) => {
             runtime().and_then(|rt| rt.block_on(commands::sim_worker::run(&args)))
         }
-        Command::Bench(args) => runtime().and_then(|rt| rt.block_on(commands::bench::run(&args))),
-        Command::Soak(args) => runtime().and_then(|rt| rt.block_on(commands::soak::run(&args))),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pinroute-harness: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    exit_code("pinroute-harness", result)
 }

@@ -1,9 +1,7 @@
 //! The subcommands of `pinroute-harness`, one module each.
 
-pub mod bench;
 pub mod envoy_config;
 pub mod sim_worker;
-pub mod soak;
 pub mod test;
 pub mod up;
 

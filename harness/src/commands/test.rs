@@ -92,7 +92,7 @@ pub fn run_all(args: &Args) -> Result<()> {
     )?;
     step(
         "soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)",
-        &mut quick_soak(&wasm)?,
+        &mut quick_soak(&wasm),
     )?;
     if !args.no_vllm {
         step(
@@ -113,11 +113,20 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-/// This harness's `soak --quick` on the filter just built.
-fn quick_soak(wasm: &Path) -> Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("locating pinroute-harness")?);
-    command.args(["soak", "--quick", "--wasm"]).arg(wasm);
-    Ok(command)
+/// `pinroute-lab soak --quick` on the filter just built.
+fn quick_soak(wasm: &Path) -> Command {
+    let mut command = cargo();
+    command.args([
+        "run",
+        "-p",
+        "pinroute-lab",
+        "--",
+        "soak",
+        "--quick",
+        "--wasm",
+    ]);
+    command.arg(wasm);
+    command
 }
 
 /// Runs `command` as the step `name`, recording how long it took.

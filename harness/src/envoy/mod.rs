@@ -9,11 +9,9 @@
 
 mod binary;
 mod bootstrap;
-#[cfg(test)]
-mod manifests;
 mod process;
-#[cfg(test)]
-mod test_support;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 use std::path::{Path, PathBuf};
 

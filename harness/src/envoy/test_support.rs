@@ -1,4 +1,5 @@
-//! Shared by the Envoy tests: registries, options, the Envoy binary and wasm modules.
+//! Shared by the Envoy tests, here and (feature `test-support`) in `pinroute-tests`:
+//! registries, options, the Envoy binary and wasm modules.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

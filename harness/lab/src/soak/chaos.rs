@@ -17,8 +17,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::deployment::{DECODE_VICTIM, PREFILL_VICTIM};
-use crate::sim::SimConfig;
-use crate::stack::Stack;
+use pinroute_harness::sim::SimConfig;
+use pinroute_harness::stack::Stack;
 
 /// A killed worker stays down at least this long: longer than the passive-health period, so
 /// that unpinned selection takes it back while it is still down (twice per outage), as when

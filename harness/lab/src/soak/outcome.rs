@@ -281,12 +281,14 @@ impl Judge<'_> {
         decode_killed && (stream_cut || unpinned_decode_failed)
     }
 
-    /// The decode worker's 400 for KV its prefill worker lost by being killed.
+    /// The decode worker's 400 for KV its prefill worker lost by being killed: the sim's own
+    /// message, or the filter's `decode_refused` that withholds it (`docs/semantics.md` §4).
     fn kv_lost(&self, exchange: &Exchange) -> bool {
         let prefill_killed =
             self.worker_killed(header_id(&exchange.headers, PREFILL_WORKER_HEADER));
         let kv_missing = exchange.status == StatusCode::BAD_REQUEST
-            && error_message(exchange).is_some_and(|m| m.starts_with(KV_MISMATCH));
+            && (error_message(exchange).is_some_and(|m| m.starts_with(KV_MISMATCH))
+                || error_code(exchange).as_deref() == Some("decode_refused"));
         prefill_killed && kv_missing
     }
 

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::wasmtime_runner;
-use crate::envoy::repo_root;
-use crate::wasm::{TARGET, ensure_target};
+use pinroute_harness::envoy::repo_root;
+use pinroute_harness::wasm::{TARGET, ensure_target};
 
 /// Keeps glibc from handing the freed 256 KB bodies back to the kernel after every
 /// iteration (and faulting them in again on the next): the filter runs in wasm linear

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::sim::{SimConfig, SimRole, SimWorker};
+use pinroute_harness::sim::{SimConfig, SimRole, SimWorker};
 
 pub const PREFILL_ID: u64 = 101;
 pub const DECODE_ID: u64 = 201;

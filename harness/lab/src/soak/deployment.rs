@@ -7,8 +7,8 @@ use std::time::Duration;
 use pinroute::policy::health::MAX_OUTAGE_PERIODS;
 use serde_json::json;
 
-use crate::sim::{SimConfig, SimRole};
-use crate::stack::StackSpec;
+use pinroute_harness::sim::{SimConfig, SimRole};
+use pinroute_harness::stack::StackSpec;
 
 /// Prefill workers: `(id, dp_size)`.
 pub const PREFILL_WORKERS: [(u64, u32); 2] = [(101, 1), (102, 2)];

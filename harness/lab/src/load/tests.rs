@@ -176,7 +176,7 @@ async fn duration_runs_stop_on_time_after_the_warmup() {
 
 #[tokio::test]
 async fn unreachable_servers_are_transport_failures() {
-    let closed = crate::stack::refusing_address().unwrap();
+    let closed = pinroute_harness::stack::refusing_address().unwrap();
     let report = run_load(
         Arc::new(Mix { server: closed }),
         &spec(1, Stop::Requests(3)),

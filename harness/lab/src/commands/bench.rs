@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use pinroute_harness::bench::e2e::E2eOptions;
-use pinroute_harness::bench::{
+use pinroute_harness::envoy::repo_root;
+use pinroute_lab::bench::e2e::E2eOptions;
+use pinroute_lab::bench::{
     BenchOptions, Scenario, read_results, run_bench, sims, table, write_outputs,
 };
-use pinroute_harness::envoy::repo_root;
 
 const FULL_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
 const FULL_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];

@@ -12,12 +12,12 @@ use serde_json::json;
 
 use super::python::PythonProxy;
 use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
-use crate::envoy::{
+use pinroute_harness::envoy::{
     BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, Envoy, MAX_UPSTREAM_REQUESTS,
     buffer_limit_bytes, envoy_duration, render_bootstrap,
 };
 
-const PLAIN_TEMPLATE: &str = include_str!("../../../envoy/plain.yaml");
+const PLAIN_TEMPLATE: &str = include_str!("../../../../envoy/plain.yaml");
 
 /// One way of sending the two hops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

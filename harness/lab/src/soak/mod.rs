@@ -1,4 +1,4 @@
-//! `pinroute-harness soak`: tens of thousands of requests through Envoy + pinroute + sim
+//! `pinroute-lab soak`: tens of thousands of requests through Envoy + pinroute + sim
 //! workers while workers are killed and restarted, every answer judged against the class its
 //! request should get (`docs/soak.md`).
 //!
@@ -32,9 +32,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
-use crate::stack::Stack;
 use chaos::{Action, Step, run_chaos};
 use deployment::{LONGEST_OUTAGE, WorkerTiming, stack_spec};
+use pinroute_harness::stack::Stack;
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
 use recovery::Recovery;
 use report::{Measured, SoakReport};

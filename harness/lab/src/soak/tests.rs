@@ -357,6 +357,24 @@ fn kv_lost_with_a_killed_prefill_worker_is_counted_apart() {
         judge(&planned, &Answer::Complete(&other), t, &outages, AFTERMATH).judgement,
         Judgement::Mismatch
     );
+    let withheld = json!({"error": {"message": "decode hop: worker 201 refused the request", "code": "decode_refused"}}).to_string();
+    let refused = |prefill| {
+        let headers = [
+            ("x-pinroute-prefill-worker", prefill),
+            ("x-pinroute-error-code", "decode_refused"),
+        ];
+        let refused = exchange(400, &headers, &withheld);
+        judge(
+            &planned,
+            &Answer::Complete(&refused),
+            t,
+            &outages,
+            AFTERMATH,
+        )
+        .judgement
+    };
+    assert_eq!(refused("102"), Judgement::KvLost, "its message withheld");
+    assert_eq!(refused("101"), Judgement::Mismatch);
 }
 
 #[test]
@@ -411,7 +429,7 @@ fn a_kill_in_progress_counts_for_requests_that_end_meanwhile() {
 /// worker restarts on the same address.
 #[tokio::test]
 async fn a_killed_sim_worker_cuts_its_streams_and_restarts_on_its_address() {
-    use crate::sim::{SimConfig, SimRole, SimWorker};
+    use pinroute_harness::sim::{SimConfig, SimRole, SimWorker};
     let config =
         SimConfig::new(7, SimRole::Aggregated).with_token_latency(Duration::from_millis(100));
     let worker = SimWorker::start(config.clone(), "127.0.0.1:0".parse().unwrap())

@@ -1,4 +1,4 @@
-"""The Python P/D proxy baseline of `pinroute-harness bench`.
+"""The Python P/D proxy baseline of `pinroute-lab bench`.
 
 It does the two hops the way vLLM's example disaggregation proxies do (FastAPI + httpx,
 one uvicorn process): read the client's JSON body, send a copy to the prefill worker with

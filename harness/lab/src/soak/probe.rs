@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::chaos::Progress;
-use crate::envoy::Envoy;
+use pinroute_harness::envoy::Envoy;
 
 /// Envoy stats that move when a wasm VM fails. With `failure_policy: FAIL_CLOSED` a failed
 /// VM is not replaced (its requests get 503s); with `FAIL_RELOAD` the `vm_reload_*`

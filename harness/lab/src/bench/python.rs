@@ -1,5 +1,5 @@
-//! The Python baseline proxy (`harness/python/disagg_proxy.py`, FastAPI + httpx) in its own
-//! venv, `.cache/bench-venv`, installed from `harness/python/bench-requirements.txt`.
+//! The Python baseline proxy (`harness/lab/python/disagg_proxy.py`, FastAPI + httpx) in its own
+//! venv, `.cache/bench-venv`, installed from `harness/lab/python/bench-requirements.txt`.
 
 use std::fs::{self, File};
 use std::net::SocketAddr;
@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::sims::SimAddresses;
-use crate::venv::{lock_file, pip_install, run_visibly};
+use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
 
 pub const VENV_DIR: &str = ".cache/bench-venv";
-const REQUIREMENTS: &str = "harness/python/bench-requirements.txt";
-const PROXY_SCRIPT: &str = "harness/python/disagg_proxy.py";
+const REQUIREMENTS: &str = "harness/lab/python/bench-requirements.txt";
+const PROXY_SCRIPT: &str = "harness/lab/python/disagg_proxy.py";
 /// Written into the venv once the requirements are installed: a copy of them.
 const STAMP: &str = "bench-requirements.installed";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,11 +33,11 @@ pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
     }
     let _lock = lock_file(&venv)?;
     if !python.is_file() {
-        eprintln!("pinroute-harness: python3 -m venv {}", venv.display());
+        eprintln!("pinroute-lab: python3 -m venv {}", venv.display());
         run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     }
     eprintln!(
-        "pinroute-harness: pip install -r {REQUIREMENTS} into {}",
+        "pinroute-lab: pip install -r {REQUIREMENTS} into {}",
         venv.display()
     );
     run_visibly(pip_install(&python).arg("-r").arg(&requirements_path))?;
@@ -58,7 +58,7 @@ impl PythonProxy {
         sims: &SimAddresses,
         work_dir: &Path,
     ) -> Result<Self> {
-        let address = crate::stack::refusing_address()?;
+        let address = pinroute_harness::stack::refusing_address()?;
         let log_path = work_dir.join("python-proxy.log");
         let log =
             File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;

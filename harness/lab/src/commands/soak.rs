@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use pinroute_harness::envoy::repo_root;
-use pinroute_harness::soak::chaos::{FULL_SCHEDULE, QUICK_SCHEDULE};
-use pinroute_harness::soak::report::SoakReport;
-use pinroute_harness::soak::{SoakOptions, run_soak};
 use pinroute_harness::wasm::build_filter;
+use pinroute_lab::soak::chaos::{FULL_SCHEDULE, QUICK_SCHEDULE};
+use pinroute_lab::soak::report::SoakReport;
+use pinroute_lab::soak::{SoakOptions, run_soak};
 
 const FULL_REQUESTS: u64 = 60_000;
 const QUICK_REQUESTS: u64 = 12_000;
@@ -96,7 +96,7 @@ fn options(args: &Args, wasm: PathBuf, work_dir: PathBuf) -> SoakOptions {
 
 fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    format!("pinroute-harness {}", args.join(" "))
+    format!("pinroute-lab {}", args.join(" "))
 }
 
 fn write_outputs(report: &SoakReport, markdown: &str, out: &Path) -> Result<()> {

@@ -16,7 +16,7 @@
 //! ```no_run
 //! # async fn demo() {
 //! use std::{sync::Arc, time::{Duration, Instant}};
-//! use pinroute_harness::load::*;
+//! use pinroute_lab::load::*;
 //!
 //! struct Health(std::net::SocketAddr);
 //! impl Workload for Health {

@@ -1,4 +1,4 @@
-//! `pinroute-harness bench`: what pinroute costs, side by side with the floor and the
+//! `pinroute-lab bench`: what pinroute costs, side by side with the floor and the
 //! alternatives, on one machine, in one run.
 //!
 //! End to end ([`e2e`]): one prefill and one decode sim worker in a child process
@@ -35,9 +35,9 @@ use anyhow::{Context, Result};
 pub use gateways::Scenario;
 pub use results::BenchResults;
 
-use crate::envoy::{ENVOY_VERSION, EnvoyOptions, envoy_binary, repo_root};
 use e2e::{E2eOptions, run_e2e};
 use gateways::GatewayInputs;
+use pinroute_harness::envoy::{ENVOY_VERSION, EnvoyOptions, envoy_binary, repo_root};
 use results::{Meta, check_targets, compare_with_floor};
 use sims::SimProcess;
 
@@ -95,7 +95,7 @@ async fn end_to_end(
 ) -> Result<(Vec<results::RunResult>, Option<u64>)> {
     let needs_envoy = e2e.scenarios.iter().any(|s| s.runs_envoy());
     let wasm = if e2e.scenarios.contains(&Scenario::Pinroute) {
-        Some(crate::wasm::build_filter()?)
+        Some(pinroute_harness::wasm::build_filter()?)
     } else {
         None
     };
@@ -133,7 +133,7 @@ async fn end_to_end(
 
 /// The size of an already built release filter, if any.
 fn filter_size() -> Option<u64> {
-    std::fs::metadata(crate::envoy::default_wasm_path())
+    std::fs::metadata(pinroute_harness::envoy::default_wasm_path())
         .ok()
         .map(|m| m.len())
 }

@@ -1,0 +1,4 @@
+//! The subcommands of `pinroute-lab`, one module each.
+
+pub mod bench;
+pub mod soak;

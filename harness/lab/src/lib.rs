@@ -1,0 +1,5 @@
+//! Measuring pinroute through Envoy, on top of [`pinroute_harness`]: the closed-loop load
+//! generator, the benchmark and the soak.
+pub mod bench;
+pub mod load;
+pub mod soak;

@@ -1,0 +1,721 @@
+//! The Envoy Gateway manifest (`envoy/envoy-gateway/pinroute.yaml`): Gateway, HTTPRoute,
+//! EnvoyExtensionPolicy, ClientTrafficPolicy, EnvoyPatchPolicy.
+//!
+//! The types below are the fields of Gateway API and Envoy Gateway resources the manifest
+//! uses (Envoy Gateway's Go API types, `api/v1alpha1`); unknown fields are refused.
+
+use std::path::Path;
+
+use pinroute_harness::envoy::test_support::{envoy, real_wasm, stub_wasm};
+use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes, validate};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE, bootstrap, check_clusters,
+    documents, find, local_code, plugin_config, pool_header_matcher, pool_retry_policy,
+    rendered_clusters, router, seconds, steering_headers, typed,
+};
+
+pub const ENVOY_GATEWAY: &str = include_str!("../../envoy/envoy-gateway/pinroute.yaml");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewaySpec {
+    pub gateway_class_name: String,
+    pub listeners: Vec<Listener>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    pub name: String,
+    pub protocol: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteSpec {
+    pub parent_refs: Vec<NameRef>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameRef {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Rule {
+    pub matches: Vec<RouteMatch>,
+    pub backend_refs: Vec<BackendRef>,
+    pub timeouts: Timeouts,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteMatch {
+    pub path: PathMatch,
+    #[serde(default)]
+    pub headers: Vec<HeaderMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    #[serde(rename = "type")]
+    pub kind: HeaderMatchType,
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum HeaderMatchType {
+    Exact,
+    RegularExpression,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathMatch {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendRef {
+    pub name: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    pub request: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtensionPolicySpec {
+    pub target_refs: Vec<TargetRef>,
+    pub wasm: Vec<Wasm>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Wasm {
+    pub name: String,
+    #[serde(rename = "rootID")]
+    pub root_id: String,
+    pub code: WasmCodeSource,
+    pub config: Value,
+    pub fail_open: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WasmCodeSource {
+    #[serde(rename = "type")]
+    pub kind: WasmCodeSourceType,
+    pub http: Option<HttpWasmCodeSource>,
+    pub image: Option<ImageWasmCodeSource>,
+    pub pull_policy: Option<PullPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum WasmCodeSourceType {
+    #[serde(rename = "HTTP")]
+    Http,
+    Image,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpWasmCodeSource {
+    pub url: String,
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ImageWasmCodeSource {
+    pub url: String,
+    pub sha256: Option<String>,
+    pub pull_secret_ref: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub enum PullPolicy {
+    IfNotPresent,
+    Always,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientTrafficPolicySpec {
+    pub target_refs: Vec<TargetRef>,
+    pub headers: HeaderSettings,
+    pub connection: ClientConnection,
+    pub timeout: ClientTimeout,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeaderSettings {
+    pub early_request_headers: HeaderFilter,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderFilter {
+    pub remove: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientConnection {
+    pub buffer_limit: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTimeout {
+    pub http: HttpClientTimeout,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpClientTimeout {
+    pub stream_idle_timeout: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PatchPolicySpec {
+    pub target_ref: TargetRef,
+    #[serde(rename = "type")]
+    pub kind: PatchType,
+    pub json_patches: Vec<JsonPatch>,
+}
+
+#[derive(Debug, Deserialize)]
+pub enum PatchType {
+    #[serde(rename = "JSONPatch")]
+    JsonPatch,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonPatch {
+    #[serde(rename = "type")]
+    pub kind: ResourceType,
+    pub name: String,
+    pub operation: JsonPatchOperation,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum ResourceType {
+    #[serde(rename = "type.googleapis.com/envoy.config.listener.v3.Listener")]
+    Listener,
+    #[serde(rename = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration")]
+    RouteConfiguration,
+    #[serde(rename = "type.googleapis.com/envoy.config.cluster.v3.Cluster")]
+    Cluster,
+    #[serde(rename = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")]
+    ClusterLoadAssignment,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JsonPatchOperation {
+    pub op: JsonPatchOp,
+    pub path: String,
+    pub json_path: Option<String>,
+    pub from: Option<String>,
+    pub value: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JsonPatchOp {
+    Add,
+    Remove,
+    Replace,
+    Move,
+    Copy,
+    Test,
+}
+
+/// A Kubernetes quantity as Envoy Gateway reads `bufferLimit`: `9Mi`, `512Ki`, `1048576`.
+fn quantity_bytes(text: &str) -> u64 {
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let factor = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => panic!("quantity unit {other:?} not handled by this test"),
+    };
+    digits.parse::<u64>().unwrap() * factor
+}
+
+pub struct EnvoyGatewayManifest {
+    gateway: Resource<GatewaySpec>,
+    route: Resource<HttpRouteSpec>,
+    extension: Resource<ExtensionPolicySpec>,
+    traffic: Resource<ClientTrafficPolicySpec>,
+    patch: Resource<PatchPolicySpec>,
+}
+
+pub fn envoy_gateway_manifest(text: &str) -> EnvoyGatewayManifest {
+    let docs = documents(text);
+    assert_eq!(docs.len(), 5);
+    EnvoyGatewayManifest {
+        gateway: typed(find(&docs, "Gateway")),
+        route: typed(find(&docs, "HTTPRoute")),
+        extension: typed(find(&docs, "EnvoyExtensionPolicy")),
+        traffic: typed(find(&docs, "ClientTrafficPolicy")),
+        patch: typed(find(&docs, "EnvoyPatchPolicy")),
+    }
+}
+
+impl EnvoyGatewayManifest {
+    pub fn plugin_config(&self) -> String {
+        self.extension.spec.wasm[0].config.to_string()
+    }
+
+    /// Envoy Gateway's xDS names: listener and route configuration
+    /// `<namespace>/<gateway>/<listener>`.
+    fn listener_name(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.gateway.metadata.namespace,
+            self.gateway.metadata.name,
+            self.gateway.spec.listeners[0].name
+        )
+    }
+
+    /// `envoyextensionpolicy/<namespace>/<name>/wasm/<index>` (its vm_id), and the HTTP
+    /// filter is `envoy.filters.http.wasm/` followed by it.
+    fn wasm_ir_name(&self) -> String {
+        format!(
+            "envoyextensionpolicy/{}/{}/wasm/0",
+            self.extension.metadata.namespace, self.extension.metadata.name
+        )
+    }
+
+    /// Envoy Gateway's name of a rule's cluster (and the prefix of its routes' names).
+    fn rule_name(&self, rule: usize) -> String {
+        format!(
+            "httproute/{}/{}/rule/{rule}",
+            self.route.metadata.namespace, self.route.metadata.name
+        )
+    }
+
+    fn cluster_patches(&self) -> Vec<&JsonPatch> {
+        self.patch
+            .spec
+            .json_patches
+            .iter()
+            .filter(|p| p.kind == ResourceType::Cluster)
+            .collect()
+    }
+
+    fn clusters(&self) -> Vec<Value> {
+        self.cluster_patches()
+            .iter()
+            .map(|p| p.operation.value.clone().unwrap())
+            .collect()
+    }
+
+    /// The listener (route configuration inlined) as Envoy Gateway generates it before the
+    /// EnvoyPatchPolicy: its Wasm filter from the EnvoyExtensionPolicy (the module served
+    /// locally here), the ClientTrafficPolicy's early header removal, buffer limit and
+    /// stream idle timeout, the HTTPRoute's route and timeout.
+    fn generated_listener(&self, wasm: &Path) -> Value {
+        let policy = &self.extension.spec.wasm[0];
+        let wasm_filter = json!({
+            "name": format!("envoy.filters.http.wasm/{}", self.wasm_ir_name()),
+            "typed_config": {
+                "@type": WASM_FILTER_TYPE,
+                "config": {
+                    "name": policy.name,
+                    "root_id": policy.root_id,
+                    "vm_config": {
+                        "vm_id": self.wasm_ir_name(),
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": local_code(wasm),
+                    },
+                    "configuration": {
+                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                        "value": self.plugin_config(),
+                    },
+                    "fail_open": policy.fail_open,
+                },
+            },
+        });
+        let early_removals: Vec<Value> = self
+            .traffic
+            .spec
+            .headers
+            .early_request_headers
+            .remove
+            .iter()
+            .map(|name| json!({"remove": name}))
+            .collect();
+        let routes: Vec<Value> = self
+            .route
+            .spec
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| {
+                let mut envoy_match = json!({"prefix": rule.matches[0].path.value});
+                let headers: Vec<Value> = rule.matches[0]
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        let string_match = match h.kind {
+                            HeaderMatchType::Exact => json!({"exact": h.value}),
+                            HeaderMatchType::RegularExpression => {
+                                json!({"safe_regex": {"regex": h.value}})
+                            }
+                        };
+                        json!({"name": h.name, "string_match": string_match})
+                    })
+                    .collect();
+                if !headers.is_empty() {
+                    envoy_match["headers"] = Value::Array(headers);
+                }
+                json!({
+                    "name": format!("{}/match/0/*", self.rule_name(i)),
+                    "match": envoy_match,
+                    "route": {"cluster": self.rule_name(i), "timeout": rule.timeouts.request},
+                })
+            })
+            .collect();
+        let hcm = json!({
+            "@type": HCM_TYPE,
+            "stat_prefix": "http-80",
+            "stream_idle_timeout": self.traffic.spec.timeout.http.stream_idle_timeout,
+            "early_header_mutation_extensions": [{
+                "name": "envoy.http.early_header_mutation.header_mutation",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                    "mutations": early_removals,
+                },
+            }],
+            "route_config": {
+                "name": self.listener_name(),
+                "virtual_hosts": [{
+                    "name": format!("{}/*", self.listener_name()),
+                    "domains": ["*"],
+                    "routes": routes,
+                }],
+            },
+            "http_filters": [wasm_filter, router()],
+        });
+        json!({
+            "name": self.listener_name(),
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 10080}},
+            "per_connection_buffer_limit_bytes": quantity_bytes(&self.traffic.spec.connection.buffer_limit),
+            "default_filter_chain": {"filters": [{"name": HCM_NAME, "typed_config": hcm}]},
+        })
+    }
+
+    /// The generated listener with the EnvoyPatchPolicy's listener and route patches applied.
+    fn patched_listener(&self, wasm: &Path) -> Value {
+        let mut listener = self.generated_listener(wasm);
+        for patch in &self.patch.spec.json_patches {
+            let target = match patch.kind {
+                ResourceType::Cluster => continue,
+                ResourceType::Listener => &mut listener,
+                ResourceType::RouteConfiguration => {
+                    &mut listener["default_filter_chain"]["filters"][0]["typed_config"]["route_config"]
+                }
+                ResourceType::ClusterLoadAssignment => panic!("no endpoint patch expected"),
+            };
+            assert_eq!(target["name"], patch.name.as_str(), "patch target name");
+            apply_json_patch(target, &patch.operation);
+        }
+        listener
+    }
+}
+
+/// One EnvoyPatchPolicy operation on `doc`: `add` at each node `jsonPath` selects, `path`
+/// appended (Envoy Gateway's semantics; a `jsonPath` that selects nothing is an error).
+fn apply_json_patch(doc: &mut Value, operation: &JsonPatchOperation) {
+    assert_eq!(operation.op, JsonPatchOp::Add, "only add is used");
+    let json_path = operation.json_path.as_deref().expect("jsonPath");
+    let pointers = select(doc, json_path);
+    assert!(!pointers.is_empty(), "jsonPath {json_path} selects nothing");
+    for pointer in pointers {
+        let node = doc.pointer_mut(&pointer).unwrap();
+        let key = operation.path.trim_start_matches('/');
+        assert!(
+            !key.contains('/'),
+            "one key appended to the selected node: {key}"
+        );
+        node.as_object_mut()
+            .unwrap()
+            .insert(key.to_owned(), operation.value.clone().unwrap());
+    }
+}
+
+/// The JSONPath forms the manifest uses, evaluated like ojg does: `..KEY[?(@.name ==
+/// 'VALUE')]` or `..KEY[?match(@.name, 'PREFIX.*')]`, then `.child` steps. Returns JSON
+/// pointers of the selected nodes.
+fn select(doc: &Value, json_path: &str) -> Vec<String> {
+    let rest = json_path.strip_prefix("..").expect("recursive descent");
+    let (key, rest) = rest.split_once("[?").expect("a filter");
+    let (filter, children) = rest.split_once(")]").expect("end of filter");
+    let accepts: Box<dyn Fn(&str) -> bool> =
+        if let Some(value) = filter.strip_prefix("(@.name == '") {
+            let value = value.strip_suffix('\'').expect("quoted value").to_owned();
+            Box::new(move |name| name == value)
+        } else if let Some(pattern) = filter.strip_prefix("match(@.name, '") {
+            let pattern = pattern.strip_suffix('\'').expect("quoted pattern");
+            let prefix = pattern
+                .strip_suffix(".*")
+                .expect("PREFIX.* pattern")
+                .to_owned();
+            assert!(
+                !prefix.contains(['.', '*', '[', '(', '+', '?', '^', '$', '|', '\\']),
+                "only a literal prefix then .* is handled: {pattern}"
+            );
+            Box::new(move |name| name.starts_with(&prefix))
+        } else {
+            panic!("unsupported filter {filter}")
+        };
+    let children: Vec<&str> = children.split('.').filter(|s| !s.is_empty()).collect();
+    let mut found = Vec::new();
+    descend(doc, String::new(), key, &accepts, &children, &mut found);
+    found
+}
+
+fn descend(
+    node: &Value,
+    pointer: String,
+    key: &str,
+    accepts: &dyn Fn(&str) -> bool,
+    children: &[&str],
+    found: &mut Vec<String>,
+) {
+    let escape = |s: &str| s.replace('~', "~0").replace('/', "~1");
+    match node {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let here = format!("{pointer}/{}", escape(k));
+                if k == key
+                    && let Some(items) = v.as_array()
+                {
+                    for (i, item) in items.iter().enumerate() {
+                        if item["name"].as_str().is_some_and(accepts) {
+                            let mut target = format!("{here}/{i}");
+                            let mut at = item;
+                            let mut complete = true;
+                            for child in children {
+                                match at.get(child) {
+                                    Some(next) => {
+                                        at = next;
+                                        target = format!("{target}/{}", escape(child));
+                                    }
+                                    None => complete = false,
+                                }
+                            }
+                            if complete {
+                                found.push(target);
+                            }
+                        }
+                    }
+                }
+                descend(v, here, key, accepts, children, found);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                descend(
+                    item,
+                    format!("{pointer}/{i}"),
+                    key,
+                    accepts,
+                    children,
+                    found,
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn envoy_gateway_manifest_is_consistent() {
+    let m = envoy_gateway_manifest(ENVOY_GATEWAY);
+    for api_version in [&m.gateway.api_version, &m.route.api_version] {
+        assert_eq!(api_version, "gateway.networking.k8s.io/v1");
+    }
+    for api_version in [
+        &m.extension.api_version,
+        &m.traffic.api_version,
+        &m.patch.api_version,
+    ] {
+        assert_eq!(api_version, "gateway.envoyproxy.io/v1alpha1");
+    }
+    let namespace = &m.gateway.metadata.namespace;
+    for other in [
+        &m.route.metadata.namespace,
+        &m.extension.metadata.namespace,
+        &m.traffic.metadata.namespace,
+        &m.patch.metadata.namespace,
+    ] {
+        assert_eq!(other, namespace, "policies attach within one namespace");
+    }
+    let gateway = &m.gateway.metadata.name;
+    assert_eq!(m.route.spec.parent_refs[0].name, *gateway);
+    for target in m
+        .extension
+        .spec
+        .target_refs
+        .iter()
+        .chain(&m.traffic.spec.target_refs)
+        .chain([&m.patch.spec.target_ref])
+    {
+        assert_eq!(
+            (
+                target.group.as_str(),
+                target.kind.as_str(),
+                target.name.as_str()
+            ),
+            ("gateway.networking.k8s.io", "Gateway", gateway.as_str())
+        );
+    }
+    assert!(matches!(m.patch.spec.kind, PatchType::JsonPatch));
+
+    let wasm = &m.extension.spec.wasm;
+    assert_eq!(wasm.len(), 1, "the flag patch names wasm/0");
+    assert!(!wasm[0].fail_open);
+    assert_eq!(wasm[0].root_id, "pinroute");
+    let code = &wasm[0].code;
+    let sha256 = match code.kind {
+        WasmCodeSourceType::Image => code.image.as_ref().unwrap().sha256.clone(),
+        WasmCodeSourceType::Http => code.http.as_ref().unwrap().sha256.clone(),
+    };
+    let sha256 = sha256.expect("the module is pinned by its sha256");
+    assert!(
+        sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{sha256}"
+    );
+    assert!(code.pull_policy.is_some());
+
+    let plugin = plugin_config(&m.plugin_config());
+    let settings = &plugin.settings;
+    assert_eq!(
+        m.traffic.spec.headers.early_request_headers.remove,
+        steering_headers(settings)
+    );
+    assert_eq!(
+        quantity_bytes(&m.traffic.spec.connection.buffer_limit),
+        u64::from(buffer_limit_bytes(settings.max_body_bytes).unwrap())
+    );
+    let rules = &m.route.spec.rules;
+    assert_eq!(rules.len(), 2);
+    for rule in rules {
+        assert!(
+            seconds(&m.traffic.spec.timeout.http.stream_idle_timeout)
+                >= seconds(&rule.timeouts.request)
+        );
+    }
+
+    // Clusters are added whole, under their own names.
+    for patch in m.cluster_patches() {
+        assert_eq!(patch.operation.op, JsonPatchOp::Add);
+        assert_eq!(patch.operation.path, "");
+        assert_eq!(
+            patch.operation.value.as_ref().unwrap()["name"],
+            patch.name.as_str()
+        );
+    }
+    check_clusters(&m.clusters(), &plugin);
+
+    // After the patches: the flag is on pinroute's filter; the pool route (rule 0, matched
+    // on the pool header) goes to the pool cluster with the bootstrap's retries, the pinned
+    // route to the decode cluster, both with the HTTPRoute's timeout.
+    let listener = m.patched_listener(Path::new("/x.wasm"));
+    let hcm = &listener["default_filter_chain"]["filters"][0]["typed_config"];
+    let config = &hcm["http_filters"][0]["typed_config"]["config"];
+    assert_eq!(config["allow_on_headers_stop_iteration"], true);
+    let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
+    assert_eq!(routes[0]["match"]["headers"], pool_header_matcher(".+"));
+    assert_eq!(
+        routes[0]["route"],
+        json!({"cluster": DECODE_POOL_CLUSTER, "timeout": "300s", "retry_policy": pool_retry_policy()})
+    );
+    assert!(routes[1]["match"].get("headers").is_none());
+    assert_eq!(
+        routes[1]["route"],
+        json!({"cluster": DECODE_CLUSTER, "timeout": "300s"})
+    );
+}
+
+#[test]
+fn envoy_gateway_clusters_are_the_bootstrap_clusters() {
+    let m = envoy_gateway_manifest(ENVOY_GATEWAY);
+    assert_eq!(
+        Value::Array(m.clusters()),
+        rendered_clusters(&m.plugin_config())
+    );
+}
+
+#[test]
+fn envoy_accepts_the_envoy_gateway_fragments() {
+    let m = envoy_gateway_manifest(ENVOY_GATEWAY);
+    let stub = stub_wasm();
+    let mut wasms = vec![stub.path().to_owned()];
+    wasms.extend(real_wasm());
+    for wasm in wasms {
+        let yaml = bootstrap(m.patched_listener(&wasm), m.clusters());
+        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
+    }
+}
+
+#[test]
+fn a_patch_for_another_policy_name_selects_nothing() {
+    // Renaming the EnvoyExtensionPolicy without updating the EnvoyPatchPolicy is the likely
+    // mistake: Envoy Gateway then marks the patch policy Invalid.
+    let renamed = ENVOY_GATEWAY.replacen(
+        "kind: EnvoyExtensionPolicy\nmetadata:\n  name: pinroute",
+        "kind: EnvoyExtensionPolicy\nmetadata:\n  name: pinroute-v2",
+        1,
+    );
+    assert_ne!(renamed, ENVOY_GATEWAY);
+    let m = envoy_gateway_manifest(&renamed);
+    let caught = std::panic::catch_unwind(|| m.patched_listener(Path::new("/x.wasm")));
+    assert!(caught.is_err());
+}
+
+#[test]
+fn a_misspelt_envoy_gateway_field_is_refused() {
+    let bad = ENVOY_GATEWAY.replace("failOpen: false", "failopen: false");
+    let docs = documents(&bad);
+    let err = serde_json::from_value::<Resource<ExtensionPolicySpec>>(
+        find(&docs, "EnvoyExtensionPolicy").clone(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("failopen"), "{err}");
+}

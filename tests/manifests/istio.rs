@@ -1,0 +1,583 @@
+//! The Istio manifest (`envoy/istio/pinroute.yaml`): Gateway, VirtualService, EnvoyFilter.
+//!
+//! The types below are the fields of Istio's `networking.istio.io` resources the manifest
+//! uses (istio/api `networking/v1alpha3/*.proto`); unknown fields are refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use pinroute::policy::headers::POOL_HEADER;
+use pinroute_harness::envoy::test_support::{envoy, real_wasm, stub_wasm};
+use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes, validate};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE, bootstrap, check_clusters,
+    documents, find, local_code, plugin_config, pool_header_matcher, pool_retry_policy,
+    removed_headers, rendered_clusters, router, seconds, steering_headers, typed,
+};
+
+pub const ISTIO: &str = include_str!("../../envoy/istio/pinroute.yaml");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySpec {
+    pub selector: BTreeMap<String, String>,
+    pub servers: Vec<Server>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    pub port: ServerPort,
+    pub hosts: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerPort {
+    pub number: u16,
+    pub name: String,
+    pub protocol: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtualServiceSpec {
+    pub hosts: Vec<String>,
+    pub gateways: Vec<String>,
+    pub http: Vec<HttpRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRoute {
+    pub name: String,
+    #[serde(default, rename = "match")]
+    pub matches: Vec<HttpMatchRequest>,
+    pub route: Vec<RouteDestination>,
+    pub timeout: String,
+    pub retries: Retries,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpMatchRequest {
+    pub headers: BTreeMap<String, StringMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StringMatch {
+    pub regex: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteDestination {
+    pub destination: Destination,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destination {
+    pub host: String,
+    pub port: PortSelector,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSelector {
+    pub number: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retries {
+    pub attempts: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EnvoyFilterSpec {
+    pub workload_selector: WorkloadSelector,
+    pub config_patches: Vec<ConfigPatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSelector {
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigPatch {
+    pub apply_to: ApplyTo,
+    #[serde(default, rename = "match")]
+    pub matches: Option<PatchMatch>,
+    pub patch: Patch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ApplyTo {
+    Listener,
+    FilterChain,
+    NetworkFilter,
+    HttpFilter,
+    RouteConfiguration,
+    VirtualHost,
+    HttpRoute,
+    Cluster,
+    ExtensionConfig,
+    Bootstrap,
+    ListenerFilter,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PatchMatch {
+    pub context: Context,
+    pub listener: Option<ListenerMatch>,
+    pub route_configuration: Option<RouteConfigurationMatch>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Context {
+    Any,
+    SidecarInbound,
+    SidecarOutbound,
+    Gateway,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ListenerMatch {
+    pub filter_chain: FilterChainMatch,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterChainMatch {
+    pub filter: FilterMatch,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FilterMatch {
+    pub name: String,
+    pub sub_filter: Option<NameMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameMatch {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfigurationMatch {
+    pub vhost: VirtualHostMatch,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtualHostMatch {
+    pub route: NameMatch,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Patch {
+    pub operation: Operation,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Operation {
+    Merge,
+    Add,
+    Remove,
+    InsertBefore,
+    InsertAfter,
+    InsertFirst,
+    Replace,
+}
+
+/// Merges `patch` into `base` the way a proto merge treats these messages: objects
+/// recursively, everything else replaced.
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(base), Value::Object(patch)) => {
+            for (key, value) in patch {
+                match base.get_mut(key) {
+                    Some(existing) => merge(existing, value),
+                    None => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+pub struct IstioManifest {
+    gateway: Resource<GatewaySpec>,
+    virtual_service: Resource<VirtualServiceSpec>,
+    envoy_filter: Resource<EnvoyFilterSpec>,
+}
+
+pub fn istio_manifest(text: &str) -> IstioManifest {
+    let docs = documents(text);
+    assert_eq!(docs.len(), 3, "Gateway, VirtualService, EnvoyFilter");
+    IstioManifest {
+        gateway: typed(find(&docs, "Gateway")),
+        virtual_service: typed(find(&docs, "VirtualService")),
+        envoy_filter: typed(find(&docs, "EnvoyFilter")),
+    }
+}
+
+impl IstioManifest {
+    fn patches(&self, apply_to: ApplyTo, operation: Operation) -> Vec<&ConfigPatch> {
+        self.envoy_filter
+            .spec
+            .config_patches
+            .iter()
+            .filter(|p| p.apply_to == apply_to && p.patch.operation == operation)
+            .collect()
+    }
+
+    fn patch(&self, apply_to: ApplyTo, operation: Operation) -> &ConfigPatch {
+        let found = self.patches(apply_to, operation);
+        assert_eq!(
+            found.len(),
+            1,
+            "exactly one {apply_to:?} {operation:?} patch"
+        );
+        found[0]
+    }
+
+    /// The HTTP_ROUTE patch of the VirtualService route `name`.
+    fn route_patch(&self, name: &str) -> &ConfigPatch {
+        let found: Vec<&ConfigPatch> = self
+            .patches(ApplyTo::HttpRoute, Operation::Merge)
+            .into_iter()
+            .filter(|p| {
+                let matches = p.matches.as_ref().unwrap();
+                matches
+                    .route_configuration
+                    .as_ref()
+                    .unwrap()
+                    .vhost
+                    .route
+                    .name
+                    == name
+            })
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "exactly one HTTP_ROUTE patch for route {name}"
+        );
+        found[0]
+    }
+
+    /// The ECDS resource: `{name, typed_config}`.
+    fn extension_config(&self) -> &Value {
+        &self
+            .patch(ApplyTo::ExtensionConfig, Operation::Add)
+            .patch
+            .value
+    }
+
+    pub fn plugin_config(&self) -> String {
+        self.extension_config()["typed_config"]["config"]["configuration"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn clusters(&self) -> Vec<Value> {
+        self.patches(ApplyTo::Cluster, Operation::Add)
+            .iter()
+            .map(|p| p.patch.value.clone())
+            .collect()
+    }
+
+    /// The gateway's listener as Envoy receives it once Istio applied the patches and
+    /// istio-agent made the module local: the ECDS config inlined where the
+    /// `config_discovery` filter stands. Istio's own filters (authn, authz, stats) would
+    /// sit between the first filter and pinroute; they are not needed to check ours.
+    fn listener(&self, wasm: &Path) -> Value {
+        let envoy_routes: Vec<Value> = self
+            .virtual_service
+            .spec
+            .http
+            .iter()
+            .map(|route| {
+                let destination = &route.route[0].destination;
+                let mut envoy_match = json!({"prefix": "/"});
+                if let Some(request) = route.matches.first() {
+                    let headers: Vec<Value> = request
+                        .headers
+                        .iter()
+                        .map(|(name, m)| json!({"name": name, "string_match": {"safe_regex": {"regex": m.regex}}}))
+                        .collect();
+                    envoy_match["headers"] = Value::Array(headers);
+                }
+                let mut envoy_route = json!({
+                    "name": route.name,
+                    "match": envoy_match,
+                    "route": {
+                        "cluster": format!("outbound|{}||{}", destination.port.number, destination.host),
+                        "timeout": route.timeout,
+                    },
+                });
+                merge(&mut envoy_route, &self.route_patch(&route.name).patch.value);
+                envoy_route
+            })
+            .collect();
+
+        let extension = self.extension_config();
+        let discovered = &self
+            .patch(ApplyTo::HttpFilter, Operation::InsertBefore)
+            .patch
+            .value;
+        let mut typed_config = extension["typed_config"].clone();
+        typed_config["config"]["vm_config"]["code"] = local_code(wasm);
+        let wasm_filter = json!({"name": discovered["name"], "typed_config": typed_config});
+
+        let mut http_filters = vec![
+            self.patch(ApplyTo::HttpFilter, Operation::InsertFirst)
+                .patch
+                .value
+                .clone(),
+            wasm_filter,
+        ];
+        http_filters.push(router());
+
+        let mut hcm = json!({
+            "@type": HCM_TYPE,
+            "stat_prefix": "outbound_0.0.0.0_8080",
+            "route_config": {
+                "name": "http.8080",
+                "virtual_hosts": [{"name": "*:80", "domains": ["*"], "routes": envoy_routes}],
+            },
+            "http_filters": http_filters,
+        });
+        let hcm_patch = &self
+            .patch(ApplyTo::NetworkFilter, Operation::Merge)
+            .patch
+            .value;
+        assert_eq!(hcm_patch["name"], HCM_NAME);
+        merge(&mut hcm, &hcm_patch["typed_config"]);
+
+        let mut listener = json!({
+            "name": "0.0.0.0_8080",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}},
+            "filter_chains": [{"filters": [{"name": HCM_NAME, "typed_config": hcm}]}],
+        });
+        merge(
+            &mut listener,
+            &self.patch(ApplyTo::Listener, Operation::Merge).patch.value,
+        );
+        listener
+    }
+}
+
+#[test]
+fn istio_manifest_is_consistent() {
+    let m = istio_manifest(ISTIO);
+    assert_eq!(m.gateway.api_version, "networking.istio.io/v1");
+    assert_eq!(m.virtual_service.api_version, "networking.istio.io/v1");
+    assert_eq!(m.envoy_filter.api_version, "networking.istio.io/v1alpha3");
+    // One namespace and one gateway workload for everything.
+    for namespace in [
+        &m.gateway.metadata.namespace,
+        &m.virtual_service.metadata.namespace,
+    ] {
+        assert_eq!(namespace, &m.envoy_filter.metadata.namespace);
+    }
+    assert_eq!(
+        m.gateway.spec.selector,
+        m.envoy_filter.spec.workload_selector.labels
+    );
+    assert_eq!(
+        m.virtual_service.spec.gateways,
+        std::slice::from_ref(&m.gateway.metadata.name)
+    );
+    // Every patch but the ECDS resource is scoped to gateways.
+    for patch in &m.envoy_filter.spec.config_patches {
+        match (&patch.apply_to, &patch.matches) {
+            (ApplyTo::ExtensionConfig, None) => {}
+            (_, Some(matches)) => assert_eq!(matches.context, Context::Gateway),
+            (other, None) => panic!("{other:?} patch without a match"),
+        }
+    }
+
+    let plugin = plugin_config(&m.plugin_config());
+    let settings = &plugin.settings;
+    let config = &m.extension_config()["typed_config"]["config"];
+    assert_eq!(
+        m.extension_config()["typed_config"]["@type"],
+        WASM_FILTER_TYPE
+    );
+    assert_eq!(config["allow_on_headers_stop_iteration"], true);
+    assert_eq!(config["failure_policy"], "FAIL_RELOAD");
+    assert_eq!(config["root_id"], "pinroute");
+    assert_eq!(config["vm_config"]["vm_id"], "pinroute");
+    let remote = &config["vm_config"]["code"]["remote"];
+    let uri = remote["http_uri"]["uri"].as_str().unwrap();
+    assert!(
+        uri.starts_with("oci://") || uri.starts_with("https://"),
+        "{uri}"
+    );
+    let sha256 = remote["sha256"].as_str().unwrap();
+    assert!(
+        sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{sha256}"
+    );
+
+    // The filter in the chain names the ECDS resource and accepts its type (and the RBAC
+    // stand-in istio-agent serves when the module cannot be fetched).
+    let insert = m.patch(ApplyTo::HttpFilter, Operation::InsertBefore);
+    let sub_filter = &insert
+        .matches
+        .as_ref()
+        .unwrap()
+        .listener
+        .as_ref()
+        .unwrap()
+        .filter_chain
+        .filter;
+    assert_eq!(sub_filter.name, HCM_NAME);
+    assert_eq!(
+        sub_filter.sub_filter.as_ref().unwrap().name,
+        "envoy.filters.http.router"
+    );
+    let discovery = &insert.patch.value["config_discovery"];
+    assert_eq!(insert.patch.value["name"], m.extension_config()["name"]);
+    assert_eq!(
+        discovery["config_source"],
+        json!({"ads": {}, "initial_fetch_timeout": "0s"})
+    );
+    assert_eq!(
+        discovery["type_urls"],
+        json!([
+            WASM_FILTER_TYPE,
+            "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+        ])
+    );
+
+    // Client copies of the steering headers go first.
+    let strip = &m
+        .patch(ApplyTo::HttpFilter, Operation::InsertFirst)
+        .patch
+        .value;
+    assert_eq!(
+        removed_headers(&strip["typed_config"]),
+        steering_headers(settings)
+    );
+
+    check_clusters(&m.clusters(), &plugin);
+
+    // The VirtualService routes: the pool route (matched on the pool header) first, to the
+    // pool cluster with the bootstrap's retries; then the pinned route, to the decode
+    // cluster. Istio adds no retry policy of its own.
+    let routes = &m.virtual_service.spec.http;
+    assert_eq!(routes.len(), 2);
+    assert_eq!(routes[0].matches.len(), 1);
+    let pool_match = &routes[0].matches[0].headers;
+    assert_eq!(pool_match.keys().collect::<Vec<_>>(), [POOL_HEADER]);
+    assert!(routes[1].matches.is_empty());
+    assert_eq!(
+        m.route_patch(&routes[0].name).patch.value,
+        json!({"route": {"cluster": DECODE_POOL_CLUSTER, "retry_policy": pool_retry_policy()}})
+    );
+    assert_eq!(
+        m.route_patch(&routes[1].name).patch.value,
+        json!({"route": {"cluster": DECODE_CLUSTER}})
+    );
+    for route in routes {
+        assert_eq!(
+            route.retries.attempts, 0,
+            "Istio's default retries would re-send a failed hop"
+        );
+        assert_eq!(route.timeout, routes[1].timeout);
+    }
+
+    // Limits sized together.
+    let listener_patch = &m.patch(ApplyTo::Listener, Operation::Merge).patch.value;
+    assert_eq!(
+        listener_patch["per_connection_buffer_limit_bytes"],
+        buffer_limit_bytes(settings.max_body_bytes).unwrap()
+    );
+    let idle = &m
+        .patch(ApplyTo::NetworkFilter, Operation::Merge)
+        .patch
+        .value["typed_config"]["stream_idle_timeout"];
+    assert!(seconds(idle.as_str().unwrap()) >= seconds(&routes[1].timeout));
+
+    // The assembled routes.
+    let listener = m.listener(Path::new("/x.wasm"));
+    let envoy_routes = &listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+        ["virtual_hosts"][0]["routes"];
+    assert_eq!(
+        envoy_routes[0]["match"]["headers"],
+        pool_header_matcher(".+")
+    );
+    assert_eq!(envoy_routes[0]["route"]["cluster"], DECODE_POOL_CLUSTER);
+    assert_eq!(envoy_routes[1]["route"]["cluster"], DECODE_CLUSTER);
+}
+
+#[test]
+fn istio_clusters_are_the_bootstrap_clusters() {
+    let m = istio_manifest(ISTIO);
+    assert_eq!(
+        Value::Array(m.clusters()),
+        rendered_clusters(&m.plugin_config())
+    );
+}
+
+#[test]
+fn envoy_accepts_the_istio_fragments() {
+    let m = istio_manifest(ISTIO);
+    let stub = stub_wasm();
+    let mut wasms = vec![stub.path().to_owned()];
+    wasms.extend(real_wasm());
+    for wasm in wasms {
+        let yaml = bootstrap(m.listener(&wasm), m.clusters());
+        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
+    }
+}
+
+#[test]
+fn a_misspelt_istio_field_is_refused() {
+    let bad = ISTIO.replace("workloadSelector:", "workloadSelectors:");
+    let docs = documents(&bad);
+    let err =
+        serde_json::from_value::<Resource<EnvoyFilterSpec>>(find(&docs, "EnvoyFilter").clone())
+            .unwrap_err();
+    assert!(err.to_string().contains("workloadSelectors"), "{err}");
+}
+
+#[test]
+fn envoy_refuses_an_istio_fragment_envoy_does_not_know() {
+    let bad = ISTIO.replace(
+        "allow_on_headers_stop_iteration: true",
+        "allow_on_header_stop_iteration: true",
+    );
+    let m = istio_manifest(&bad);
+    let stub = stub_wasm();
+    let err = validate(&envoy(), &bootstrap(m.listener(stub.path()), m.clusters())).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("allow_on_header_stop_iteration"),
+        "{err:#}"
+    );
+}
