@@ -1,5 +1,6 @@
-//! A burst through a pool of one: passive health must not turn a few connections the decode
-//! worker could not accept into an outage (`docs/semantics.md` §5, panic mode).
+//! Passive health (`docs/semantics.md` §5) both ways: a burst through a pool of one must not
+//! turn the connections its decode worker could not accept into an outage (failure count,
+//! panic mode), and a worker that really died must still be avoided.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use pinroute_harness::sim::SimRole;
 use pinroute_harness::stack::StackSpec;
 use tokio::task::JoinSet;
 
+use crate::client::{complete, prompt};
 use crate::{Deployment, start, wasm, worker};
 
 /// Concurrent requests of the burst.
@@ -138,19 +140,19 @@ async fn a_burst_the_decode_worker_cannot_all_accept_finds_a_worker_and_leaves_n
         let url = deployment.url("/v1/completions");
         after.add(send(client.clone(), url, body.clone()).await);
     }
-    let stat = |name: &'static str| {
-        let envoy = &deployment.envoy;
-        async move { envoy.stat(name).await.unwrap().unwrap_or(0) }
-    };
-    let connect_failures = stat("cluster.pinroute_decode_pool.upstream_cx_connect_fail").await;
+    let connect_failures = stat(
+        &deployment,
+        "cluster.pinroute_decode_pool.upstream_cx_connect_fail",
+    )
+    .await;
     eprintln!(
         "burst of {BURST}: {:?}; the {AFTER} after: {:?}; decode connections failed (Envoy) {connect_failures}, \
          counted by pinroute {}, workers taken out {}, panic decisions {}",
         during.0,
         after.0,
-        stat("wasmcustom.pinroute.workers.connect_failed").await,
-        stat("wasmcustom.pinroute.workers.marked_unhealthy").await,
-        stat("wasmcustom.pinroute.workers.panic_decode").await,
+        stat(&deployment, "wasmcustom.pinroute.workers.connect_failed").await,
+        stat(&deployment, "wasmcustom.pinroute.workers.marked_unhealthy").await,
+        stat(&deployment, "wasmcustom.pinroute.workers.panic_decode").await,
     );
 
     assert!(
@@ -167,5 +169,61 @@ async fn a_burst_the_decode_worker_cannot_all_accept_finds_a_worker_and_leaves_n
         AFTER,
         "every request after the burst is served: {:?}",
         after.0
+    );
+}
+
+/// An Envoy counter (0 when not defined yet).
+async fn stat(deployment: &Deployment, name: &str) -> u64 {
+    deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
+}
+
+/// Unpinned completions sent one after the other, by status.
+async fn sequential(deployment: &Deployment, count: usize) -> Statuses {
+    let mut statuses = Statuses::default();
+    for _ in 0..count {
+        let reply = complete(deployment, &[], &prompt()).await;
+        statuses.add(reply.status.to_string());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn a_killed_worker_is_out_of_unpinned_selection_after_its_third_refused_connection() {
+    let workers = vec![
+        worker(101, SimRole::Prefill, 1),
+        worker(201, SimRole::Decode, 1),
+        worker(202, SimRole::Decode, 1),
+        worker(203, SimRole::Decode, 1),
+    ];
+    let mut deployment = start(StackSpec::new(workers, wasm())).await;
+    deployment.stack.kill_worker(202).await.unwrap();
+
+    let first = sequential(&deployment, 20).await;
+    assert_eq!(
+        first.count("200"),
+        20,
+        "refusals are retried: {:?}",
+        first.0
+    );
+    assert_eq!(
+        stat(&deployment, "wasmcustom.pinroute.workers.connect_failed").await,
+        3,
+        "tried until its third refusal"
+    );
+    assert_eq!(
+        stat(&deployment, "wasmcustom.pinroute.workers.marked_unhealthy").await,
+        1
+    );
+    let then = sequential(&deployment, 20).await;
+    assert_eq!(then.count("200"), 20, "{:?}", then.0);
+    assert_eq!(
+        stat(&deployment, "wasmcustom.pinroute.workers.connect_failed").await,
+        3,
+        "not tried again within its outage"
+    );
+    assert_eq!(
+        stat(&deployment, "wasmcustom.pinroute.workers.panic_decode").await,
+        0,
+        "two of three decode workers are healthy: no panic"
     );
 }
