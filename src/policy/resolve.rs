@@ -144,7 +144,8 @@ impl<A: Availability> Resolver<'_, A> {
         }
     }
 
-    /// The pinned worker of a hop, checked against the registry; `None` when not pinned.
+    /// The pinned worker of a hop, checked against the registry; `None` when not pinned. An
+    /// unhealthy one is tried while its pool is in panic (`docs/semantics.md` §5).
     fn pinned(
         &self,
         hop: Hop,
