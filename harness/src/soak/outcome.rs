@@ -20,7 +20,9 @@
 //! - **KV lost**: the decode worker answered 400 "kv_transfer_params do not match any
 //!   prefill" because the prefill worker named in `x-pinroute-prefill-worker` was killed
 //!   after its prefill hop and before decode fetched the KV (the KV died with it). The
-//!   gateway passes a worker's 4xx through unchanged.
+//!   gateway answers a decode 4xx to a hop that carried KV as 400 `decode_refused`, its
+//!   body withheld (`docs/semantics.md` §4), so that answer counts too, under the same
+//!   condition.
 
 use std::time::{Duration, Instant};
 
@@ -286,7 +288,8 @@ impl Judge<'_> {
         let prefill_killed =
             self.worker_killed(header_id(&exchange.headers, PREFILL_WORKER_HEADER));
         let kv_missing = exchange.status == StatusCode::BAD_REQUEST
-            && error_message(exchange).is_some_and(|m| m.starts_with(KV_MISMATCH));
+            && (error_message(exchange).is_some_and(|m| m.starts_with(KV_MISMATCH))
+                || error_code(exchange).as_deref() == Some("decode_refused"));
         prefill_killed && kv_missing
     }
 
