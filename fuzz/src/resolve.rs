@@ -7,9 +7,12 @@
 //! - `Registry::new` accepts exactly the lists docs/semantics.md §8 allows, and `from_json` of
 //!   the same list agrees with it;
 //! - resolution never panics and is deterministic, on the empty registry too;
-//! - it equals a model of docs/semantics.md §3 written out here: route, or exact error and hop;
+//! - it equals a model of docs/semantics.md §3 written out here: route, or exact error and
+//!   hop, with §5's panic mode (a pool with too few healthy workers offers its unhealthy ones
+//!   after them, and a pin to one of those is tried);
 //! - every target is a registry worker (so its address is a registry address) of the hop's
-//!   role; a pinned target is exactly the pinned worker; a rank is < `dp_size`;
+//!   role, never draining, unhealthy only in a pool in panic; a pinned target is exactly the
+//!   pinned worker; a rank is < `dp_size`;
 //! - the prefill plan depends on P and pr only: changing B, D and r never changes it (so
 //!   prefill is never pinned without P and its rank never comes from r); the token hop
 //!   depends on D/B and r only and equals `token_hop`;
@@ -41,6 +44,8 @@ pub struct Case {
     retry_after_secs: u8,
     prefill_retries: Retries,
     aggregated_fallback: bool,
+    /// `panic_threshold_percent`, taken modulo 101.
+    panic_threshold: u8,
     choice: ChoiceSpec,
     pins: PinsSpec,
     /// B, D and r of a second resolution that must leave the prefill plan alone.
@@ -148,6 +153,7 @@ pub fn check(case: &Case) {
     let settings = Settings {
         prefill_retries: case.prefill_retries.value(),
         aggregated_fallback: case.aggregated_fallback,
+        panic_threshold_percent: u32::from(case.panic_threshold % 101),
         ..Settings::default()
     };
     let health = Health {
@@ -354,12 +360,16 @@ impl World<'_> {
     // ---- the model of docs/semantics.md §3 ----
 
     fn expected(&self, pins: &Pins) -> Result<Route, RouteError> {
-        let prefill = self.expected_prefill(pins)?;
+        let (prefill, prefill_panic) = self.expected_prefill(pins)?;
         let decode = self.expected_token_hop(pins)?;
-        Ok(Route { prefill, decode })
+        Ok(Route {
+            prefill,
+            decode,
+            prefill_panic,
+        })
     }
 
-    fn expected_prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
+    fn expected_prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool), RouteError> {
         let hop = Hop::Prefill;
         if let Some(target) = self.expected_pin(
             hop,
@@ -367,10 +377,11 @@ impl World<'_> {
             pins.prefill_worker_id,
             pins.prefill_dp_rank,
         )? {
-            return Ok(PrefillPlan::Pinned(target));
+            let panic = self.health.unavailability(&target.worker).is_some();
+            return Ok((PrefillPlan::Pinned(target), panic));
         }
         if self.registry.deployment() == Deployment::Aggregated {
-            return Ok(PrefillPlan::Skip);
+            return Ok((PrefillPlan::Skip, false));
         }
         let mut order = self.expected_order(Role::Prefill);
         order.truncate(
@@ -378,14 +389,43 @@ impl World<'_> {
                 .map_or(usize::MAX, |n| n.saturating_add(1)),
         );
         if !order.is_empty() {
-            Ok(PrefillPlan::Candidates(order))
+            Ok((
+                PrefillPlan::Candidates(order),
+                self.in_panic(Role::Prefill),
+            ))
         } else if self.settings.aggregated_fallback {
-            Ok(PrefillPlan::Skip)
+            Ok((PrefillPlan::Skip, false))
         } else {
             Err(RouteError::NoWorkerAvailable {
                 hop,
                 role: Role::Prefill,
             })
+        }
+    }
+
+    /// docs/semantics.md §5's panic mode: fewer than `panic_threshold_percent` of the pool's
+    /// non-draining workers are healthy.
+    fn in_panic(&self, role: Role) -> bool {
+        let serving: Vec<&Worker> = self
+            .registry
+            .workers()
+            .iter()
+            .filter(|w| w.role == role && !w.draining)
+            .collect();
+        let healthy = serving
+            .iter()
+            .filter(|w| self.health.unavailability(w).is_none())
+            .count();
+        let threshold = u128::from(self.settings.panic_threshold_percent);
+        (healthy as u128) * 100 < threshold * (serving.len() as u128)
+    }
+
+    /// Whether a resolution may hand out `worker`: healthy, or unhealthy in a pool in panic.
+    fn usable(&self, worker: &Worker) -> bool {
+        match self.health.unavailability(worker) {
+            None => true,
+            Some(Unavailability::Unhealthy { .. }) => self.in_panic(worker.role),
+            Some(Unavailability::Draining) => false,
         }
     }
 
@@ -397,6 +437,7 @@ impl World<'_> {
         let pin = pins.decode_worker_id.or(pins.backend_instance_id);
         if let Some(target) = self.expected_pin(hop, role, pin, pins.dp_rank)? {
             return Ok(TokenHop {
+                panic: self.health.unavailability(&target.worker).is_some(),
                 target,
                 hop,
                 alternates: Vec::new(),
@@ -411,6 +452,7 @@ impl World<'_> {
             target,
             hop,
             alternates,
+            panic: self.in_panic(role),
         })
     }
 
@@ -450,7 +492,7 @@ impl World<'_> {
                 dp_size: worker.dp_size,
             });
         }
-        if let Some(why) = self.health.unavailability(worker) {
+        if let Some(why) = self.health.unavailability(worker).filter(|_| !self.usable(worker)) {
             return Err(RouteError::WorkerUnavailable {
                 hop,
                 worker: id,
@@ -466,14 +508,25 @@ impl World<'_> {
     }
 
     /// The available workers of a role, best first: by session weight (highest first, ties
-    /// to the higher id), or round robin over ids from the turn.
+    /// to the higher id), or round robin over ids from the turn; in panic, the unhealthy
+    /// ones follow in the same order among themselves.
     fn expected_order(&self, role: Role) -> Vec<Target> {
-        let mut pool: Vec<&Worker> = self
-            .registry
-            .workers()
-            .iter()
-            .filter(|w| w.role == role && self.health.unavailability(w).is_none())
-            .collect();
+        let of_role = |healthy: bool| -> Vec<&Worker> {
+            self.registry
+                .workers()
+                .iter()
+                .filter(|w| w.role == role && !w.draining)
+                .filter(|w| self.health.unavailability(w).is_none() == healthy)
+                .collect()
+        };
+        let mut order = self.ranked(of_role(true));
+        if self.in_panic(role) {
+            order.extend(self.ranked(of_role(false)));
+        }
+        order
+    }
+
+    fn ranked(&self, mut pool: Vec<&Worker>) -> Vec<Target> {
         match self.choice {
             Choice::Session(key) => {
                 pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)))
@@ -555,11 +608,11 @@ impl World<'_> {
             "rank {:?} >= dp_size",
             target.rank
         );
-        assert_eq!(
-            self.health.unavailability(worker),
-            None,
-            "target {} is not available",
-            worker.id
+        assert!(
+            self.usable(worker),
+            "target {} is not available: {:?}",
+            worker.id,
+            self.health.unavailability(worker)
         );
         match pin {
             Some(id) => {

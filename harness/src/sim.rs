@@ -42,7 +42,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -65,8 +65,7 @@ impl SimWorker {
     /// Binds `listen` (port 0 picks a free port) and serves on the current tokio runtime.
     pub async fn start(config: SimConfig, listen: SocketAddr) -> anyhow::Result<SimWorker> {
         config.validate()?;
-        let listener = TcpListener::bind(listen)
-            .await
+        let listener = listen_with_backlog(listen, config.backlog)
             .with_context(|| format!("sim worker {}: cannot listen on {listen}", config.id))?;
         let addr = listener
             .local_addr()
@@ -143,6 +142,17 @@ impl SimWorker {
             self.addr
         );
     }
+}
+
+/// A listener on `addr` with this accept backlog (`SO_REUSEADDR`, as tokio's `bind`).
+fn listen_with_backlog(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 impl SimWorker {

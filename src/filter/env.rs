@@ -45,6 +45,11 @@ impl<H: Host> Env<H> {
         self.metrics.count(&self.host, counter);
     }
 
+    /// Hops decided in panic mode (`docs/semantics.md` §5): prefill, token-generating.
+    pub fn count_panics(&self, prefill: bool, token: bool) {
+        self.metrics.count_panics(&self.host, prefill, token);
+    }
+
     pub fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), RouteError> {
         self.host
             .set_request_header(name, value)
@@ -97,12 +102,21 @@ impl<H: Host> Env<H> {
         }
     }
 
-    /// Takes a failed worker out of unpinned selection for a while, on every thread.
-    pub fn mark_unhealthy(&self, worker: WorkerId) {
-        let period = self.config.settings.unhealthy_period();
-        if !period.is_zero() {
-            shared::mark_unhealthy(&self.host, worker, period);
-            self.count(Counter::WorkerMarkedUnhealthy);
+    /// Counts a failed connection to `worker`, on every thread; enough in a row take it out
+    /// of unpinned selection for a while (`docs/semantics.md` §5).
+    pub fn record_connect_failure(&self, worker: WorkerId) {
+        if let Some(rule) = self.config.settings.ejection() {
+            self.count(Counter::WorkerConnectFailed);
+            if shared::record_connect_failure(&self.host, worker, rule) {
+                self.count(Counter::WorkerMarkedUnhealthy);
+            }
+        }
+    }
+
+    /// A hop to `worker` got its answer: its connection failures no longer count.
+    pub fn record_success(&self, worker: WorkerId) {
+        if let Some(rule) = self.config.settings.ejection() {
+            shared::record_success(&self.host, worker, rule);
         }
     }
 

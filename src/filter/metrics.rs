@@ -23,7 +23,10 @@ pub enum Counter {
     PinDecodeWorker,
     PinDecodeRank,
     PinSession,
+    WorkerConnectFailed,
     WorkerMarkedUnhealthy,
+    PanicPrefill,
+    PanicDecode,
     RegistryRefreshed,
     RegistryRefreshFailed,
 }
@@ -46,9 +49,15 @@ const COUNTERS: &[(Counter, &str)] = &[
     (Counter::PinDecodeRank, "pinroute.pins.decode_rank"),
     (Counter::PinSession, "pinroute.pins.session"),
     (
+        Counter::WorkerConnectFailed,
+        "pinroute.workers.connect_failed",
+    ),
+    (
         Counter::WorkerMarkedUnhealthy,
         "pinroute.workers.marked_unhealthy",
     ),
+    (Counter::PanicPrefill, "pinroute.workers.panic_prefill"),
+    (Counter::PanicDecode, "pinroute.workers.panic_decode"),
     (Counter::RegistryRefreshed, "pinroute.registry.refreshed"),
     (
         Counter::RegistryRefreshFailed,
@@ -90,6 +99,18 @@ impl Metrics {
             .position(|(c, _)| *c == counter)
             .and_then(|i| self.counters.get(i));
         increment(host, id.copied().flatten());
+    }
+
+    /// Hops whose pool's panic mode decided them: the prefill hop, the token-generating one.
+    pub fn count_panics(&self, host: &impl Host, prefill: bool, token: bool) {
+        for (panic, counter) in [
+            (prefill, Counter::PanicPrefill),
+            (token, Counter::PanicDecode),
+        ] {
+            if panic {
+                self.count(host, counter);
+            }
+        }
     }
 
     pub fn count_error(&self, host: &impl Host, error: &RouteError) {

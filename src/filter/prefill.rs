@@ -153,6 +153,7 @@ impl<H: Host> Env<H> {
         match answers::prefill_answer(call.status, &call.body) {
             PrefillAnswer::Ready(kv_transfer_params) => {
                 self.count(Counter::PrefillOk);
+                self.record_success(worker);
                 let prefill = *prefill;
                 let edit = prefill.decode_body.finish(kv_transfer_params.as_deref());
                 let held = HeldBody::edited(prefill.held_body_size, edit);
@@ -162,7 +163,10 @@ impl<H: Host> Env<H> {
                 };
                 self.route(prefill.decode, Some(held), Some(served))
             }
-            PrefillAnswer::Refused(status) => Ok(self.pass_on_refusal(worker, status, &call)),
+            PrefillAnswer::Refused(status) => {
+                self.record_success(worker);
+                Ok(self.pass_on_refusal(worker, status, &call))
+            }
             PrefillAnswer::Failed(failure) => self.on_prefill_failure(prefill, failure),
         }
     }
@@ -203,7 +207,7 @@ impl<H: Host> Env<H> {
         );
         self.count(Counter::PrefillFailed);
         if answers::takes_worker_out(&failure) {
-            self.mark_unhealthy(worker);
+            self.record_connect_failure(worker);
         }
         if prefill.current.pinned {
             let hop = Hop::Prefill;

@@ -134,6 +134,9 @@ impl Routed {
         let worker = self.served_decode_worker(env);
         host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = host.response_status().unwrap_or(0);
+        if status < 500 {
+            env.record_success(worker);
+        }
         let Some(error) = self.failure(env, worker, status) else {
             return Ok(Answer::AsItIs);
         };
@@ -161,7 +164,7 @@ impl Routed {
         let details = env.host.response_code_details();
         let failure = answers::decode_failure(status, details.as_deref())?;
         if answers::takes_worker_out(&failure) {
-            env.mark_unhealthy(worker);
+            env.record_connect_failure(worker);
         }
         env.count(Counter::DecodeFailed);
         let hop = self.decode.hop;
@@ -181,7 +184,7 @@ impl Routed {
     }
 
     /// The worker Envoy's last attempt went to: the first candidate, or an alternate after
-    /// connections to the ones before it failed (then those are marked unhealthy).
+    /// connections to the ones before it failed (then those failures are counted).
     fn served_decode_worker<H: Host>(&self, env: &Env<H>) -> WorkerId {
         let first = self.decode.target.worker.id;
         let alternates = &self.decode.alternates;
@@ -194,9 +197,11 @@ impl Routed {
         else {
             return first;
         };
-        env.mark_unhealthy(first);
+        env.record_connect_failure(first);
         let skipped = alternates.get(..at).unwrap_or_default();
-        skipped.iter().for_each(|w| env.mark_unhealthy(w.id));
+        skipped
+            .iter()
+            .for_each(|w| env.record_connect_failure(w.id));
         alternates.get(at).map_or(first, |w| w.id)
     }
 

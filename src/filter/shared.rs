@@ -1,19 +1,26 @@
 //! State every Envoy worker thread sees alike, in proxy-wasm shared data (one map per VM id).
 
-use std::time::Duration;
+use std::cell::RefCell;
 
 use proxy_wasm::types::Status;
 
 use super::host::Host;
 
-use crate::policy::health::HealthTable;
+use crate::policy::health::{Ejection, HealthTable, Recorded};
 use crate::policy::registry::WorkerId;
 
 /// Versioned with `HealthTable`'s encoding: a filter reloaded in a running Envoy never reads
 /// a table an older one wrote.
-const HEALTH_KEY: &str = "pinroute.health.v2";
+const HEALTH_KEY: &str = "pinroute.health.v3";
 /// Compare-and-swap attempts before a health update is given up (and logged).
 const CAS_ATTEMPTS: usize = 16;
+
+thread_local! {
+    /// The health table as this VM (one per Envoy thread) last read or wrote it: a success
+    /// clears a worker's failure count only when this shows one, so that a success costs no
+    /// shared-data write (the table is read anyway at every resolution).
+    static SEEN: RefCell<HealthTable> = RefCell::new(HealthTable::default());
+}
 
 /// Creates the shared entries if absent, so that every later update is a compare-and-swap.
 pub fn initialize(host: &impl Host) {
@@ -23,40 +30,71 @@ pub fn initialize(host: &impl Host) {
 }
 
 pub fn health(host: &impl Host) -> HealthTable {
-    match host.shared_data(HEALTH_KEY) {
+    let table = match host.shared_data(HEALTH_KEY) {
         Ok((Some(bytes), _)) => HealthTable::decode(&bytes),
         _ => HealthTable::default(),
+    };
+    SEEN.with(|seen| seen.replace(table.clone()));
+    table
+}
+
+/// Counts a failed connection to `worker` for every thread; the last of
+/// `rule.after_failures` in a row takes it out of unpinned selection. Returns whether this
+/// one did.
+pub fn record_connect_failure(host: &impl Host, worker: WorkerId, rule: Ejection) -> bool {
+    let now = host.now_nanos();
+    let recorded = update_health(host, worker, |table| {
+        table.record_failure(worker, rule, now)
+    });
+    match recorded {
+        Some(Recorded::TakenOut { until }) => {
+            let seconds = until.saturating_sub(now) as f64 / 1e9;
+            log::info!("pinroute: worker {worker} out of unpinned selection for {seconds:.1} s");
+            true
+        }
+        Some(Recorded::Counted(failures)) => {
+            log::debug!("pinroute: worker {worker}: {failures} connection failures in a row");
+            false
+        }
+        Some(Recorded::StillOut { .. }) | None => false,
     }
 }
 
-/// Takes `worker` out of unpinned selection for `period` (longer after repeated outages),
-/// for every thread.
-pub fn mark_unhealthy(host: &impl Host, worker: WorkerId, period: Duration) {
-    let now = host.now_nanos();
-    let period = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+/// A hop to `worker` got its answer: its connection failures no longer count. Writes only
+/// when this thread's last view of the table shows some.
+pub fn record_success(host: &impl Host, worker: WorkerId, rule: Ejection) {
+    if SEEN.with(|seen| seen.borrow().failures(worker)) > 0 {
+        let now = host.now_nanos();
+        update_health(host, worker, |table| {
+            table.record_success(worker, rule.period, now)
+        });
+    }
+}
+
+/// Applies `change` to the shared table by compare-and-swap; `None` when it could not.
+fn update_health<R>(
+    host: &impl Host,
+    worker: WorkerId,
+    change: impl Fn(&mut HealthTable) -> R,
+) -> Option<R> {
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = host.shared_data(HEALTH_KEY).unwrap_or((None, None));
         let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
-        let already_out = table.unhealthy_until(worker, now).is_some();
-        let until = table.mark(worker, period, now);
+        let result = change(&mut table);
         match host.set_shared_data(HEALTH_KEY, &table.encode(), cas) {
             Ok(()) => {
-                if !already_out {
-                    let seconds = until.saturating_sub(now) as f64 / 1e9;
-                    log::info!(
-                        "pinroute: worker {worker} out of unpinned selection for {seconds:.1} s"
-                    );
-                }
-                return;
+                SEEN.with(|seen| seen.replace(table));
+                return Some(result);
             }
             Err(Status::CasMismatch) => continue,
             Err(status) => {
-                log::error!("pinroute: cannot record worker {worker} as unhealthy: {status:?}");
-                return;
+                log::error!("pinroute: cannot record the health of worker {worker}: {status:?}");
+                return None;
             }
         }
     }
-    log::warn!("pinroute: worker {worker} not recorded as unhealthy: shared data kept changing");
+    log::warn!("pinroute: health of worker {worker} not recorded: shared data kept changing");
+    None
 }
 
 const LOAD_PREFIX: &str = "pinroute.load.";

@@ -92,6 +92,7 @@ impl<H: Host> Env<H> {
         self.request_id = self.request_id(&headers)?;
         let Destination::Completion(path) = destination else {
             let decode = self.with_resolver(&hints, |r| r.token_hop(&hints.pins))?;
+            self.count_panics(false, decode.panic);
             let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
             if end_of_stream || !reads_body {
                 return Ok((self.route(decode, None, None)?, Action::Continue));
@@ -125,6 +126,7 @@ impl<H: Host> Env<H> {
             .or(pins::parse_nvext(&request)?);
         self.count_pins(&pins, &completion.hints);
         let route = self.with_resolver(&completion.hints, |r| r.resolve(&pins))?;
+        self.count_panics(route.prefill_panic, route.decode.panic);
         let decode_body = DecodeBody::new(&request, &body);
         let candidates = match route.prefill {
             PrefillPlan::Skip => {

@@ -58,8 +58,9 @@ fn reset_failure(reason: &str) -> HopFailure {
     }
 }
 
-/// Whether a failure takes the worker out of unpinned selection (passive health): only a
-/// connection that was never made says the worker is down. A reset after the worker
+/// Whether a failure counts towards taking the worker out of unpinned selection (passive
+/// health, `docs/semantics.md` §5): only a connection that was never made says the worker
+/// may be down, and it takes several in a row to say it is. A reset after the worker
 /// accepted the connection can be the worker refusing what a client sent (a body it will
 /// not read), so it fails that request only. A timeout, a 5xx or an unusable answer
 /// can be caused by the request itself (a huge prompt, a pathological parameter), so it

@@ -66,3 +66,13 @@ impl Availability for Observed<'_> {
         })
     }
 }
+
+/// Envoy's panic mode, per hop pool: when fewer than `threshold_percent` of the pool's
+/// serving (non-draining) workers are healthy, passive health is no longer trusted to tell
+/// the dead from the busy, and unpinned selection takes the unhealthy workers too, after the
+/// healthy ones. 0 disables it. A pool with no serving worker is not in panic: there is
+/// nothing to fall back on.
+pub fn pool_in_panic(serving: usize, healthy: usize, threshold_percent: u32) -> bool {
+    let (serving, healthy) = (serving as u64, healthy as u64);
+    healthy.saturating_mul(100) < u64::from(threshold_percent).saturating_mul(serving)
+}

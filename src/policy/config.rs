@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
 use super::registry::{Registry, WorkerId};
 
@@ -91,9 +92,15 @@ pub struct Settings {
     /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
     pub aggregated_fallback: bool,
     pub max_body_bytes: usize,
-    /// How long a worker whose hop failed is skipped by unpinned selection (pins to it
-    /// answer 503). 0 disables passive health.
+    /// How long a worker whose connections failed is skipped by unpinned selection (pins to
+    /// it answer 503), doubled for repeated outages. 0 disables passive health.
     pub unhealthy_period_ms: u64,
+    /// Connection failures in a row (seen by any Envoy thread, each within a period of the
+    /// one before, no success between) that take a worker out of service. 1: the first does.
+    pub eject_after_failures: u32,
+    /// Panic mode: below this percentage of healthy workers in a hop's pool, unpinned
+    /// selection uses its unhealthy workers too, after the healthy ones. 0 disables it.
+    pub panic_threshold_percent: u32,
     /// A live registry replacing `workers` as it changes.
     pub registry: Option<RegistrySource>,
     /// The paths besides the completion paths that reach a worker (exact, or `/prefix/*`);
@@ -111,6 +118,8 @@ impl Default for Settings {
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
             unhealthy_period_ms: 10_000,
+            eject_after_failures: 3,
+            panic_threshold_percent: 50,
             registry: None,
             routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
         }
@@ -122,8 +131,13 @@ impl Settings {
         Duration::from_millis(self.prefill_timeout_ms)
     }
 
-    pub fn unhealthy_period(&self) -> Duration {
-        Duration::from_millis(self.unhealthy_period_ms)
+    /// When failed connections take a worker out of service; `None` with passive health off.
+    pub fn ejection(&self) -> Option<Ejection> {
+        let period = self.unhealthy_period_ms.saturating_mul(1_000_000);
+        (period > 0).then_some(Ejection {
+            period,
+            after_failures: u64::from(self.eject_after_failures),
+        })
     }
 }
 
@@ -158,6 +172,16 @@ impl Settings {
         if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
             return Err(ConfigError::Setting(
                 "prefill_timeout_ms must be in 1..=4294967295",
+            ));
+        }
+        if settings.eject_after_failures == 0 {
+            return Err(ConfigError::Setting(
+                "eject_after_failures must be at least 1 (unhealthy_period_ms: 0 turns passive health off)",
+            ));
+        }
+        if settings.panic_threshold_percent > 100 {
+            return Err(ConfigError::Setting(
+                "panic_threshold_percent must be in 0..=100",
             ));
         }
         if settings.max_body_bytes == 0 {

@@ -6,7 +6,7 @@
 //! | §1, §4 Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
 //! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
-//! | §3, §5 Whether a worker can take a request (draining, passive health) | [`availability`], [`health`] |
+//! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
 //! | §4 The two hops and how one fails | [`hop`] |
 //! | §4 The bodies of the two hops | [`rewrite`] |
 //! | §4, §6 Which worker answers are failures of the hop | [`answers`] |

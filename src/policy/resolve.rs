@@ -6,7 +6,7 @@
 //! | decode | D, else B | r |
 //! | aggregated | D, else B | r |
 
-use super::availability::Availability;
+use super::availability::{Availability, Unavailability, pool_in_panic};
 use super::config::Settings;
 use super::error::RouteError;
 use super::hop::Hop;
@@ -44,12 +44,23 @@ pub struct TokenHop {
     pub hop: Hop,
     /// Unpinned only: the next best workers, in order, for a connection that fails.
     pub alternates: Vec<Worker>,
+    /// Its pool was in panic (`docs/semantics.md` §5) and that decided the hop: unhealthy
+    /// workers are among the candidates, or the pinned worker is unhealthy.
+    pub panic: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub prefill: PrefillPlan,
     pub decode: TokenHop,
+    /// The prefill pool was in panic and that decided the prefill plan (as `TokenHop::panic`).
+    pub prefill_panic: bool,
+}
+
+/// A pool's workers for an unpinned hop, best first, and whether it was in panic.
+struct Candidates {
+    targets: Vec<Target>,
+    panic: bool,
 }
 
 /// The inputs of one resolution.
@@ -64,9 +75,13 @@ impl<A: Availability> Resolver<'_, A> {
     /// Resolves each hop from its own pins only. Pins are exact: an unusable pin is an
     /// error, never silently replaced by another worker.
     pub fn resolve(&self, pins: &Pins) -> Result<Route, RouteError> {
-        let prefill = self.prefill(pins)?;
+        let (prefill, prefill_panic) = self.prefill(pins)?;
         let decode = self.token_hop(pins)?;
-        Ok(Route { prefill, decode })
+        Ok(Route {
+            prefill,
+            decode,
+            prefill_panic,
+        })
     }
 
     /// The token-generating hop alone: for paths that take no prefill hop (`/v1/models`, ...).
@@ -79,12 +94,14 @@ impl<A: Availability> Resolver<'_, A> {
         let role = self.registry.token_role();
         if let Some(target) = self.pinned(hop, role, worker_pin, pins.dp_rank)? {
             return Ok(TokenHop {
+                panic: self.is_unhealthy(&target.worker),
                 target,
                 hop,
                 alternates: Vec::new(),
             });
         }
-        let mut candidates = self.candidates(role).into_iter().take(DECODE_ATTEMPTS);
+        let Candidates { targets, panic } = self.candidates(role);
+        let mut candidates = targets.into_iter().take(DECODE_ATTEMPTS);
         let target = candidates
             .next()
             .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
@@ -92,10 +109,12 @@ impl<A: Availability> Resolver<'_, A> {
             target,
             hop,
             alternates: candidates.map(|t| t.worker).collect(),
+            panic,
         })
     }
 
-    fn prefill(&self, pins: &Pins) -> Result<PrefillPlan, RouteError> {
+    /// The prefill plan, and whether the prefill pool's panic decided it.
+    fn prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool), RouteError> {
         let pinned = self.pinned(
             Hop::Prefill,
             Role::Prefill,
@@ -103,17 +122,21 @@ impl<A: Availability> Resolver<'_, A> {
             pins.prefill_dp_rank,
         )?;
         if let Some(target) = pinned {
-            return Ok(PrefillPlan::Pinned(target));
+            let panic = self.is_unhealthy(&target.worker);
+            return Ok((PrefillPlan::Pinned(target), panic));
         }
         if self.registry.deployment() == Deployment::Aggregated {
-            return Ok(PrefillPlan::Skip);
+            return Ok((PrefillPlan::Skip, false));
         }
-        let mut candidates = self.candidates(Role::Prefill);
+        let Candidates {
+            targets: mut candidates,
+            panic,
+        } = self.candidates(Role::Prefill);
         let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
         candidates.truncate(attempts.saturating_add(1));
         match (candidates.is_empty(), self.settings.aggregated_fallback) {
-            (false, _) => Ok(PrefillPlan::Candidates(candidates)),
-            (true, true) => Ok(PrefillPlan::Skip),
+            (false, _) => Ok((PrefillPlan::Candidates(candidates), panic)),
+            (true, true) => Ok((PrefillPlan::Skip, false)),
             (true, false) => Err(RouteError::NoWorkerAvailable {
                 hop: Hop::Prefill,
                 role: Role::Prefill,
@@ -121,7 +144,8 @@ impl<A: Availability> Resolver<'_, A> {
         }
     }
 
-    /// The pinned worker of a hop, checked against the registry; `None` when not pinned.
+    /// The pinned worker of a hop, checked against the registry; `None` when not pinned. An
+    /// unhealthy one is tried while its pool is in panic (`docs/semantics.md` §5).
     fn pinned(
         &self,
         hop: Hop,
@@ -159,7 +183,12 @@ impl<A: Availability> Resolver<'_, A> {
                 dp_size: worker.dp_size,
             });
         }
-        if let Some(why) = self.availability.unavailability(worker) {
+        let usable = match self.availability.unavailability(worker) {
+            None => None,
+            Some(Unavailability::Unhealthy { .. }) if self.in_panic(role) => None,
+            why => why,
+        };
+        if let Some(why) = usable {
             return Err(RouteError::WorkerUnavailable {
                 hop,
                 worker: id,
@@ -174,21 +203,54 @@ impl<A: Availability> Resolver<'_, A> {
         }))
     }
 
-    /// The available workers of a pool, best first.
-    fn candidates(&self, role: Role) -> Vec<Target> {
-        let pool = self
-            .registry
-            .pool(role)
-            .filter(|w| self.availability.unavailability(w).is_none())
-            .collect();
-        rank_candidates(pool, self.choice)
+    /// The available workers of a pool, best first; in panic, the unhealthy ones after them.
+    fn candidates(&self, role: Role) -> Candidates {
+        let (healthy, unhealthy) = self.serving(role);
+        let panic = self.panics(healthy.len(), unhealthy.len());
+        let mut order = rank_candidates(healthy, self.choice);
+        if panic {
+            order.extend(rank_candidates(unhealthy, self.choice));
+        }
+        let targets = order
             .into_iter()
             .map(|worker| Target {
                 worker: worker.clone(),
                 rank: None,
                 pinned: false,
             })
-            .collect()
+            .collect();
+        Candidates { targets, panic }
+    }
+
+    /// The pool's non-draining workers: the healthy ones, and the unhealthy ones.
+    fn serving(&self, role: Role) -> (Vec<&Worker>, Vec<&Worker>) {
+        let mut healthy = Vec::new();
+        let mut unhealthy = Vec::new();
+        for worker in self.registry.pool(role) {
+            match self.availability.unavailability(worker) {
+                None => healthy.push(worker),
+                Some(Unavailability::Unhealthy { .. }) => unhealthy.push(worker),
+                Some(Unavailability::Draining) => {}
+            }
+        }
+        (healthy, unhealthy)
+    }
+
+    fn panics(&self, healthy: usize, unhealthy: usize) -> bool {
+        let serving = healthy.saturating_add(unhealthy);
+        pool_in_panic(serving, healthy, self.settings.panic_threshold_percent)
+    }
+
+    fn in_panic(&self, role: Role) -> bool {
+        let (healthy, unhealthy) = self.serving(role);
+        self.panics(healthy.len(), unhealthy.len())
+    }
+
+    fn is_unhealthy(&self, worker: &Worker) -> bool {
+        matches!(
+            self.availability.unavailability(worker),
+            Some(Unavailability::Unhealthy { .. })
+        )
     }
 }
 

@@ -191,22 +191,49 @@ fn a_failed_unpinned_prefill_is_retried_elsewhere_then_falls_back_to_one_hop() {
         host.counter("pinroute.prefill.aggregated_fallback"),
         Some(1)
     );
-    assert_eq!(host.counter("pinroute.workers.marked_unhealthy"), Some(2));
+    assert_eq!(host.counter("pinroute.workers.connect_failed"), Some(2));
+    assert_eq!(
+        host.counter("pinroute.workers.marked_unhealthy"),
+        Some(0),
+        "one failure each is no evidence yet"
+    );
 }
 
-#[test]
-fn a_failed_worker_is_unavailable_to_pins_and_skipped_until_its_period_ends() {
-    let mut host = host(REGISTRY);
-    let ctx = send_completion(
-        &mut host,
-        &[("x-dynamo-prefill-instance-id", "101")],
-        PROMPT,
-    );
+/// Sends a completion pinned to prefill worker `id` and fails its prefill connection.
+fn fail_pinned_prefill(host: &mut pinroute_tests::Host, id: &str) {
+    let ctx = send_completion(host, &[("x-dynamo-prefill-instance-id", id)], PROMPT);
     let call = host.take_http_calls().remove(0);
     host.http_call_failure(call.token).unwrap();
     let reply = host.stream(ctx).unwrap().local_reply.clone().unwrap();
-    assert_eq!(reply.status, 502);
     assert_eq!(json(&reply.body)["error"]["code"], "pinned_worker_failed");
+}
+
+/// Whether a completion pinned to prefill worker `id` is dispatched to it.
+fn pinned_prefill_is_tried(host: &mut pinroute_tests::Host, id: &str) -> bool {
+    let ctx = send_completion(host, &[("x-dynamo-prefill-instance-id", id)], PROMPT);
+    let calls = host.take_http_calls();
+    match host.stream(ctx).unwrap().local_reply.clone() {
+        None => calls.len() == 1,
+        Some(reply) => {
+            assert_eq!(json(&reply.body)["error"]["code"], "worker_unavailable");
+            false
+        }
+    }
+}
+
+#[test]
+fn a_worker_failing_three_times_in_a_row_is_unavailable_to_pins_and_skipped_until_its_period_ends()
+{
+    let mut host = host(REGISTRY);
+    for _ in 0..2 {
+        fail_pinned_prefill(&mut host, "101");
+    }
+    assert!(
+        pinned_prefill_is_tried(&mut host, "101"),
+        "two failures leave it in service"
+    );
+    fail_pinned_prefill(&mut host, "101");
+    assert_eq!(host.counter("pinroute.workers.marked_unhealthy"), Some(1));
 
     let ctx = send_completion(
         &mut host,
@@ -239,6 +266,56 @@ fn a_failed_worker_is_unavailable_to_pins_and_skipped_until_its_period_ends() {
         "101 is back in service"
     );
     assert_eq!(host.take_http_calls().len(), 1);
+}
+
+#[test]
+fn a_success_between_failures_starts_the_count_again() {
+    let mut host = host(REGISTRY);
+    for _ in 0..2 {
+        fail_pinned_prefill(&mut host, "101");
+    }
+    let ctx = send_completion(
+        &mut host,
+        &[("x-dynamo-prefill-instance-id", "101")],
+        PROMPT,
+    );
+    let call = host.take_http_calls().remove(0);
+    host.http_call_response(call.token, &[(":status", "200")], PREFILL_ANSWER.as_bytes())
+        .unwrap();
+    assert!(host.stream(ctx).unwrap().request_forwarded);
+    for _ in 0..2 {
+        fail_pinned_prefill(&mut host, "101");
+    }
+    assert!(
+        pinned_prefill_is_tried(&mut host, "101"),
+        "four failures, but never three in a row"
+    );
+    assert_eq!(host.counter("pinroute.workers.marked_unhealthy"), Some(0));
+}
+
+#[test]
+fn a_pool_whose_workers_all_failed_is_still_used_in_panic_mode() {
+    let mut host = host(REGISTRY);
+    for id in ["101", "102"] {
+        for _ in 0..3 {
+            fail_pinned_prefill(&mut host, id);
+        }
+    }
+    assert_eq!(host.counter("pinroute.workers.marked_unhealthy"), Some(2));
+    let ctx = send_completion(&mut host, &[], PROMPT);
+    let calls = host.take_http_calls();
+    assert_eq!(
+        calls.len(),
+        1,
+        "a prefill worker is tried rather than none (aggregated fallback)"
+    );
+    assert!(host.stream(ctx).unwrap().request_paused());
+    assert_eq!(host.counter("pinroute.workers.panic_prefill"), Some(1));
+    assert!(
+        pinned_prefill_is_tried(&mut host, "101"),
+        "a pin to a worker panic mode uses is tried"
+    );
+    assert_eq!(host.counter("pinroute.workers.panic_prefill"), Some(2));
 }
 
 #[test]

@@ -398,10 +398,12 @@ async fn with_fault(worker: u64, fault: Fault) -> Deployment {
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
 
 /// A deployment whose decode worker 201 drops its connections and has just failed a pinned
-/// request.
+/// request, which takes it out of service (`eject_after_failures: 1`: these tests are about
+/// the outage, not the evidence that starts it).
 async fn with_201_failed(unhealthy_period_ms: u64) -> (Deployment, Killed) {
     let mut spec = disaggregated_spec();
-    spec.settings = json!({ "unhealthy_period_ms": unhealthy_period_ms });
+    spec.settings =
+        json!({ "unhealthy_period_ms": unhealthy_period_ms, "eject_after_failures": 1 });
     let mut deployment = start(spec).await;
     let killed = deployment.stack.kill_worker(201).await.unwrap();
     complete(&deployment, &PIN_201, &prompt())

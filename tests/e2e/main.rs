@@ -11,6 +11,7 @@
 )]
 
 mod adversarial;
+mod burst;
 mod client;
 mod errors;
 mod operations;

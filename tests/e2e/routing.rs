@@ -410,13 +410,16 @@ async fn an_unpinned_decode_hop_whose_worker_refuses_connections_is_served_by_an
         let health = send(&deployment, reqwest::Method::GET, "/health", &[], None).await;
         health.assert_ok("the request");
     }
-    let marked = deployment
+    let failed = deployment
         .envoy
-        .stat("wasmcustom.pinroute.workers.marked_unhealthy")
+        .stat("wasmcustom.pinroute.workers.connect_failed")
         .await
         .unwrap()
         .unwrap_or(0);
-    assert!(marked >= 1, "the dead workers were marked unhealthy");
+    assert!(
+        failed >= 1,
+        "the refused connections count against the dead workers"
+    );
 }
 
 #[tokio::test]

@@ -64,11 +64,16 @@ pub struct SimConfig {
     /// Fixed sleep before the first token when the worker computes the prompt itself
     /// (skipped when a decode worker loads the KV from a prefill worker).
     pub prefill_latency: Duration,
+    /// The listener's accept backlog: connections the kernel completes before the server
+    /// accepts them. A tiny one makes a burst of connections fail, as a busy server's does.
+    pub backlog: u32,
 }
 
 impl SimConfig {
     pub const DEFAULT_MODEL: &'static str = "sim-model";
     pub const DEFAULT_TOKEN_LATENCY: Duration = Duration::from_millis(2);
+    /// Tokio's own default backlog for `TcpListener::bind`.
+    pub const DEFAULT_BACKLOG: u32 = 1024;
 
     /// A worker with one rank and default model and latencies.
     pub fn new(id: u64, role: SimRole) -> Self {
@@ -79,6 +84,7 @@ impl SimConfig {
             model: Self::DEFAULT_MODEL.to_string(),
             token_latency: Self::DEFAULT_TOKEN_LATENCY,
             prefill_latency: Duration::ZERO,
+            backlog: Self::DEFAULT_BACKLOG,
         }
     }
 
@@ -99,6 +105,11 @@ impl SimConfig {
 
     pub fn with_prefill_latency(mut self, latency: Duration) -> Self {
         self.prefill_latency = latency;
+        self
+    }
+
+    pub fn with_backlog(mut self, backlog: u32) -> Self {
+        self.backlog = backlog;
         self
     }
 

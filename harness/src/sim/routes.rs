@@ -123,6 +123,7 @@ async fn info(State(state): SharedState) -> Response {
         "address": state.advertised.to_string(),
         "token_latency_ms": config.token_latency.as_secs_f64() * 1000.0,
         "prefill_latency_ms": config.prefill_latency.as_secs_f64() * 1000.0,
+        "backlog": config.backlog,
     }))
 }
 

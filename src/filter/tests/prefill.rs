@@ -75,8 +75,9 @@ fn a_decode_pin_gets_a_free_prefill_hop_then_the_spliced_decode_body() {
 }
 
 #[test]
-fn a_failed_connection_is_retried_elsewhere_and_takes_the_worker_out() {
-    let mut request = Request::completion(REGISTRY, &[], PROMPT);
+fn a_failed_connection_is_retried_elsewhere_and_with_eject_after_one_takes_the_worker_out() {
+    let config = config_with(r#""eject_after_failures": 1"#);
+    let mut request = Request::completion(&config, &[], PROMPT);
     let first = request.prefill_call();
     request.answer(&first, None, "");
     let second = request.prefill_call();
@@ -91,7 +92,7 @@ fn a_failed_connection_is_retried_elsewhere_and_takes_the_worker_out() {
     assert_eq!(request.outstanding(101), 0);
 
     let pinned = [("x-dynamo-prefill-instance-id", "101")];
-    let next = Request::completion_on(request.host.clone(), REGISTRY, &pinned, PROMPT);
+    let next = Request::completion_on(request.host.clone(), &config, &pinned, PROMPT);
     let refused = next.host.take_sent();
     assert_eq!(refused[0].status, 503, "{:?}", refused[0].json());
     assert_eq!(refused[0].json()["error"]["code"], "worker_unavailable");

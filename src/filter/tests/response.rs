@@ -1,6 +1,7 @@
 //! The routed hop's answer: typed errors, passive health, redaction; other paths.
 
 use super::*;
+use crate::policy::health::HealthTable;
 
 /// A decode-pinned completion whose prefill answered with `KV`: routed to decode 202.
 fn routed(pins: &[(&str, &str)]) -> Request {
@@ -17,7 +18,7 @@ fn routed(pins: &[(&str, &str)]) -> Request {
 const CONNECT_FAILURE: &str = "upstream_reset_before_response_started{connection_failure}";
 
 #[test]
-fn a_decode_connection_failure_becomes_a_typed_error_and_takes_the_worker_out() {
+fn a_decode_connection_failure_becomes_a_typed_error_and_counts_against_the_worker() {
     let mut request = routed(&[]);
     request.host.state().code_details = Some(CONNECT_FAILURE.into());
     let body = "upstream connect error or disconnect/reset before headers";
@@ -31,7 +32,12 @@ fn a_decode_connection_failure_becomes_a_typed_error_and_takes_the_worker_out() 
     assert_eq!(header("x-pinroute-decode-worker").as_deref(), Some("201"));
     let answer: serde_json::Value = serde_json::from_str(&request.response_body()).unwrap();
     assert_eq!(answer["error"]["code"], "upstream_failed");
-    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 1);
+    assert_eq!(request.host.metric("pinroute.workers.connect_failed"), 1);
+    assert_eq!(
+        request.host.metric("pinroute.workers.marked_unhealthy"),
+        0,
+        "one failure is no evidence yet"
+    );
     assert_eq!(request.host.metric("pinroute.decode.failed"), 1);
     assert_eq!(request.host.metric("pinroute.errors.upstream_failed"), 1);
 }
@@ -101,7 +107,7 @@ fn a_4xx_to_a_hop_without_kv_passes_as_it_is() {
 }
 
 #[test]
-fn the_worker_envoy_retried_on_serves_and_the_refusing_ones_are_out() {
+fn the_worker_envoy_retried_on_serves_and_the_refusing_one_has_a_failure_counted() {
     let mut request = routed(&[]);
     let pool = request.host.request_header("x-pinroute-pool");
     assert_eq!(pool.as_deref(), Some("10.0.0.21:8000,10.0.0.22:8000"));
@@ -109,9 +115,43 @@ fn the_worker_envoy_retried_on_serves_and_the_refusing_ones_are_out() {
     request.respond(200, Some("{}"));
     let served = request.host.response_header("x-pinroute-decode-worker");
     assert_eq!(served.as_deref(), Some("202"));
-    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 1);
-    let health = request.host.shared("pinroute.health.v2").unwrap();
-    assert_eq!(health.get(..8), Some(201u64.to_le_bytes().as_slice()));
+    assert_eq!(request.host.metric("pinroute.workers.connect_failed"), 1);
+    assert_eq!(health(&request.host).failures(201), 1);
+    assert_eq!(health(&request.host).failures(202), 0);
+}
+
+fn health(host: &FakeHost) -> HealthTable {
+    HealthTable::decode(&host.shared(HEALTH_KEY).unwrap_or_default())
+}
+
+const HEALTH_KEY: &str = "pinroute.health.v3";
+
+/// An unpinned completion on `host`, routed to decode 201 first, answered 200 by `served`.
+fn served_by(host: &FakeHost, served: &str) {
+    let mut request = Request::completion_on(host.clone(), REGISTRY, &[], PROMPT);
+    let call = request.prefill_call();
+    request.answer(&call, Some(200), r#"{"kv_transfer_params": null}"#);
+    let pool = request.host.request_header("x-pinroute-pool");
+    assert_eq!(pool.as_deref(), Some("10.0.0.21:8000,10.0.0.22:8000"));
+    request.host.state().upstream_address = Some(served.into());
+    request.respond(200, Some("{}"));
+    request.end();
+}
+
+#[test]
+fn a_served_hop_writes_health_data_only_to_clear_a_count() {
+    let host = FakeHost::default();
+    served_by(&host, "10.0.0.21:8000");
+    assert_eq!(
+        host.shared(HEALTH_KEY),
+        None,
+        "a success with no count costs no shared-data write"
+    );
+    served_by(&host, "10.0.0.22:8000");
+    assert_eq!(health(&host).failures(201), 1, "201 refused, 202 served");
+    served_by(&host, "10.0.0.21:8000");
+    assert_eq!(health(&host).failures(201), 0, "201's answer clears it");
+    assert!(health(&host).is_empty(), "nothing left to remember");
 }
 
 #[test]

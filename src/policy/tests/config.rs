@@ -30,6 +30,35 @@ fn settings_default_and_can_be_set() {
 }
 
 #[test]
+fn passive_health_ejects_after_three_failures_and_panics_below_half_by_default() {
+    let defaults = Settings::default();
+    assert_eq!(
+        defaults.ejection(),
+        Some(Ejection {
+            period: 10_000_000_000,
+            after_failures: 3
+        })
+    );
+    assert_eq!(defaults.panic_threshold_percent, 50);
+    let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+        "eject_after_failures": 1, "panic_threshold_percent": 0, "unhealthy_period_ms": 250}"#;
+    let settings = Config::from_json(json.as_bytes()).unwrap().settings;
+    assert_eq!(
+        settings.ejection(),
+        Some(Ejection {
+            period: 250_000_000,
+            after_failures: 1
+        })
+    );
+    assert_eq!(settings.panic_threshold_percent, 0);
+    let off = Settings {
+        unhealthy_period_ms: 0,
+        ..Settings::default()
+    };
+    assert_eq!(off.ejection(), None);
+}
+
+#[test]
 fn invalid_settings_are_refused() {
     let base = r#""workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}]"#;
     for (setting, why) in [
@@ -40,6 +69,12 @@ fn invalid_settings_are_refused() {
         (r#""prefill_retries": -1"#, "invalid"),
         (r#""prefil_retries": 1"#, "unknown field"),
         (r#""routed_paths": ["v1/models"]"#, "routed_paths"),
+        (r#""eject_after_failures": 0"#, "eject_after_failures"),
+        (
+            r#""panic_threshold_percent": 101"#,
+            "panic_threshold_percent",
+        ),
+        (r#""panic_threshold_percent": -1"#, "invalid"),
     ] {
         let message = refused(&format!("{{{base}, {setting}}}"));
         assert!(message.contains(why), "{setting}: {message}");

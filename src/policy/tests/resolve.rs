@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use super::*;
-use crate::policy::availability::{RegistryOnly, Unavailability};
+use crate::policy::availability::{RegistryOnly, Unavailability, pool_in_panic};
 use crate::policy::testing::test;
 
 /// Prefill 101 (dp 1), 102 (dp 2); decode 201 (dp 1), 202 (dp 2), 203 (draining).
@@ -562,4 +562,140 @@ fn an_unpinned_decode_hop_offers_its_next_best_workers_for_a_failed_connection()
     );
     let route = resolve(&many, Pins::default()).unwrap();
     assert_eq!(route.decode.alternates.len(), DECODE_ATTEMPTS - 1);
+}
+
+/// Workers out of service after failures.
+struct Down(&'static [WorkerId]);
+
+impl Availability for Down {
+    fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+        if worker.draining {
+            return Some(Unavailability::Draining);
+        }
+        self.0
+            .contains(&worker.id)
+            .then_some(Unavailability::Unhealthy {
+                retry_after_secs: 4,
+            })
+    }
+}
+
+fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, RouteError> {
+    let registry = registry(DISAGGREGATED);
+    let settings = Settings {
+        panic_threshold_percent: threshold,
+        prefill_retries: 5,
+        ..Settings::default()
+    };
+    Resolver {
+        registry: &registry,
+        settings: &settings,
+        availability: down,
+        choice: Choice::Turn(0),
+    }
+    .resolve(pins)
+}
+
+fn decode_ids(route: &Route) -> Vec<WorkerId> {
+    let decode = &route.decode;
+    std::iter::once(decode.target.worker.id)
+        .chain(decode.alternates.iter().map(|w| w.id))
+        .collect()
+}
+
+#[test]
+fn the_panic_rule_compares_healthy_workers_with_the_serving_ones() {
+    assert!(!pool_in_panic(2, 1, 50), "half healthy is enough");
+    assert!(pool_in_panic(3, 1, 50));
+    assert!(pool_in_panic(1, 0, 50));
+    assert!(!pool_in_panic(0, 0, 50), "nothing to fall back on");
+    assert!(!pool_in_panic(4, 0, 0), "0 turns it off");
+    assert!(pool_in_panic(2, 1, 100));
+    assert!(!pool_in_panic(2, 2, 100));
+}
+
+#[test]
+fn a_pool_in_panic_offers_its_unhealthy_workers_after_the_healthy_ones() {
+    let route = resolve_down(&Down(&[201, 202]), 50, &Pins::default()).unwrap();
+    assert_eq!(
+        decode_ids(&route),
+        vec![201, 202],
+        "every serving decode worker, the draining 203 never"
+    );
+    assert!(route.decode.panic);
+    assert!(!route.prefill_panic, "the prefill pool is healthy");
+
+    let route = resolve_down(&Down(&[201]), 50, &Pins::default()).unwrap();
+    assert_eq!(
+        decode_ids(&route),
+        vec![202],
+        "one of two serving workers healthy: no panic (203 drains)"
+    );
+    assert!(!route.decode.panic);
+
+    let route = resolve_down(&Down(&[201]), 100, &Pins::default()).unwrap();
+    assert_eq!(decode_ids(&route), vec![202, 201], "healthy first");
+    assert!(route.decode.panic);
+
+    assert_eq!(
+        resolve_down(&Down(&[201, 202]), 0, &Pins::default()),
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Decode,
+            role: Role::Decode
+        }),
+        "panic mode off"
+    );
+}
+
+#[test]
+fn a_prefill_pool_in_panic_is_tried_before_decode_prefills_itself() {
+    let route = resolve_down(&Down(&[101, 102]), 50, &Pins::default()).unwrap();
+    assert_eq!(prefill_ids(&route), vec![101, 102]);
+    assert!(route.prefill_panic);
+    assert!(!route.decode.panic);
+    let route = resolve_down(&Down(&[101, 102]), 0, &Pins::default()).unwrap();
+    assert_eq!(route.prefill, PrefillPlan::Skip);
+    assert!(!route.prefill_panic);
+}
+
+#[test]
+fn a_pin_to_an_unhealthy_worker_is_tried_while_its_pool_is_in_panic() {
+    let pins = Pins {
+        prefill_worker_id: Some(101),
+        ..decode_pin(201)
+    };
+    let route = resolve_down(&Down(&[101, 102, 201, 202]), 50, &pins).unwrap();
+    assert_eq!(route.prefill, PrefillPlan::Pinned(route_target(101)));
+    assert!(route.prefill_panic);
+    assert_eq!(summary(&route.decode.target), pinned(201, Some(0)));
+    assert!(route.decode.panic);
+
+    assert_eq!(
+        resolve_down(&Down(&[101]), 50, &pins),
+        Err(RouteError::WorkerUnavailable {
+            hop: Hop::Prefill,
+            worker: 101,
+            why: Unavailability::Unhealthy {
+                retry_after_secs: 4
+            }
+        }),
+        "half the prefill pool is healthy: the pin is refused"
+    );
+    assert_eq!(
+        resolve_down(&Down(&[201, 202]), 50, &decode_pin(203)),
+        Err(RouteError::WorkerUnavailable {
+            hop: Hop::Decode,
+            worker: 203,
+            why: Unavailability::Draining
+        }),
+        "panic never brings back a draining worker"
+    );
+}
+
+fn route_target(id: WorkerId) -> Target {
+    Target {
+        worker: registry(DISAGGREGATED).get(id).unwrap().clone(),
+        rank: Some(0),
+        pinned: true,
+    }
 }

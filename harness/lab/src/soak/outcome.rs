@@ -20,7 +20,9 @@
 //! - **KV lost**: the decode worker answered 400 "kv_transfer_params do not match any
 //!   prefill" because the prefill worker named in `x-pinroute-prefill-worker` was killed
 //!   after its prefill hop and before decode fetched the KV (the KV died with it). The
-//!   gateway passes a worker's 4xx through unchanged.
+//!   gateway answers a decode 4xx to a hop that carried KV as 400 `decode_refused`, its
+//!   body withheld (`docs/semantics.md` §4), so that answer counts too, under the same
+//!   condition.
 
 use std::time::{Duration, Instant};
 

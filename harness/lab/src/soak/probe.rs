@@ -22,8 +22,8 @@ pub const VM_FAILURE_COUNTERS: [&str; 3] = [
 ];
 pub const VM_CREATED: &str = "wasm.envoy.wasm.runtime.v8.created";
 pub const VM_ACTIVE: &str = "wasm.envoy.wasm.runtime.v8.active";
-/// Counters that show what the faults set in motion (retries, fallbacks, health marks).
-pub const CONTEXT_COUNTERS: [&str; 10] = [
+/// Counters that show what the faults set in motion (retries, fallbacks, passive health).
+pub const CONTEXT_COUNTERS: [&str; 13] = [
     "cluster.pinroute_decode_pool.upstream_rq_retry",
     "cluster.pinroute_decode_pool.upstream_rq_retry_success",
     "cluster.pinroute_decode_pool.upstream_rq_retry_overflow",
@@ -32,7 +32,10 @@ pub const CONTEXT_COUNTERS: [&str; 10] = [
     "cluster.pinroute_prefill.upstream_cx_connect_fail",
     "wasmcustom.pinroute.prefill.retried",
     "wasmcustom.pinroute.prefill.aggregated_fallback",
+    "wasmcustom.pinroute.workers.connect_failed",
     "wasmcustom.pinroute.workers.marked_unhealthy",
+    "wasmcustom.pinroute.workers.panic_prefill",
+    "wasmcustom.pinroute.workers.panic_decode",
     "wasmcustom.pinroute.decode.failed",
 ];
 const MEMORY_ALLOCATED: &str = "server.memory_allocated";

@@ -357,24 +357,35 @@ fn kv_lost_with_a_killed_prefill_worker_is_counted_apart() {
         judge(&planned, &Answer::Complete(&other), t, &outages, AFTERMATH).judgement,
         Judgement::Mismatch
     );
-    let withheld = json!({"error": {"message": "decode hop: worker 201 refused the request", "code": "decode_refused"}}).to_string();
+}
+
+#[test]
+fn a_withheld_decode_refusal_with_a_killed_prefill_worker_is_kv_lost() {
+    let planned = planned(Kind::Unpinned, |_| true);
+    let t = timing();
+    let outages = killed_during(t, 102);
+    let body = json!({"error": {"message": "decode hop: worker 201 refused the request with HTTP 400", "type": "invalid_request_error", "code": "decode_refused"}}).to_string();
     let refused = |prefill| {
-        let headers = [
-            ("x-pinroute-prefill-worker", prefill),
-            ("x-pinroute-error-code", "decode_refused"),
-        ];
-        let refused = exchange(400, &headers, &withheld);
-        judge(
-            &planned,
-            &Answer::Complete(&refused),
-            t,
-            &outages,
-            AFTERMATH,
+        exchange(
+            400,
+            &[
+                ("x-pinroute-prefill-worker", prefill),
+                ("x-pinroute-error-code", "decode_refused"),
+            ],
+            &body,
         )
-        .judgement
     };
-    assert_eq!(refused("102"), Judgement::KvLost, "its message withheld");
-    assert_eq!(refused("101"), Judgement::Mismatch);
+    let lost = refused("102");
+    assert_eq!(
+        judge(&planned, &Answer::Complete(&lost), t, &outages, AFTERMATH).judgement,
+        Judgement::KvLost
+    );
+    let other = refused("101");
+    assert_eq!(
+        judge(&planned, &Answer::Complete(&other), t, &outages, AFTERMATH).judgement,
+        Judgement::Mismatch,
+        "its prefill worker was not killed"
+    );
 }
 
 #[test]
