@@ -12,6 +12,7 @@
 
 mod adversarial;
 mod client;
+mod edge;
 mod errors;
 mod operations;
 #[path = "../common/reply.rs"]

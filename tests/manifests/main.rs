@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use pinroute::policy::config::{Config, Settings};
 use pinroute::policy::headers::POOL_HEADER;
 use pinroute_harness::envoy::{
-    BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, buffer_limit_bytes, render_bootstrap,
-    repo_root,
+    BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, buffer_limit_bytes,
+    render_bootstrap, repo_root,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -222,6 +222,7 @@ fn rendered_clusters(plugin_config: &str) -> Value {
         wasm: PathBuf::from("/x.wasm"),
         plugin_config: plugin_config.to_owned(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: EdgeOptions::default(),
     })
     .unwrap();
     let bootstrap = documents(&yaml).remove(0);
