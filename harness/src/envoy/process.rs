@@ -414,13 +414,32 @@ mod tests {
         render_bootstrap(&opts).unwrap()
     }
 
+    /// Envoy with the rendered bootstrap and a filter that does nothing; it stops first
+    /// when dropped, then its files go.
+    struct StubEnvoy {
+        envoy: Envoy,
+        _wasm: tempfile::NamedTempFile,
+        _dir: tempfile::TempDir,
+    }
+
+    impl StubEnvoy {
+        async fn start() -> StubEnvoy {
+            let wasm = stub_wasm();
+            let dir = tempfile::tempdir().unwrap();
+            let yaml = ephemeral_bootstrap(wasm.path());
+            let envoy = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+            StubEnvoy {
+                envoy,
+                _wasm: wasm,
+                _dir: dir,
+            }
+        }
+    }
+
     #[tokio::test]
     async fn starts_ready_on_ephemeral_ports_and_dies_on_drop() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         assert_ne!(envoy.admin().port(), 0);
         assert_ne!(envoy.listen().port(), 0);
         assert_eq!(envoy.admin_get("/ready").await.unwrap().trim(), "LIVE");
@@ -435,7 +454,7 @@ mod tests {
         );
         let proc_dir = PathBuf::from(format!("/proc/{}", envoy.pid()));
         assert!(proc_dir.exists());
-        drop(envoy);
+        drop(stub);
         assert!(!proc_dir.exists(), "Envoy survived its handle");
     }
 
@@ -451,11 +470,8 @@ mod tests {
 
     #[tokio::test]
     async fn plugin_configuration_reaches_envoy_intact() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         let dump: serde_json::Value =
             serde_json::from_str(&envoy.admin_get("/config_dump").await.unwrap()).unwrap();
         let configuration = find_key(&dump, "configuration").unwrap();
@@ -481,11 +497,8 @@ mod tests {
     /// reach ORIGINAL_DST: header_mutation strips them, so nothing is dialled.
     #[tokio::test]
     async fn client_steering_headers_are_stripped() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target_address = target.local_addr().unwrap().to_string();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -506,11 +519,8 @@ mod tests {
     /// a request no route takes (404) are OpenAI-shaped JSON (`docs/semantics.md` §6).
     #[tokio::test]
     async fn envoys_own_answers_are_json_without_the_filter() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let no_host = client.get(envoy.url("/v1/models")).send().await.unwrap();
         assert_json_error(no_host, 503, "unavailable", "server_error").await;
