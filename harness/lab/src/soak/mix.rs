@@ -301,6 +301,14 @@ pub fn plan(user: usize, seq: u64, max_tokens: u32) -> Planned {
     maker.plan(kind)
 }
 
+/// `body` with one more top-level member.
+fn with_member(mut body: Value, key: &str, value: Value) -> Value {
+    if let Some(object) = body.as_object_mut() {
+        object.insert(key.into(), value);
+    }
+    body
+}
+
 /// Builds the requests of each kind from one generator.
 struct Maker {
     rng: Rng,
@@ -617,9 +625,9 @@ impl Maker {
         } else {
             (CHAT, self.rng.coin())
         };
-        let mut body = self.body(path, stream, None);
         let guess = format!("127.0.0.1:{}", 8000 + self.rng.below(1000));
-        body["stream_options"] = json!({ "include_usage": guess });
+        let options = json!({ "include_usage": guess });
+        let body = with_member(self.body(path, stream, None), "stream_options", options);
         Planned {
             path,
             ..Planned::rejected(Kind::KvGuess, 400, "decode_refused").json(&body)
@@ -639,8 +647,7 @@ impl Maker {
         };
         let path = if self.rng.coin() { COMPLETIONS } else { CHAT };
         let stream = self.rng.coin();
-        let mut body = self.body(path, stream, None);
-        body[member] = value;
+        let body = with_member(self.body(path, stream, None), member, value);
         Planned {
             path,
             ..Planned::rejected(Kind::NestedSteering, 400, "invalid_field").json(&body)
