@@ -8,7 +8,8 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
 use crate::envoy::{
-    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, envoy_binary, render_bootstrap,
+    repo_root,
 };
 use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
@@ -33,6 +34,8 @@ pub struct StackSpec {
     pub admin: SocketAddr,
     pub wasm: PathBuf,
     pub route_timeout: Duration,
+    /// Request timeouts and CORS of the listener.
+    pub edge: EdgeOptions,
     /// Serve the registry over HTTP and let the filter refresh it on this period.
     pub live_registry: Option<Duration>,
 }
@@ -50,6 +53,7 @@ impl StackSpec {
             admin: any,
             wasm,
             route_timeout: DEFAULT_ROUTE_TIMEOUT,
+            edge: EdgeOptions::default(),
             live_registry: None,
         }
     }
@@ -89,6 +93,7 @@ impl Stack {
             wasm: spec.wasm.clone(),
             plugin_config: plugin_config.to_string(),
             route_timeout: spec.route_timeout,
+            edge: spec.edge.clone(),
         })?;
         let binary = envoy_binary(&repo_root())?;
         let envoy = Envoy::start(&binary, &bootstrap, work_dir).await?;

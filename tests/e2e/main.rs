@@ -13,6 +13,7 @@
 mod adversarial;
 mod burst;
 mod client;
+mod edge;
 mod errors;
 mod operations;
 #[path = "../common/reply.rs"]

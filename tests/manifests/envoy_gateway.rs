@@ -12,9 +12,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE, bootstrap, check_clusters,
-    documents, find, local_code, plugin_config, pool_header_matcher, pool_retry_policy,
-    rendered_clusters, router, seconds, steering_headers, typed,
+    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE,
+    bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter, documents, find,
+    local_code, plugin_config, pool_header_matcher, pool_retry_policy, rendered_clusters, router,
+    seconds, steering_headers, typed,
 };
 
 pub const ENVOY_GATEWAY: &str = include_str!("../../envoy/envoy-gateway/pinroute.yaml");
@@ -176,6 +177,25 @@ pub struct ClientTrafficPolicySpec {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HeaderSettings {
     pub early_request_headers: HeaderFilter,
+    pub with_underscores_action: WithUnderscoresAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum WithUnderscoresAction {
+    Allow,
+    RejectRequest,
+    DropHeader,
+}
+
+impl WithUnderscoresAction {
+    /// Envoy's `headers_with_underscores_action`.
+    fn envoy(self) -> &'static str {
+        match self {
+            WithUnderscoresAction::Allow => "ALLOW",
+            WithUnderscoresAction::RejectRequest => "REJECT_REQUEST",
+            WithUnderscoresAction::DropHeader => "DROP_HEADER",
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,6 +220,67 @@ pub struct ClientTimeout {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpClientTimeout {
     pub stream_idle_timeout: String,
+    pub request_received_timeout: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecurityPolicySpec {
+    pub target_refs: Vec<TargetRef>,
+    pub cors: Cors,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Cors {
+    pub allow_origins: Vec<String>,
+    pub allow_methods: Vec<String>,
+    pub allow_headers: Vec<String>,
+    pub expose_headers: Vec<String>,
+    pub max_age: String,
+}
+
+impl Cors {
+    /// A route's Envoy `CorsPolicy`, as Envoy Gateway translates it (`buildCORS`, then the
+    /// `cors` route patch): origins with `*` become regular expressions.
+    fn envoy(&self) -> Value {
+        let origins: Vec<Value> = self
+            .allow_origins
+            .iter()
+            .map(|origin| {
+                if origin.contains('*') {
+                    let regex = origin
+                        .split('*')
+                        .map(regex_quoted)
+                        .collect::<Vec<_>>()
+                        .join(".*");
+                    json!({"safe_regex": {"regex": regex}})
+                } else {
+                    json!({"exact": origin})
+                }
+            })
+            .collect();
+        json!({
+            "@type": CORS_POLICY_TYPE,
+            "allow_origin_string_match": origins,
+            "allow_methods": self.allow_methods.join(", "),
+            "allow_headers": self.allow_headers.join(", "),
+            "expose_headers": self.expose_headers.join(", "),
+            "max_age": seconds(&self.max_age).to_string(),
+            "allow_credentials": false,
+            "forward_not_matching_preflights": false,
+        })
+    }
+}
+
+/// Go's `regexp.QuoteMeta`.
+fn regex_quoted(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let special = r"\.+*?()|[]{}^$".contains(c);
+            special.then_some('\\').into_iter().chain([c])
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -280,17 +361,19 @@ pub struct EnvoyGatewayManifest {
     route: Resource<HttpRouteSpec>,
     extension: Resource<ExtensionPolicySpec>,
     traffic: Resource<ClientTrafficPolicySpec>,
+    security: Resource<SecurityPolicySpec>,
     patch: Resource<PatchPolicySpec>,
 }
 
 pub fn envoy_gateway_manifest(text: &str) -> EnvoyGatewayManifest {
     let docs = documents(text);
-    assert_eq!(docs.len(), 5);
+    assert_eq!(docs.len(), 6);
     EnvoyGatewayManifest {
         gateway: typed(find(&docs, "Gateway")),
         route: typed(find(&docs, "HTTPRoute")),
         extension: typed(find(&docs, "EnvoyExtensionPolicy")),
         traffic: typed(find(&docs, "ClientTrafficPolicy")),
+        security: typed(find(&docs, "SecurityPolicy")),
         patch: typed(find(&docs, "EnvoyPatchPolicy")),
     }
 }
@@ -407,13 +490,18 @@ impl EnvoyGatewayManifest {
                     "name": format!("{}/match/0/*", self.rule_name(i)),
                     "match": envoy_match,
                     "route": {"cluster": self.rule_name(i), "timeout": rule.timeouts.request},
+                    "typed_per_filter_config": {"envoy.filters.http.cors": self.security.spec.cors.envoy()},
                 })
             })
             .collect();
+        let timeout = &self.traffic.spec.timeout.http;
+        let underscores = self.traffic.spec.headers.with_underscores_action.envoy();
         let hcm = json!({
             "@type": HCM_TYPE,
             "stat_prefix": "http-80",
-            "stream_idle_timeout": self.traffic.spec.timeout.http.stream_idle_timeout,
+            "stream_idle_timeout": timeout.stream_idle_timeout,
+            "request_timeout": timeout.request_received_timeout,
+            "common_http_protocol_options": {"headers_with_underscores_action": underscores},
             "early_header_mutation_extensions": [{
                 "name": "envoy.http.early_header_mutation.header_mutation",
                 "typed_config": {
@@ -429,7 +517,8 @@ impl EnvoyGatewayManifest {
                     "routes": routes,
                 }],
             },
-            "http_filters": [wasm_filter, router()],
+            // Envoy Gateway puts the CORS filter first when a route has a CORS policy.
+            "http_filters": [cors_filter(), wasm_filter, router()],
         });
         json!({
             "name": self.listener_name(),
@@ -573,6 +662,7 @@ fn envoy_gateway_manifest_is_consistent() {
     for api_version in [
         &m.extension.api_version,
         &m.traffic.api_version,
+        &m.security.api_version,
         &m.patch.api_version,
     ] {
         assert_eq!(api_version, "gateway.envoyproxy.io/v1alpha1");
@@ -582,6 +672,7 @@ fn envoy_gateway_manifest_is_consistent() {
         &m.route.metadata.namespace,
         &m.extension.metadata.namespace,
         &m.traffic.metadata.namespace,
+        &m.security.metadata.namespace,
         &m.patch.metadata.namespace,
     ] {
         assert_eq!(other, namespace, "policies attach within one namespace");
@@ -594,6 +685,7 @@ fn envoy_gateway_manifest_is_consistent() {
         .target_refs
         .iter()
         .chain(&m.traffic.spec.target_refs)
+        .chain(&m.security.spec.target_refs)
         .chain([&m.patch.spec.target_ref])
     {
         assert_eq!(
@@ -658,7 +750,7 @@ fn envoy_gateway_manifest_is_consistent() {
     // route to the decode cluster, both with the HTTPRoute's timeout.
     let listener = m.patched_listener(Path::new("/x.wasm"));
     let hcm = &listener["default_filter_chain"]["filters"][0]["typed_config"];
-    let config = &hcm["http_filters"][0]["typed_config"]["config"];
+    let config = &hcm["http_filters"][1]["typed_config"]["config"];
     assert_eq!(config["allow_on_headers_stop_iteration"], true);
     let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
     assert_eq!(routes[0]["match"]["headers"], pool_header_matcher(".+"));
@@ -671,6 +763,16 @@ fn envoy_gateway_manifest_is_consistent() {
         routes[1]["route"],
         json!({"cluster": DECODE_CLUSTER, "timeout": "300s"})
     );
+
+    // The bootstrap's edge: request timeouts, underscores refused, Envoy's answers as JSON
+    // on the connection manager; its CORS policy on both routes.
+    check_edge_hcm(hcm, &m.plugin_config());
+    for route in routes.as_array().unwrap() {
+        check_cors(
+            &route["typed_per_filter_config"]["envoy.filters.http.cors"],
+            &m.plugin_config(),
+        );
+    }
 }
 
 #[test]

@@ -13,9 +13,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE, bootstrap, check_clusters,
-    documents, find, local_code, plugin_config, pool_header_matcher, pool_retry_policy,
-    removed_headers, rendered_clusters, router, seconds, steering_headers, typed,
+    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE,
+    bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter, documents, find,
+    local_code, plugin_config, pool_header_matcher, pool_retry_policy, removed_headers,
+    rendered_clusters, router, seconds, steering_headers, typed,
 };
 
 pub const ISTIO: &str = include_str!("../../envoy/istio/pinroute.yaml");
@@ -59,6 +60,47 @@ pub struct HttpRoute {
     pub route: Vec<RouteDestination>,
     pub timeout: String,
     pub retries: Retries,
+    #[serde(rename = "corsPolicy")]
+    pub cors_policy: Option<CorsPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CorsPolicy {
+    pub allow_origins: Vec<StringMatch>,
+    pub allow_methods: Vec<String>,
+    pub allow_headers: Vec<String>,
+    pub expose_headers: Vec<String>,
+    pub max_age: String,
+    pub unmatched_preflights: Option<UnmatchedPreflights>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum UnmatchedPreflights {
+    Unspecified,
+    Forward,
+    Ignore,
+}
+
+impl CorsPolicy {
+    /// The route's Envoy `CorsPolicy`, as Istio translates it (`TranslateCORSPolicy`).
+    fn envoy(&self) -> Value {
+        let origins: Vec<Value> = self.allow_origins.iter().map(StringMatch::envoy).collect();
+        let mut policy = json!({
+            "@type": CORS_POLICY_TYPE,
+            "allow_origin_string_match": origins,
+            "allow_methods": self.allow_methods.join(","),
+            "allow_headers": self.allow_headers.join(","),
+            "expose_headers": self.expose_headers.join(","),
+            "max_age": seconds(&self.max_age).to_string(),
+            "filter_enabled": {"default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+        });
+        if self.unmatched_preflights == Some(UnmatchedPreflights::Ignore) {
+            policy["forward_not_matching_preflights"] = json!(false);
+        }
+        policy
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,7 +112,21 @@ pub struct HttpMatchRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StringMatch {
-    pub regex: String,
+    pub exact: Option<String>,
+    pub prefix: Option<String>,
+    pub regex: Option<String>,
+}
+
+impl StringMatch {
+    /// Envoy's `StringMatcher` for it, as Istio converts it.
+    fn envoy(&self) -> Value {
+        match (&self.exact, &self.prefix, &self.regex) {
+            (Some(exact), None, None) => json!({"exact": exact}),
+            (None, Some(prefix), None) => json!({"prefix": prefix}),
+            (None, None, Some(regex)) => json!({"safe_regex": {"regex": regex}}),
+            _ => panic!("a StringMatch sets exactly one of exact, prefix and regex: {self:?}"),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -327,7 +383,7 @@ impl IstioManifest {
                     let headers: Vec<Value> = request
                         .headers
                         .iter()
-                        .map(|(name, m)| json!({"name": name, "string_match": {"safe_regex": {"regex": m.regex}}}))
+                        .map(|(name, m)| json!({"name": name, "string_match": m.envoy()}))
                         .collect();
                     envoy_match["headers"] = Value::Array(headers);
                 }
@@ -339,6 +395,10 @@ impl IstioManifest {
                         "timeout": route.timeout,
                     },
                 });
+                if let Some(cors) = &route.cors_policy {
+                    envoy_route["typed_per_filter_config"] =
+                        json!({"envoy.filters.http.cors": cors.envoy()});
+                }
                 merge(&mut envoy_route, &self.route_patch(&route.name).patch.value);
                 envoy_route
             })
@@ -353,11 +413,13 @@ impl IstioManifest {
         typed_config["config"]["vm_config"]["code"] = local_code(wasm);
         let wasm_filter = json!({"name": discovered["name"], "typed_config": typed_config});
 
+        // Istio puts its CORS filter in every gateway chain, before its authn/authz filters.
         let mut http_filters = vec![
             self.patch(ApplyTo::HttpFilter, Operation::InsertFirst)
                 .patch
                 .value
                 .clone(),
+            cors_filter(),
             wasm_filter,
         ];
         http_filters.push(router());
@@ -534,6 +596,17 @@ fn istio_manifest_is_consistent() {
     );
     assert_eq!(envoy_routes[0]["route"]["cluster"], DECODE_POOL_CLUSTER);
     assert_eq!(envoy_routes[1]["route"]["cluster"], DECODE_CLUSTER);
+
+    // The bootstrap's edge: request timeouts, underscores refused, Envoy's answers as JSON
+    // on the connection manager; its CORS policy on both routes.
+    let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+    check_edge_hcm(hcm, &m.plugin_config());
+    for route in envoy_routes.as_array().unwrap() {
+        check_cors(
+            &route["typed_per_filter_config"]["envoy.filters.http.cors"],
+            &m.plugin_config(),
+        );
+    }
 }
 
 #[test]

@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use pinroute::policy::config::{Config, Settings};
 use pinroute::policy::headers::POOL_HEADER;
 use pinroute_harness::envoy::{
-    BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, buffer_limit_bytes, render_bootstrap,
-    repo_root,
+    BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, buffer_limit_bytes,
+    render_bootstrap, repo_root,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -214,19 +214,100 @@ fn pool_header_matcher(regex: &str) -> Value {
     json!([{"name": POOL_HEADER, "string_match": {"safe_regex": {"regex": regex}}}])
 }
 
-/// The clusters of `envoy/bootstrap.yaml` rendered for the same plugin configuration.
-fn rendered_clusters(plugin_config: &str) -> Value {
+/// `envoy/bootstrap.yaml` rendered for the same plugin configuration, with the defaults of
+/// `envoy-config`.
+fn rendered_bootstrap(plugin_config: &str) -> Value {
     let yaml = render_bootstrap(&BootstrapOptions {
         listen: "127.0.0.1:10000".parse().unwrap(),
         admin: "127.0.0.1:9901".parse().unwrap(),
         wasm: PathBuf::from("/x.wasm"),
         plugin_config: plugin_config.to_owned(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: EdgeOptions::default(),
     })
     .unwrap();
-    let bootstrap = documents(&yaml).remove(0);
-    bootstrap["static_resources"]["clusters"].clone()
+    documents(&yaml).remove(0)
 }
+
+/// The clusters of the rendered bootstrap.
+fn rendered_clusters(plugin_config: &str) -> Value {
+    rendered_bootstrap(plugin_config)["static_resources"]["clusters"].clone()
+}
+
+/// The rendered bootstrap's HTTP connection manager.
+fn rendered_hcm(plugin_config: &str) -> Value {
+    rendered_bootstrap(plugin_config)["static_resources"]["listeners"][0]["filter_chains"][0]
+        ["filters"][0]["typed_config"]
+        .clone()
+}
+
+/// The settings of the connection manager a deployment must share with the bootstrap:
+/// request timeouts, header names with underscores refused, Envoy's answers as JSON.
+const EDGE_HCM_FIELDS: [&str; 4] = [
+    "request_headers_timeout",
+    "request_timeout",
+    "common_http_protocol_options",
+    "local_reply_config",
+];
+
+/// Checks that `hcm` (a connection manager as Envoy receives it) has the bootstrap's edge
+/// settings.
+fn check_edge_hcm(hcm: &Value, plugin_config: &str) {
+    let rendered = rendered_hcm(plugin_config);
+    for field in EDGE_HCM_FIELDS {
+        assert!(rendered.get(field).is_some(), "the bootstrap sets {field}");
+        assert_eq!(hcm[field], rendered[field], "{field}");
+    }
+}
+
+/// Checks that `policy` (an Envoy `CorsPolicy` as a control plane generates it) allows what
+/// the bootstrap's allows: any origin, the same methods and headers, the same exposed
+/// headers and preflight lifetime, and answers other origins' preflights itself.
+fn check_cors(policy: &Value, plugin_config: &str) {
+    let rendered = &rendered_bootstrap(plugin_config)["static_resources"]["listeners"][0]["filter_chains"]
+        [0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["typed_per_filter_config"]
+        ["envoy.filters.http.cors"];
+    let list = |value: &Value| -> Vec<String> {
+        value
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(|item| item.trim().to_owned())
+            .collect()
+    };
+    for field in ["allow_methods", "allow_headers", "expose_headers"] {
+        assert_eq!(list(&policy[field]), list(&rendered[field]), "{field}");
+    }
+    assert_eq!(policy["max_age"], rendered["max_age"]);
+    assert_eq!(policy["forward_not_matching_preflights"], false);
+    assert_eq!(
+        rendered["allow_origin_string_match"],
+        json!([{"exact": "*"}])
+    );
+    let any_origin = [
+        json!({"exact": "*"}),
+        json!({"safe_regex": {"regex": ".*"}}),
+    ];
+    assert!(
+        policy["allow_origin_string_match"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| any_origin.contains(m)),
+        "{policy}"
+    );
+}
+
+/// Envoy's CORS filter, whose policies are the routes'.
+fn cors_filter() -> Value {
+    json!({
+        "name": "envoy.filters.http.cors",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"},
+    })
+}
+
+const CORS_POLICY_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy";
 
 /// A static bootstrap around one listener and the given clusters.
 fn bootstrap(listener: Value, clusters: Vec<Value>) -> String {

@@ -148,6 +148,7 @@ fn istio_and_gateway_api_documents_pass_the_published_schemas() {
         // No registry package ships Envoy Gateway's CRD schemas: the typed checks above.
         "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy pinroute",
+        "SKIP gateway.envoyproxy.io/v1alpha1/SecurityPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyPatchPolicy pinroute",
     ];
     assert_eq!(verdicts, expected);

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{
-    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, default_wasm_path, render_bootstrap,
+    ANY_ORIGIN, BootstrapOptions, DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, render_bootstrap,
 };
 
 #[derive(clap::Args)]
@@ -27,6 +28,34 @@ pub struct Args {
     /// Route (whole request) timeout in seconds; 0 disables it.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_ROUTE_TIMEOUT.as_secs())]
     route_timeout: u64,
+    /// Seconds a client has to send its request headers; 0 disables it.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_REQUEST_HEADERS_TIMEOUT.as_secs())]
+    request_headers_timeout: u64,
+    /// Seconds a client has to send its whole request (408 after that; the prefill hop's
+    /// budget is added, a streamed response is never cut); 0 disables it.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_REQUEST_TIMEOUT.as_secs())]
+    request_timeout: u64,
+    /// A browser origin allowed by CORS (`https://app.example.com`), repeatable; `*` allows
+    /// any.
+    #[arg(long = "cors-origin", value_name = "ORIGIN", default_value = ANY_ORIGIN)]
+    cors_origins: Vec<String>,
+    /// No CORS: browsers' preflights get the filter's 405, pages cannot read answers.
+    #[arg(long, conflicts_with = "cors_origins")]
+    no_cors: bool,
+}
+
+impl Args {
+    fn edge(&self) -> EdgeOptions {
+        EdgeOptions {
+            request_headers_timeout: Duration::from_secs(self.request_headers_timeout),
+            request_timeout: Duration::from_secs(self.request_timeout),
+            cors_origins: if self.no_cors {
+                Vec::new()
+            } else {
+                self.cors_origins.clone()
+            },
+        }
+    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -45,6 +74,7 @@ pub fn run(args: &Args) -> Result<()> {
         wasm,
         plugin_config,
         route_timeout: Duration::from_secs(args.route_timeout),
+        edge: args.edge(),
     })
     .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;
     std::io::stdout()

@@ -128,10 +128,11 @@ fn combined_output(output: &Output) -> String {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::envoy::render_bootstrap;
     use crate::envoy::test_support::{
         AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, envoy, options, real_wasm, stub_wasm,
     };
+    use crate::envoy::{BootstrapOptions, EdgeOptions, render_bootstrap};
+    use std::time::Duration;
 
     #[test]
     fn finds_the_project_envoy() {
@@ -143,9 +144,26 @@ mod tests {
     #[test]
     fn envoy_accepts_the_rendered_bootstraps_with_a_stub_filter() {
         let wasm = stub_wasm();
+        let edges = [
+            EdgeOptions::default(),
+            EdgeOptions {
+                request_headers_timeout: Duration::ZERO,
+                request_timeout: Duration::ZERO,
+                cors_origins: Vec::new(),
+            },
+            EdgeOptions {
+                cors_origins: vec!["https://a.example".into(), "http://[::1]:3000".into()],
+                ..EdgeOptions::default()
+            },
+        ];
         for registry in [DISAGGREGATED_REGISTRY, AGGREGATED_REGISTRY] {
-            let yaml = render_bootstrap(&options(registry, wasm.path())).unwrap();
-            validate(&envoy(), &yaml).unwrap();
+            for edge in &edges {
+                let opts = BootstrapOptions {
+                    edge: edge.clone(),
+                    ..options(registry, wasm.path())
+                };
+                validate(&envoy(), &render_bootstrap(&opts).unwrap()).unwrap();
+            }
         }
     }
 

@@ -8,6 +8,8 @@ use anyhow::{Context, Result, bail, ensure};
 use pinroute::policy::config::{Config, Settings};
 use serde_json::json;
 
+use super::edge::{self, EdgeOptions};
+
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
 /// The cluster the routed (decode or aggregated) request goes to.
@@ -32,6 +34,8 @@ pub struct BootstrapOptions {
     pub plugin_config: String,
     /// Route timeout and HTTP stream idle timeout; zero disables both.
     pub route_timeout: Duration,
+    /// Request timeouts and CORS.
+    pub edge: EdgeOptions,
 }
 
 /// Renders the bootstrap, refusing a plugin configuration the filter would refuse.
@@ -39,9 +43,11 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     let config = Config::from_json(opts.plugin_config.as_bytes())
         .map_err(|e| anyhow::anyhow!("invalid plugin configuration (worker registry): {e}"))?;
     check_cluster_names(&config.settings)?;
+    edge::check_origins(&opts.edge)?;
     let mut values = placeholder_values(opts, &config.settings)?;
     values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
     values.push(("{{REGISTRY_CLUSTER}}", registry_cluster(&config)?));
+    values.push(("{{CORS_POLICY}}", edge::cors_policy(&opts.edge)));
     let rendered = values
         .iter()
         .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
@@ -77,6 +83,14 @@ fn placeholder_values(
             buffer_limit_bytes(settings.max_body_bytes)?.to_string(),
         ),
         ("{{ROUTE_TIMEOUT}}", envoy_duration(opts.route_timeout)),
+        (
+            "{{REQUEST_HEADERS_TIMEOUT}}",
+            envoy_duration(opts.edge.request_headers_timeout),
+        ),
+        (
+            "{{REQUEST_TIMEOUT}}",
+            envoy_duration(edge::request_timeout(&opts.edge, settings)),
+        ),
         ("{{CONNECT_TIMEOUT}}", envoy_duration(CONNECT_TIMEOUT)),
         (
             "{{MAX_UPSTREAM_REQUESTS}}",
@@ -227,6 +241,13 @@ mod tests {
             yaml.contains("per_connection_buffer_limit_bytes: 9437184"),
             "{yaml}"
         );
+        assert!(yaml.contains("request_headers_timeout: 10s"), "{yaml}");
+        assert!(yaml.contains("request_timeout: 120s"), "{yaml}");
+        assert!(
+            yaml.contains("headers_with_underscores_action: REJECT_REQUEST"),
+            "{yaml}"
+        );
+        assert!(yaml.contains("typed_per_filter_config: {\"envoy.filters.http.cors\""));
     }
 
     #[test]

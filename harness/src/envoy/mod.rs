@@ -2,13 +2,14 @@
 //! the Envoy binary, validating a bootstrap and running Envoy.
 //!
 //! Request path in the rendered bootstrap: `header_mutation` strips client copies of the
-//! steering headers, the pinroute wasm filter chooses the workers (prefill through
+//! steering headers, CORS answers browsers' preflights, the pinroute wasm filter chooses the workers (prefill through
 //! `dispatch_http_call` to the ORIGINAL_DST prefill cluster with `x-envoy-original-dst-host`,
 //! decode by setting the upstream header), the router sends the request to the ORIGINAL_DST
 //! decode cluster, which dials the address in that header.
 
 mod binary;
 mod bootstrap;
+mod edge;
 mod process;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
@@ -20,6 +21,10 @@ pub use bootstrap::{
     BUFFER_HEADROOM_BYTES, BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER,
     DEFAULT_ROUTE_TIMEOUT, MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration,
     render_bootstrap,
+};
+pub use edge::{
+    ANY_ORIGIN, CORS_ALLOW_HEADERS, CORS_ALLOW_METHODS, CORS_EXPOSE_HEADERS, CORS_MAX_AGE,
+    DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, EdgeOptions, request_timeout,
 };
 pub use process::{Envoy, EnvoyOptions, HotRestart};
 

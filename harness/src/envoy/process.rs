@@ -403,6 +403,7 @@ mod tests {
         DISAGGREGATED_REGISTRY, envoy, options, real_wasm, stub_wasm,
     };
     use crate::envoy::{BootstrapOptions, render_bootstrap};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn ephemeral_bootstrap(wasm: &Path) -> String {
         let opts = BootstrapOptions {
@@ -413,13 +414,32 @@ mod tests {
         render_bootstrap(&opts).unwrap()
     }
 
+    /// Envoy with the rendered bootstrap and a filter that does nothing; it stops first
+    /// when dropped, then its files go.
+    struct StubEnvoy {
+        envoy: Envoy,
+        _wasm: tempfile::NamedTempFile,
+        _dir: tempfile::TempDir,
+    }
+
+    impl StubEnvoy {
+        async fn start() -> StubEnvoy {
+            let wasm = stub_wasm();
+            let dir = tempfile::tempdir().unwrap();
+            let yaml = ephemeral_bootstrap(wasm.path());
+            let envoy = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+            StubEnvoy {
+                envoy,
+                _wasm: wasm,
+                _dir: dir,
+            }
+        }
+    }
+
     #[tokio::test]
     async fn starts_ready_on_ephemeral_ports_and_dies_on_drop() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         assert_ne!(envoy.admin().port(), 0);
         assert_ne!(envoy.listen().port(), 0);
         assert_eq!(envoy.admin_get("/ready").await.unwrap().trim(), "LIVE");
@@ -434,7 +454,7 @@ mod tests {
         );
         let proc_dir = PathBuf::from(format!("/proc/{}", envoy.pid()));
         assert!(proc_dir.exists());
-        drop(envoy);
+        drop(stub);
         assert!(!proc_dir.exists(), "Envoy survived its handle");
     }
 
@@ -450,11 +470,8 @@ mod tests {
 
     #[tokio::test]
     async fn plugin_configuration_reaches_envoy_intact() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         let dump: serde_json::Value =
             serde_json::from_str(&envoy.admin_get("/config_dump").await.unwrap()).unwrap();
         let configuration = find_key(&dump, "configuration").unwrap();
@@ -480,11 +497,8 @@ mod tests {
     /// reach ORIGINAL_DST: header_mutation strips them, so nothing is dialled.
     #[tokio::test]
     async fn client_steering_headers_are_stripped() {
-        let wasm = stub_wasm();
-        let dir = tempfile::tempdir().unwrap();
-        let envoy = Envoy::start(&envoy(), &ephemeral_bootstrap(wasm.path()), dir.path())
-            .await
-            .unwrap();
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
         let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target_address = target.local_addr().unwrap().to_string();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -499,6 +513,43 @@ mod tests {
         }
         let accepted = tokio::time::timeout(Duration::from_millis(200), target.accept()).await;
         assert!(accepted.is_err(), "Envoy dialled a client-named address");
+    }
+
+    /// Envoy's own answers, with no filter to answer for it: a route with no host (503) and
+    /// a request no route takes (404) are OpenAI-shaped JSON (`docs/semantics.md` §6).
+    #[tokio::test]
+    async fn envoys_own_answers_are_json_without_the_filter() {
+        let stub = StubEnvoy::start().await;
+        let envoy = &stub.envoy;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let no_host = client.get(envoy.url("/v1/models")).send().await.unwrap();
+        assert_json_error(no_host, 503, "unavailable", "server_error").await;
+        let mut tcp = tokio::net::TcpStream::connect(envoy.listen())
+            .await
+            .unwrap();
+        let connect = "CONNECT gw:443 HTTP/1.1\r\nhost: gw:443\r\n\r\n";
+        tcp.write_all(connect.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 404"), "{answer}");
+        assert!(
+            head.contains("x-pinroute-error-code: unknown_path"),
+            "{head}"
+        );
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"]["code"], "unknown_path", "{body}");
+    }
+
+    async fn assert_json_error(response: reqwest::Response, status: u16, code: &str, kind: &str) {
+        assert_eq!(response.status(), status);
+        let header = |name: &str| response.headers().get(name).unwrap().to_str().unwrap();
+        assert_eq!(header("content-type"), "application/json");
+        assert_eq!(header("x-pinroute-error-code"), code);
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert_eq!(body["error"]["type"], kind, "{body}");
+        assert!(body["error"]["message"].is_string(), "{body}");
     }
 
     #[tokio::test]

@@ -9,7 +9,10 @@ use std::sync::OnceLock;
 
 use tempfile::NamedTempFile;
 
-use super::{BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, default_wasm_path, envoy_binary, repo_root};
+use super::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, envoy_binary,
+    repo_root,
+};
 
 pub const DISAGGREGATED_REGISTRY: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "dp_size": 1},
@@ -31,6 +34,7 @@ pub fn options(plugin_config: &str, wasm: &Path) -> BootstrapOptions {
         wasm: wasm.to_owned(),
         plugin_config: plugin_config.to_owned(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: EdgeOptions::default(),
     }
 }
 

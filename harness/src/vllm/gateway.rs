@@ -7,7 +7,8 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::envoy::{
-    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, envoy_binary, render_bootstrap,
+    repo_root,
 };
 
 /// Starts Envoy on free loopback ports with `wasm` configured by `plugin_config` (the registry
@@ -20,6 +21,7 @@ pub async fn start_gateway(plugin_config: &Value, wasm: &Path, work_dir: &Path) 
         wasm: wasm.to_owned(),
         plugin_config: plugin_config.to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: EdgeOptions::default(),
     })?;
     let binary = envoy_binary(&repo_root())?;
     Envoy::start(&binary, &bootstrap, work_dir).await

@@ -13,8 +13,8 @@ use serde_json::json;
 use super::python::PythonProxy;
 use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
 use pinroute_harness::envoy::{
-    BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, Envoy, MAX_UPSTREAM_REQUESTS,
-    buffer_limit_bytes, envoy_duration, render_bootstrap,
+    BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy,
+    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, render_bootstrap,
 };
 
 const PLAIN_TEMPLATE: &str = include_str!("../../../../envoy/plain.yaml");
@@ -178,6 +178,7 @@ fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path) -> Result<String> {
         wasm: PathBuf::from(wasm),
         plugin_config: registry(sims).to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: EdgeOptions::default(),
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use pinroute::policy::health::MAX_OUTAGE_PERIODS;
 use serde_json::json;
 
+use super::mix::MAX_BODY_BYTES;
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::StackSpec;
 
@@ -50,7 +51,7 @@ pub fn stack_spec(wasm: PathBuf, timing: WorkerTiming) -> StackSpec {
         .collect();
     let mut spec = StackSpec::new(workers, wasm);
     let period_ms = u64::try_from(UNHEALTHY_PERIOD.as_millis()).unwrap_or(u64::MAX);
-    spec.settings = json!({ "unhealthy_period_ms": period_ms });
+    spec.settings = json!({ "unhealthy_period_ms": period_ms, "max_body_bytes": MAX_BODY_BYTES });
     spec
 }
 

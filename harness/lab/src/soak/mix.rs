@@ -12,6 +12,9 @@ use crate::load::ChunkedBody;
 pub const COMPLETIONS: &str = "/v1/completions";
 pub const CHAT: &str = "/v1/chat/completions";
 pub const MODELS: &str = "/v1/models";
+/// The filter's `max_body_bytes` in the soak's deployment: small, so that an oversized body
+/// costs the load generator little.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// Sessions a session request picks its key from.
 const SESSIONS: u64 = 48;
 /// An id no registry entry has.
@@ -38,14 +41,20 @@ pub enum Kind {
     RankOutOfRange,
     WrongRole,
     RankWithoutWorker,
+    KvGuess,
+    NestedSteering,
+    WrongMethod,
+    ControlPath,
+    OversizedBody,
+    UnderscoreHeader,
 }
 
 /// Every kind with its weight in the mix (percent of requests, roughly).
-pub const MIX: [(Kind, u64); 18] = [
-    (Kind::Unpinned, 10),
+pub const MIX: [(Kind, u64); 24] = [
+    (Kind::Unpinned, 6),
     (Kind::UnpinnedStream, 8),
     (Kind::Chat, 5),
-    (Kind::ChatStream, 9),
+    (Kind::ChatStream, 7),
     (Kind::Session, 8),
     (Kind::DecodePinHeader, 9),
     (Kind::DecodePinNvext, 7),
@@ -60,6 +69,12 @@ pub const MIX: [(Kind, u64); 18] = [
     (Kind::RankOutOfRange, 2),
     (Kind::WrongRole, 2),
     (Kind::RankWithoutWorker, 2),
+    (Kind::KvGuess, 1),
+    (Kind::NestedSteering, 1),
+    (Kind::WrongMethod, 1),
+    (Kind::ControlPath, 1),
+    (Kind::OversizedBody, 1),
+    (Kind::UnderscoreHeader, 1),
 ];
 
 impl Kind {
@@ -83,6 +98,12 @@ impl Kind {
             Kind::RankOutOfRange => "invalid: rank out of range",
             Kind::WrongRole => "invalid: wrong role",
             Kind::RankWithoutWorker => "invalid: rank without worker",
+            Kind::KvGuess => "hostile: KV locator guess in stream_options",
+            Kind::NestedSteering => "hostile: nested steering field",
+            Kind::WrongMethod => "hostile: not POST on a completion path",
+            Kind::ControlPath => "hostile: engine control path",
+            Kind::OversizedBody => "hostile: oversized body, other path",
+            Kind::UnderscoreHeader => "hostile: underscore header name",
         }
     }
 }
@@ -119,6 +140,8 @@ impl Pins {
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub kind: Kind,
+    /// `None`: POST with a body, GET without.
+    pub method: Option<Method>,
     pub path: &'static str,
     pub headers: Vec<(&'static str, String)>,
     pub body: Option<Bytes>,
@@ -131,6 +154,7 @@ impl Planned {
     fn new(kind: Kind, path: &'static str, expect: Expect) -> Self {
         Planned {
             kind,
+            method: None,
             path,
             headers: Vec::new(),
             body: None,
@@ -162,21 +186,17 @@ impl Planned {
 
     /// The HTTP request, with `x-request-id`.
     pub fn request(&self, request_id: &str) -> Request<ChunkedBody> {
-        let method = if self.body.is_some() {
-            Method::POST
-        } else {
-            Method::GET
-        };
         let body = self.body.clone().map(ChunkedBody::from).unwrap_or_default();
         let mut builder = Request::builder()
-            .method(method)
+            .method(self.method())
             .uri(self.path)
             .header("host", "soak")
             .header("x-request-id", request_id);
         if self.body.is_some() {
-            builder = builder
-                .header("content-type", "application/json")
-                .header("content-length", body.len());
+            builder = builder.header("content-length", body.len());
+            if !self.headers.iter().any(|(name, _)| *name == "content-type") {
+                builder = builder.header("content-type", "application/json");
+            }
         }
         for (name, value) in &self.headers {
             builder = builder.header(*name, value.as_str());
@@ -202,15 +222,19 @@ impl Planned {
         format!(
             "[{}] {} {} headers {:?} body {}",
             self.kind.label(),
-            self.method_name(),
+            self.method(),
             self.path,
             headers,
             body.unwrap_or_default()
         )
     }
 
-    fn method_name(&self) -> &'static str {
-        if self.body.is_some() { "POST" } else { "GET" }
+    fn method(&self) -> Method {
+        match (&self.method, &self.body) {
+            (Some(method), _) => method.clone(),
+            (None, Some(_)) => Method::POST,
+            (None, None) => Method::GET,
+        }
     }
 }
 
@@ -277,6 +301,14 @@ pub fn plan(user: usize, seq: u64, max_tokens: u32) -> Planned {
     maker.plan(kind)
 }
 
+/// `body` with one more top-level member.
+fn with_member(mut body: Value, key: &str, value: Value) -> Value {
+    if let Some(object) = body.as_object_mut() {
+        object.insert(key.into(), value);
+    }
+    body
+}
+
 /// Builds the requests of each kind from one generator.
 struct Maker {
     rng: Rng,
@@ -305,6 +337,12 @@ impl Maker {
             Kind::RankOutOfRange => self.rank_out_of_range(),
             Kind::WrongRole => self.wrong_role(),
             Kind::RankWithoutWorker => self.rank_without_worker(),
+            Kind::KvGuess => self.kv_guess(),
+            Kind::NestedSteering => self.nested_steering(),
+            Kind::WrongMethod => self.wrong_method(),
+            Kind::ControlPath => self.control_path(),
+            Kind::OversizedBody => self.oversized_body(),
+            Kind::UnderscoreHeader => self.underscore_header(),
         }
     }
 
@@ -575,5 +613,124 @@ impl Maker {
             .rng
             .pick(&["x-dynamo-dp-rank", "x-dynamo-prefill-dp-rank"]);
         planned.header(name, 0)
+    }
+
+    /// A decode hop the worker refuses (its `stream_options` are not what the prefill hop
+    /// saw), guessing at the prefill's address: whatever the worker echoes, the answer is
+    /// the typed `decode_refused`, and no address reaches the client
+    /// (`docs/semantics.md` §4).
+    fn kv_guess(&mut self) -> Planned {
+        let (path, stream) = if self.rng.coin() {
+            (COMPLETIONS, true)
+        } else {
+            (CHAT, self.rng.coin())
+        };
+        let guess = format!("127.0.0.1:{}", 8000 + self.rng.below(1000));
+        let options = json!({ "include_usage": guess });
+        let body = with_member(self.body(path, stream, None), "stream_options", options);
+        Planned {
+            path,
+            ..Planned::rejected(Kind::KvGuess, 400, "decode_refused").json(&body)
+        }
+    }
+
+    /// `kv_transfer_params` or `ec_transfer_params` below the top level, or a top-level
+    /// `ec_transfer_params`: a client never steers KV transfer (`docs/semantics.md` §2).
+    fn nested_steering(&mut self) -> Planned {
+        let forged =
+            json!({"remote_host": "10.9.9.9", "remote_port": 5600, "do_remote_prefill": true});
+        let (member, value) = match self.rng.below(4) {
+            0 => ("vllm_xargs", json!({ "kv_transfer_params": forged })),
+            1 => ("nvext", json!({ "kv_transfer_params": forged })),
+            2 => ("ec_transfer_params", json!({ "engine_id": "soak" })),
+            _ => ("vllm_xargs", json!({ "ec_transfer_params": {} })),
+        };
+        let path = if self.rng.coin() { COMPLETIONS } else { CHAT };
+        let stream = self.rng.coin();
+        let body = with_member(self.body(path, stream, None), member, value);
+        Planned {
+            path,
+            ..Planned::rejected(Kind::NestedSteering, 400, "invalid_field").json(&body)
+        }
+    }
+
+    /// A completion path takes POST only: no other method makes a prefill hop.
+    fn wrong_method(&mut self) -> Planned {
+        let name = self.rng.pick(&["GET", "PUT", "DELETE", "PATCH", "OPTIONS"]);
+        let method = Method::from_bytes(name.as_bytes()).unwrap_or(Method::GET);
+        let path = if self.rng.coin() { COMPLETIONS } else { CHAT };
+        let mut planned = Planned::rejected(Kind::WrongMethod, 405, "method_not_allowed");
+        if matches!(method, Method::PUT | Method::PATCH) {
+            let body = self.body(path, false, None);
+            planned = planned.json(&body);
+        }
+        Planned {
+            method: Some(method),
+            path,
+            ..planned
+        }
+    }
+
+    /// vLLM's control endpoints are not public (`docs/semantics.md` §1).
+    fn control_path(&mut self) -> Planned {
+        let path = self.rng.pick(&[
+            "/reset_prefix_cache",
+            "/sleep",
+            "/wake_up",
+            "/collective_rpc",
+            "/metrics",
+            "/v1/load_lora_adapter",
+        ]);
+        let planned = Planned::new(
+            Kind::ControlPath,
+            path,
+            Expect::Rejected {
+                status: 404,
+                code: "unknown_path",
+            },
+        );
+        if self.rng.coin() {
+            planned.raw("{}")
+        } else {
+            planned
+        }
+    }
+
+    /// A body announced over `max_body_bytes` on a path that is not a completion path.
+    fn oversized_body(&mut self) -> Planned {
+        let path = self.rng.pick(&["/v1/embeddings", "/tokenize"]);
+        let content_type = self
+            .rng
+            .pick(&["application/json", "application/octet-stream"]);
+        let items = MAX_BODY_BYTES / 2 + 1;
+        let body = format!("[{}0]", "0,".repeat(items));
+        let planned = Planned::new(
+            Kind::OversizedBody,
+            path,
+            Expect::Rejected {
+                status: 413,
+                code: "body_too_large",
+            },
+        )
+        .header("content-type", content_type);
+        Planned {
+            body: Some(Bytes::from(body)),
+            ..planned
+        }
+    }
+
+    /// A steering or pin header spelt with underscores, which the engines' servers would
+    /// read as the dashed name: Envoy refuses it before any filter (`docs/semantics.md` §6).
+    fn underscore_header(&mut self) -> Planned {
+        let (name, value) = self.rng.pick(&[
+            ("x_pinroute_upstream", "127.0.0.1:1"),
+            ("x_data_parallel_rank", "1"),
+            ("x_dynamo_worker_instance_id", "201"),
+        ]);
+        let stream = self.rng.coin();
+        let body = self.body(COMPLETIONS, stream, None);
+        Planned::rejected(Kind::UnderscoreHeader, 400, "underscore_in_header")
+            .json(&body)
+            .header(name, value)
     }
 }

@@ -39,6 +39,8 @@ use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL
 const SIM_WORKER_HEADER: &str = "x-sim-worker-id";
 const SIM_RANK_HEADER: &str = "x-sim-dp-rank";
 const STREAM_END: &[u8] = b"data: [DONE]\n\n";
+/// Where the soak's workers listen.
+const WORKER_HOST: &str = "127.0.0.1";
 /// How the sim decode worker starts its message when it cannot load the KV.
 const KV_MISMATCH: &str = "kv_transfer_params do not match any prefill";
 
@@ -460,8 +462,20 @@ fn typed_error_problem(exchange: &Exchange, status: u16, codes: &[&str]) -> Opti
         return Some(format!("expected error code {codes:?}, got {code:?}"));
     }
     let header = exchange.header(ERROR_CODE_HEADER);
-    (header != code.as_deref())
-        .then(|| format!("{ERROR_CODE_HEADER} {header:?} differs from the body's code {code:?}"))
+    if header != code.as_deref() {
+        return Some(format!(
+            "{ERROR_CODE_HEADER} {header:?} differs from the body's code {code:?}"
+        ));
+    }
+    leaked_address(exchange)
+}
+
+/// No error may show a worker's address (the soak's workers listen on `127.0.0.1`), nor
+/// confirm a client's guess of one (`docs/semantics.md` §6).
+fn leaked_address(exchange: &Exchange) -> Option<String> {
+    let body = String::from_utf8_lossy(&exchange.body);
+    body.contains(WORKER_HOST)
+        .then(|| format!("an error names a worker address ({WORKER_HOST})"))
 }
 
 fn error_field(exchange: &Exchange, field: &str) -> Option<String> {

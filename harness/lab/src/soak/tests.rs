@@ -98,9 +98,74 @@ fn valid_requests_have_json_bodies_and_invalid_ones_expect_a_400() {
                     assert_eq!(body["stream"].as_bool().unwrap(), planned.stream);
                 }
             }
-            Expect::Rejected { status, .. } => assert_eq!(status, 400),
+            Expect::Rejected { status, .. } => {
+                assert!([400, 404, 405, 413].contains(&status), "{planned:?}")
+            }
         }
     }
+}
+
+#[test]
+fn hostile_requests_are_what_their_kind_says() {
+    let request = |kind| planned(kind, |_| true).request("r");
+    let guess = planned(Kind::KvGuess, |_| true);
+    let body: Value = serde_json::from_slice(guess.body.as_ref().unwrap()).unwrap();
+    assert!(
+        body["stream_options"]["include_usage"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    let nested = planned(Kind::NestedSteering, |_| true);
+    let body = String::from_utf8(nested.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("transfer_params"), "{body}");
+    let wrong_method = request(Kind::WrongMethod);
+    assert_ne!(wrong_method.method(), http::Method::POST);
+    assert!([mix::COMPLETIONS, mix::CHAT].contains(&wrong_method.uri().path()));
+    let control = request(Kind::ControlPath);
+    assert!(![mix::COMPLETIONS, mix::CHAT, mix::MODELS].contains(&control.uri().path()));
+    let oversized = request(Kind::OversizedBody);
+    let length: usize = oversized.headers()["content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(length > mix::MAX_BODY_BYTES);
+    assert_eq!(
+        oversized.headers().get_all("content-type").iter().count(),
+        1
+    );
+    let underscore = request(Kind::UnderscoreHeader);
+    assert!(
+        underscore
+            .headers()
+            .keys()
+            .any(|name| name.as_str().contains('_'))
+    );
+}
+
+#[test]
+fn an_error_naming_a_worker_address_is_a_mismatch() {
+    let planned = planned(Kind::KvGuess, |_| true);
+    let withheld = exchange(
+        400,
+        &[("x-pinroute-error-code", "decode_refused")],
+        &error_body("decode_refused"),
+    );
+    assert_eq!(
+        judged_without_faults(&planned, &withheld).judgement,
+        Judgement::AsExpected
+    );
+    let echo = json!({"error": {"message": "bad include_usage 127.0.0.1:8101", "type": "t",
+        "code": "decode_refused"}});
+    let leaked = exchange(
+        400,
+        &[("x-pinroute-error-code", "decode_refused")],
+        &echo.to_string(),
+    );
+    let verdict = judged_without_faults(&planned, &leaked);
+    assert_eq!(verdict.judgement, Judgement::Mismatch);
+    assert!(verdict.problem.unwrap().contains("worker address"));
 }
 
 #[test]

@@ -1,0 +1,233 @@
+//! What the listener asks of clients before the filter sees a request: how long the request
+//! may take to arrive, and which browser origins may call the gateway (`docs/deploy.md`
+//! §2.4, §2.6).
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use pinroute::policy::config::Settings;
+use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL_WORKER_HEADER};
+use serde_json::json;
+
+/// Time for the request headers to arrive.
+pub const DEFAULT_REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time for the whole request to arrive, on top of the prefill hop's budget.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The origin that allows every origin (as vLLM's own server does by default).
+pub const ANY_ORIGIN: &str = "*";
+
+/// The methods a browser may use: completions are POST, the rest GET.
+pub const CORS_ALLOW_METHODS: &str = "POST, GET, OPTIONS";
+/// The request headers a browser may send: the OpenAI client's, the request id, and every
+/// pin header with its aliases (`docs/semantics.md` §2).
+pub const CORS_ALLOW_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "x-request-id",
+    "x-dynamo-worker-instance-id",
+    "x-worker-instance-id",
+    "x-dynamo-prefill-instance-id",
+    "x-prefill-instance-id",
+    "x-dynamo-dp-rank",
+    "x-dp-rank",
+    "x-data-parallel-rank",
+    "x-dynamo-prefill-dp-rank",
+    "x-prefill-dp-rank",
+    "x-dynamo-session-id",
+];
+/// The response headers a page may read: the workers that served, the error code, and when
+/// to retry.
+pub const CORS_EXPOSE_HEADERS: &[&str] = &[
+    PREFILL_WORKER_HEADER,
+    DECODE_WORKER_HEADER,
+    ERROR_CODE_HEADER,
+    "retry-after",
+];
+/// How long a browser may cache a preflight's answer.
+pub const CORS_MAX_AGE: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeOptions {
+    /// Time for the request headers to arrive; zero disables it.
+    pub request_headers_timeout: Duration,
+    /// Time for the whole request to arrive; zero disables it. The prefill hop's budget is
+    /// added when rendered ([`request_timeout`]).
+    pub request_timeout: Duration,
+    /// Browser origins allowed by CORS, exactly (`*`: any); none turns CORS off.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for EdgeOptions {
+    fn default() -> Self {
+        EdgeOptions {
+            request_headers_timeout: DEFAULT_REQUEST_HEADERS_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            cors_origins: vec![ANY_ORIGIN.to_owned()],
+        }
+    }
+}
+
+/// Envoy's `request_timeout`, which runs until the filter lets the request go on: the time
+/// to send it, plus every prefill attempt the filter may make meanwhile. Zero stays zero.
+pub fn request_timeout(edge: &EdgeOptions, settings: &Settings) -> Duration {
+    if edge.request_timeout.is_zero() {
+        return Duration::ZERO;
+    }
+    let attempts = settings.prefill_retries.saturating_add(1);
+    edge.request_timeout
+        .saturating_add(settings.prefill_timeout().saturating_mul(attempts))
+}
+
+/// Refuses an origin no browser sends: a browser's `Origin` is `scheme://host[:port]`, with
+/// no path, so `https://app.example.com/` would never match.
+pub fn check_origins(edge: &EdgeOptions) -> Result<()> {
+    for origin in &edge.cors_origins {
+        let host = origin
+            .strip_prefix("https://")
+            .or_else(|| origin.strip_prefix("http://"));
+        let is_origin = host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '?', '#', ' ']));
+        ensure!(
+            origin == ANY_ORIGIN || is_origin,
+            "CORS origin {origin:?} is not `*` nor scheme://host[:port] (a browser's Origin has no path)"
+        );
+    }
+    Ok(())
+}
+
+/// The virtual host's `typed_per_filter_config` for the CORS filter, in JSON (valid YAML
+/// flow style), or nothing when no origin is allowed. A preflight from another origin is
+/// answered without CORS headers rather than passed on to the filter.
+pub fn cors_policy(edge: &EdgeOptions) -> String {
+    if edge.cors_origins.is_empty() {
+        return String::new();
+    }
+    let origins: Vec<_> = edge
+        .cors_origins
+        .iter()
+        .map(|origin| json!({ "exact": origin }))
+        .collect();
+    let policy = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": origins,
+        "allow_methods": CORS_ALLOW_METHODS,
+        "allow_headers": CORS_ALLOW_HEADERS.join(", "),
+        "expose_headers": CORS_EXPOSE_HEADERS.join(", "),
+        "max_age": CORS_MAX_AGE.as_secs().to_string(),
+        "forward_not_matching_preflights": false,
+    });
+    format!(
+        "typed_per_filter_config: {}",
+        json!({ "envoy.filters.http.cors": policy })
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use pinroute::policy::pins::is_pin_header;
+    use serde_json::Value;
+
+    fn settings(json: &str) -> Settings {
+        let registry = r#""workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}]"#;
+        let config = format!("{{{registry}{json}}}");
+        pinroute::policy::config::Config::from_json(config.as_bytes())
+            .unwrap()
+            .settings
+    }
+
+    #[test]
+    fn the_request_timeout_leaves_room_for_every_prefill_attempt() {
+        let edge = EdgeOptions::default();
+        assert_eq!(
+            request_timeout(&edge, &settings("")),
+            Duration::from_secs(60 + 30 * 2)
+        );
+        let short = settings(r#", "prefill_timeout_ms": 500, "prefill_retries": 0"#);
+        assert_eq!(
+            request_timeout(&edge, &short),
+            Duration::from_millis(60_500)
+        );
+        let off = EdgeOptions {
+            request_timeout: Duration::ZERO,
+            ..EdgeOptions::default()
+        };
+        assert_eq!(request_timeout(&off, &short), Duration::ZERO);
+    }
+
+    fn policy(edge: &EdgeOptions) -> Value {
+        let rendered = cors_policy(edge);
+        let json = rendered.strip_prefix("typed_per_filter_config: ").unwrap();
+        serde_json::from_str::<Value>(json).unwrap()["envoy.filters.http.cors"].clone()
+    }
+
+    #[test]
+    fn cors_allows_the_listed_origins_exactly_or_is_off() {
+        let default = policy(&EdgeOptions::default());
+        assert_eq!(
+            default["allow_origin_string_match"],
+            json!([{"exact": "*"}])
+        );
+        assert_eq!(default["forward_not_matching_preflights"], false);
+        let listed = EdgeOptions {
+            cors_origins: vec!["https://a.example".into(), "http://localhost:3000".into()],
+            ..EdgeOptions::default()
+        };
+        assert_eq!(
+            policy(&listed)["allow_origin_string_match"],
+            json!([{"exact": "https://a.example"}, {"exact": "http://localhost:3000"}])
+        );
+        let off = EdgeOptions {
+            cors_origins: Vec::new(),
+            ..EdgeOptions::default()
+        };
+        assert_eq!(cors_policy(&off), "");
+    }
+
+    /// Every spelling of a pin header the filter reads may be sent by a page, and every
+    /// `x-` header allowed besides the request id is one the filter reads.
+    #[test]
+    fn cors_allows_every_pin_header() {
+        let kinds = [
+            "worker-instance-id",
+            "prefill-instance-id",
+            "dp-rank",
+            "prefill-dp-rank",
+            "session-id",
+            "data-parallel-rank",
+        ];
+        let spellings = kinds
+            .iter()
+            .flat_map(|kind| [format!("x-dynamo-{kind}"), format!("x-{kind}")]);
+        for name in spellings.filter(|name| is_pin_header(name)) {
+            assert!(CORS_ALLOW_HEADERS.contains(&name.as_str()), "{name}");
+        }
+        for name in CORS_ALLOW_HEADERS.iter().filter(|n| n.starts_with("x-")) {
+            assert!(*name == "x-request-id" || is_pin_header(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_origin_no_browser_sends_is_refused() {
+        for good in ["*", "https://a.example", "http://localhost:3000"] {
+            let edge = EdgeOptions {
+                cors_origins: vec![good.into()],
+                ..EdgeOptions::default()
+            };
+            check_origins(&edge).unwrap();
+        }
+        for bad in [
+            "https://a.example/",
+            "a.example",
+            "https://",
+            "*.example",
+            "https://a b",
+        ] {
+            let edge = EdgeOptions {
+                cors_origins: vec![bad.into()],
+                ..EdgeOptions::default()
+            };
+            assert!(check_origins(&edge).is_err(), "{bad}");
+        }
+    }
+}
