@@ -1,6 +1,6 @@
 //! The one door to the host: every proxy-wasm host call the filter makes goes through this
 //! module. The request path sees the host as the [`Host`] trait, so its retry, fallback,
-//! passive-health and redaction paths run natively against an in-memory host in tests.
+//! passive-health and withheld-answer paths run natively against an in-memory host in tests.
 
 use std::time::Duration;
 

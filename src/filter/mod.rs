@@ -6,7 +6,7 @@
 //! | [`stream`] | one request's state machine: headers, body, prefill, routed, answered |
 //! | [`intake`] | what the client sent: admitted paths, methods and sizes, request id, forwarded headers, whole body |
 //! | [`prefill`] | the prefill call: dispatch, retry, judging its answer |
-//! | [`response`] | the routed hop and its answer: typed errors, redaction |
+//! | [`response`] | the routed hop and its answer: typed errors, withheld decode refusals |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id |
 //! | [`shared`] | state all Envoy threads see: passive health, requests in flight |
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |

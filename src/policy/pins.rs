@@ -90,6 +90,11 @@ const PIN_HEADERS: &[PinHeader] = &[
     },
 ];
 
+/// Every pin header's name, canonical names and aliases.
+pub fn pin_header_names() -> impl Iterator<Item = &'static str> {
+    PIN_HEADERS.iter().flat_map(|h| h.names.iter().copied())
+}
+
 /// Whether `name` (lowercase) is one of the pin headers; they are consumed here and never
 /// forwarded (vLLM would read a client's `x-data-parallel-rank` itself).
 pub fn is_pin_header(name: &str) -> bool {

@@ -18,23 +18,15 @@ pub const ANY_ORIGIN: &str = "*";
 
 /// The methods a browser may use: completions are POST, the rest GET.
 pub const CORS_ALLOW_METHODS: &str = "POST, GET, OPTIONS";
-/// The request headers a browser may send: the OpenAI client's, the request id, and every
-/// pin header with its aliases (`docs/semantics.md` §2).
-pub const CORS_ALLOW_HEADERS: &[&str] = &[
-    "authorization",
-    "content-type",
-    "x-request-id",
-    "x-dynamo-worker-instance-id",
-    "x-worker-instance-id",
-    "x-dynamo-prefill-instance-id",
-    "x-prefill-instance-id",
-    "x-dynamo-dp-rank",
-    "x-dp-rank",
-    "x-data-parallel-rank",
-    "x-dynamo-prefill-dp-rank",
-    "x-prefill-dp-rank",
-    "x-dynamo-session-id",
-];
+/// The request headers a browser may send besides the pin headers (all of them, with their
+/// aliases: `docs/semantics.md` §2): the OpenAI client's and the request id.
+pub const CORS_ALLOW_HEADERS: &[&str] = &["authorization", "content-type", "x-request-id"];
+
+/// Every request header a browser may send.
+pub fn cors_allow_headers() -> Vec<&'static str> {
+    let pins = pinroute::policy::pins::pin_header_names();
+    CORS_ALLOW_HEADERS.iter().copied().chain(pins).collect()
+}
 /// The response headers a page may read: the workers that served, the error code, and when
 /// to retry.
 pub const CORS_EXPOSE_HEADERS: &[&str] = &[
@@ -110,7 +102,7 @@ pub fn cors_policy(edge: &EdgeOptions) -> String {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
         "allow_origin_string_match": origins,
         "allow_methods": CORS_ALLOW_METHODS,
-        "allow_headers": CORS_ALLOW_HEADERS.join(", "),
+        "allow_headers": cors_allow_headers().join(", "),
         "expose_headers": CORS_EXPOSE_HEADERS.join(", "),
         "max_age": CORS_MAX_AGE.as_secs().to_string(),
         "forward_not_matching_preflights": false,
@@ -125,7 +117,6 @@ pub fn cors_policy(edge: &EdgeOptions) -> String {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use pinroute::policy::pins::is_pin_header;
     use serde_json::Value;
 
     fn settings(json: &str) -> Settings {
@@ -188,23 +179,15 @@ mod tests {
     /// `x-` header allowed besides the request id is one the filter reads.
     #[test]
     fn cors_allows_every_pin_header() {
-        let kinds = [
-            "worker-instance-id",
-            "prefill-instance-id",
-            "dp-rank",
-            "prefill-dp-rank",
-            "session-id",
-            "data-parallel-rank",
-        ];
-        let spellings = kinds
-            .iter()
-            .flat_map(|kind| [format!("x-dynamo-{kind}"), format!("x-{kind}")]);
-        for name in spellings.filter(|name| is_pin_header(name)) {
-            assert!(CORS_ALLOW_HEADERS.contains(&name.as_str()), "{name}");
+        let allowed = cors_allow_headers();
+        for name in [
+            "x-dynamo-worker-instance-id",
+            "x-data-parallel-rank",
+            "x-dynamo-session-id",
+        ] {
+            assert!(allowed.contains(&name), "{name}");
         }
-        for name in CORS_ALLOW_HEADERS.iter().filter(|n| n.starts_with("x-")) {
-            assert!(*name == "x-request-id" || is_pin_header(name), "{name}");
-        }
+        assert_eq!(allowed.len(), CORS_ALLOW_HEADERS.len() + 10);
     }
 
     #[test]

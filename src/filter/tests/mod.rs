@@ -1,5 +1,5 @@
 //! The request path against an in-memory host: retries, fallback, passive health, typed
-//! errors and redaction, natively and fast. `tests/abi` drives the compiled module through
+//! errors and withheld answers, natively and fast. `tests/abi` drives the compiled module through
 //! the real ABI.
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]

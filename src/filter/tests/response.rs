@@ -1,4 +1,4 @@
-//! The routed hop's answer: typed errors, passive health, redaction; other paths.
+//! The routed hop's answer: typed errors, passive health, withheld decode refusals; other paths.
 
 use super::*;
 use crate::policy::health::HealthTable;
