@@ -39,6 +39,8 @@ pub(super) struct ServedPrefill {
 /// A request on its way to its token-generating worker.
 pub(super) struct Routed {
     decode: TokenHop,
+    /// Whether Envoy may retry the hop on the alternates (`x-pinroute-pool` was set).
+    pooled: bool,
     prefill: Option<ServedPrefill>,
     answer: Answer,
 }
@@ -64,10 +66,15 @@ impl<H: Host> Env<H> {
         let target = &decode.target;
         let address = target.worker.address.to_string();
         self.set_request_header(&self.config.settings.upstream_header, Some(&address))?;
+        // The client's copies of both headers were removed with the headers (§7): only
+        // the filter's own need setting.
         let pool = pool_header(&decode, &self.config.pool_members);
-        self.set_request_header(headers::POOL_HEADER, pool.as_deref())?;
-        let rank = target.rank.map(|r| r.to_string());
-        self.set_request_header(DP_RANK_HEADER, rank.as_deref())?;
+        if let Some(pool) = &pool {
+            self.set_request_header(headers::POOL_HEADER, Some(pool))?;
+        }
+        if let Some(rank) = target.rank {
+            self.set_request_header(DP_RANK_HEADER, Some(&rank.to_string()))?;
+        }
         if let Some(held) = held {
             if let Some(edit) = &held.edit {
                 let edited = self
@@ -91,6 +98,7 @@ impl<H: Host> Env<H> {
         shared::add_outstanding(&self.host, target.worker.id, 1);
         let routed = Routed {
             decode,
+            pooled: pool.is_some(),
             prefill,
             answer: Answer::Awaited,
         };
@@ -188,6 +196,9 @@ impl Routed {
     fn served_decode_worker<H: Host>(&self, env: &Env<H>) -> WorkerId {
         let first = self.decode.target.worker.id;
         let alternates = &self.decode.alternates;
+        if !self.pooled {
+            return first;
+        }
         let Some(served) = env.host.upstream_address() else {
             return first;
         };

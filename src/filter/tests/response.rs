@@ -194,3 +194,18 @@ fn another_path_without_a_body_is_routed_at_once() {
     request.end();
     assert_eq!(request.outstanding(201), 0);
 }
+
+#[test]
+fn a_hop_envoy_could_not_retry_elsewhere_is_served_by_its_worker() {
+    let mut request = routed(&[("x-dynamo-worker-instance-id", "202")]);
+    assert_eq!(request.host.request_header("x-pinroute-pool"), None);
+    assert_eq!(request.host.request_header("x-data-parallel-rank"), None);
+    request.host.state().upstream_address = Some("10.0.0.21:8000".into());
+    request.respond(200, Some("{}"));
+    let served = request.host.response_header("x-pinroute-decode-worker");
+    assert_eq!(
+        served.as_deref(),
+        Some("202"),
+        "no pool: the address is not even read"
+    );
+}
