@@ -244,4 +244,4 @@ pub enum ConfigError {
 
 #[cfg(test)]
 #[path = "tests/config.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -3,12 +3,14 @@
 use super::*;
 use crate::policy::testing::test;
 
-const DISAGGREGATED: &str = r#"{"workers": [
+/// Also the registry tests' deployment.
+pub(crate) const DISAGGREGATED: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},
     {"id": 201, "role": "decode", "address": "127.0.0.1:8201", "dp_size": 2, "draining": true}
 ]}"#;
 
-fn refused(json: &str) -> String {
+/// Why `json` is refused as a plugin configuration.
+pub(crate) fn refused(json: &str) -> String {
     Config::from_json(json.as_bytes()).unwrap_err().to_string()
 }
 

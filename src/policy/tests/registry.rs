@@ -1,20 +1,11 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::policy::config::Config;
+use crate::policy::config::tests::{DISAGGREGATED, refused};
 use crate::policy::testing::test;
 
-const DISAGGREGATED: &str = r#"{"workers": [
-    {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},
-    {"id": 201, "role": "decode", "address": "127.0.0.1:8201", "dp_size": 2, "draining": true}
-]}"#;
-
-fn refused(json: &str) -> String {
-    Config::from_json(json.as_bytes()).unwrap_err().to_string()
-}
-
 #[test]
-fn parses_the_spec_format_with_defaults() {
+fn parses_the_registry_format_with_defaults() {
     let registry = Registry::from_json(DISAGGREGATED.as_bytes()).unwrap();
     assert_eq!(registry.deployment(), Deployment::Disaggregated);
     assert_eq!(registry.token_role(), Role::Decode);
