@@ -389,10 +389,7 @@ impl World<'_> {
                 .map_or(usize::MAX, |n| n.saturating_add(1)),
         );
         if !order.is_empty() {
-            Ok((
-                PrefillPlan::Candidates(order),
-                self.in_panic(Role::Prefill),
-            ))
+            Ok((PrefillPlan::Candidates(order), self.in_panic(Role::Prefill)))
         } else if self.settings.aggregated_fallback {
             Ok((PrefillPlan::Skip, false))
         } else {
@@ -492,7 +489,11 @@ impl World<'_> {
                 dp_size: worker.dp_size,
             });
         }
-        if let Some(why) = self.health.unavailability(worker).filter(|_| !self.usable(worker)) {
+        if let Some(why) = self
+            .health
+            .unavailability(worker)
+            .filter(|_| !self.usable(worker))
+        {
             return Err(RouteError::WorkerUnavailable {
                 hop,
                 worker: id,
