@@ -117,11 +117,19 @@ impl VllmServer {
         }
     }
 
+    /// The whole log so far.
+    pub fn log(&self) -> Result<String> {
+        fs::read_to_string(&self.log_path)
+            .with_context(|| format!("reading {}", self.log_path.display()))
+    }
+
     /// How many lines of the log contain `needle`.
     pub fn log_lines_containing(&self, needle: &str) -> Result<usize> {
-        let text = fs::read_to_string(&self.log_path)
-            .with_context(|| format!("reading {}", self.log_path.display()))?;
-        Ok(text.lines().filter(|line| line.contains(needle)).count())
+        Ok(self
+            .log()?
+            .lines()
+            .filter(|line| line.contains(needle))
+            .count())
     }
 
     /// `Some(status)` once the server process has exited.
