@@ -11,9 +11,6 @@ use serde_json::value::RawValue;
 use crate::Gateway;
 use crate::tap::Exchange;
 
-/// Bytes of one 32-token KV block of the tiny model in float32, as NIXL moves it: 2 layers ×
-/// (K, V) × 32 tokens × 4 KV heads × 32 dimensions × 4 bytes.
-const NIXL_BLOCK_BYTES: u64 = 65_536;
 /// How long the engines get to publish a request's counters and log lines.
 pub const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -178,7 +175,8 @@ pub fn named_pull(named: &str) -> Result<(NixlPull, usize), String> {
 }
 
 /// NixlConnector: decode pulled exactly the blocks `named` (prefill's `kv_transfer_params`),
-/// from the engine it names: one completed NIXL read of those blocks' bytes, no failure, the
+/// from the engine it names: one completed NIXL read of those blocks' bytes (of a known model;
+/// else a whole number of equal blocks), no failure, the
 /// named tokens counted as transferred rather than computed, prefill notified that its blocks
 /// were read, and decode's connector logging a pull of that engine's request and block ids.
 pub async fn nixl_pull_proof(
@@ -194,6 +192,10 @@ pub async fn nixl_pull_proof(
         return Err(format!("prefill named nothing to pull: {named}"));
     }
     let transferred = pull.external_tokens.min(tokens);
+    let block_bytes = match gateway.nixl_block_bytes {
+        Some(bytes) => bytes,
+        None => observed_block_bytes(gateway, before, blocks as u64, patience).await?,
+    };
     let expected = KvEvidence {
         decode_external_hits: transferred as f64,
         prefill_prompt_tokens: tokens as f64,
@@ -203,7 +205,7 @@ pub async fn nixl_pull_proof(
         decode_external_kv_tokens: transferred as f64,
         decode_computed_tokens: (tokens - transferred) as f64,
         decode_nixl_transfers: 1.0,
-        decode_nixl_bytes: (blocks as u64 * NIXL_BLOCK_BYTES) as f64,
+        decode_nixl_bytes: (blocks as u64 * block_bytes) as f64,
         decode_nixl_pulls: 1,
         prefill_nixl_sent: 1,
         decode_nixl_received: 1,
@@ -216,5 +218,31 @@ pub async fn nixl_pull_proof(
         last => Err(format!(
             "decode's last logged pull is {last:?}, not the one prefill named: {pull:?}"
         )),
+    }
+}
+
+/// For a model whose block size in bytes the suite does not know: the bytes of the first NIXL
+/// read since `before`, which must be a whole number of `blocks` equal blocks.
+async fn observed_block_bytes(
+    gateway: &Gateway,
+    before: &KvEvidence,
+    blocks: u64,
+    patience: Duration,
+) -> Result<u64, String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let moved = gateway.pair.kv_evidence().await.unwrap().since(before);
+        if moved.decode_nixl_transfers >= 1.0 {
+            let bytes = moved.decode_nixl_bytes as u64;
+            return if bytes > 0 && bytes.is_multiple_of(blocks) {
+                Ok(bytes / blocks)
+            } else {
+                Err(format!("{bytes} bytes read for {blocks} blocks"))
+            };
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("decode read nothing over NIXL: {moved:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

@@ -12,7 +12,9 @@
 //! (`PINROUTE_WASM`, else the default target path) and Envoy (`ENVOY_BIN`, else the project venv).
 //!
 //! One pair serves each connector's scenarios (start-up takes about a minute), and an engine that
-//! exits fails the test with the engine's log tail.
+//! exits fails the test with the engine's log tail. `PINROUTE_VLLM_PAIR=PREFILL,DECODE` points the
+//! NIXL suite at a pair already running (`up --workers vllm`, on CPU or GPUs), whose logs are in
+//! `PINROUTE_VLLM_LOGS`; the ExampleConnector suite is skipped then.
 
 #![allow(
     clippy::unwrap_used,
@@ -22,6 +24,7 @@
 )]
 
 mod client;
+mod data_parallel;
 mod handoff;
 #[path = "../common/reply.rs"]
 mod reply;
@@ -33,7 +36,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use pinroute_harness::envoy::{Envoy, default_wasm_path};
-use pinroute_harness::vllm::{Connector, VllmPair, VllmPairOptions, start_gateway};
+use pinroute_harness::vllm::{Connector, ExistingPair, VllmPair, VllmPairOptions, start_gateway};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -43,6 +46,13 @@ use crate::tap::Tap;
 const OPT_IN: &str = "PINROUTE_VLLM";
 /// `example`, `nixl` or `both` (the default): which pairs run.
 const CONNECTOR_CHOICE: &str = "PINROUTE_VLLM_CONNECTOR";
+/// `PREFILL,DECODE`: a NixlConnector pair already running, instead of one the suite starts.
+const EXISTING_PAIR: &str = "PINROUTE_VLLM_PAIR";
+/// The folder of that pair's `prefill.log` and `decode.log`.
+const EXISTING_LOGS: &str = "PINROUTE_VLLM_LOGS";
+/// Bytes of one KV block of the CPU pair's tiny model as NIXL moves it, in float32: 2 layers ×
+/// (K, V) × 32 tokens × 4 KV heads × 32 dimensions × 4 bytes.
+const TINY_NIXL_BLOCK_BYTES: u64 = 65_536;
 /// Two pairs at once would not fit the machine (2 cores, ~6 GB each): the tests take turns.
 static ONE_PAIR_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -53,6 +63,8 @@ pub struct Gateway {
     pub connector: Connector,
     pub prefill_tap: Tap,
     pub decode_tap: Tap,
+    /// Bytes NIXL moves per KV block, when the model is known (the CPU pair's).
+    pub nixl_block_bytes: Option<u64>,
     pub envoy: Envoy,
     pub http: reqwest::Client,
     _dir: TempDir,
@@ -88,6 +100,22 @@ fn wasm() -> PathBuf {
     path
 }
 
+/// The pair named by `PINROUTE_VLLM_PAIR`, if any.
+fn existing_pair() -> Option<ExistingPair> {
+    let pair = std::env::var(EXISTING_PAIR).ok()?;
+    let (prefill, decode) = pair
+        .split_once(',')
+        .unwrap_or_else(|| panic!("{EXISTING_PAIR}={pair}: expected PREFILL,DECODE"));
+    let logs = std::env::var_os(EXISTING_LOGS)
+        .unwrap_or_else(|| panic!("{EXISTING_PAIR} needs {EXISTING_LOGS}"));
+    Some(ExistingPair {
+        prefill: prefill.trim().parse().unwrap(),
+        decode: decode.trim().parse().unwrap(),
+        logs: PathBuf::from(logs),
+        dp_sizes: (1, 1),
+    })
+}
+
 async fn start(connector: Connector) -> Gateway {
     let dir = TempDir::with_prefix("pinroute-vllm-").unwrap();
     let started = Instant::now();
@@ -95,9 +123,13 @@ async fn start(connector: Connector) -> Gateway {
         connector,
         ..VllmPairOptions::new(&dir.path().join("vllm"))
     };
-    let pair = VllmPair::start(&options)
-        .await
-        .expect("starting the vLLM pair");
+    let existing = existing_pair();
+    let nixl_block_bytes = existing.is_none().then_some(TINY_NIXL_BLOCK_BYTES);
+    let pair = match &existing {
+        Some(existing) => VllmPair::attach(existing).await,
+        None => VllmPair::start(&options).await,
+    }
+    .expect("starting the vLLM pair");
     eprintln!(
         "vllm suite ({}): pair ready in {:.1?}",
         connector.as_str(),
@@ -121,6 +153,7 @@ async fn start(connector: Connector) -> Gateway {
         connector,
         prefill_tap,
         decode_tap,
+        nixl_block_bytes,
         envoy,
         http,
         _dir: dir,
@@ -144,6 +177,9 @@ fn wanted(connector: Connector) -> bool {
             "set {OPT_IN}=1 to run it against a real vLLM pair (see docs/real-engines.md)"
         ));
     }
+    if connector == Connector::Example && std::env::var_os(EXISTING_PAIR).is_some() {
+        return skip(format!("{EXISTING_PAIR} names a NixlConnector pair"));
+    }
     match std::env::var(CONNECTOR_CHOICE) {
         Err(_) => true,
         Ok(choice) if choice == "both" || choice == connector.as_str() => true,
@@ -166,6 +202,31 @@ async fn run_suite(connector: Connector) {
         connector.as_str(),
         suite.elapsed()
     );
+}
+
+/// `PINROUTE_VLLM_DP=0` skips the data-parallel check (it runs with `PINROUTE_VLLM=1`, unless
+/// the suite is pointed at an existing pair).
+const DATA_PARALLEL_CHOICE: &str = "PINROUTE_VLLM_DP";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_parallel_ranks_behind_envoy() {
+    let skip = if std::env::var(OPT_IN).as_deref() != Ok("1") {
+        Some(format!("set {OPT_IN}=1"))
+    } else if std::env::var(DATA_PARALLEL_CHOICE).as_deref() == Ok("0") {
+        Some(format!("{DATA_PARALLEL_CHOICE}=0"))
+    } else {
+        std::env::var_os(EXISTING_PAIR).map(|_| format!("{EXISTING_PAIR} is set"))
+    };
+    if let Some(why) = skip {
+        let _ = writeln!(
+            std::io::stderr(),
+            "vllm suite (data parallel) skipped: {why}"
+        );
+        return;
+    }
+    let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    let dir = TempDir::with_prefix("pinroute-vllm-dp-").unwrap();
+    data_parallel::run(&dir, &wasm()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

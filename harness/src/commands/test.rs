@@ -39,6 +39,14 @@ pub struct Args {
     /// Which real-engine suites run, one pair at a time: ExampleConnector, NixlConnector, or both.
     #[arg(long, value_enum, value_name = "CONNECTOR", default_value_t = VllmConnectors::Both)]
     vllm_connector: VllmConnectors,
+    /// Point the NIXL suite at a pair already running (e.g. `up --workers vllm`, on CPU or
+    /// GPUs) instead of starting one: its prefill and decode addresses.
+    #[arg(long, value_name = "PREFILL,DECODE")]
+    vllm_pair: Option<String>,
+    /// With `--vllm-pair`: the folder of its `prefill.log` and `decode.log`, written with the
+    /// NIXL connector at DEBUG [default: .cache/up/vllm, where `up` writes them].
+    #[arg(long, value_name = "DIR", requires = "vllm_pair")]
+    vllm_logs: Option<PathBuf>,
     /// How long each fuzz target runs (libFuzzer, from the seed corpus in fuzz/seeds).
     #[arg(long, value_name = "SECS", default_value_t = 20)]
     fuzz_seconds: u32,
@@ -100,10 +108,7 @@ pub fn run_all(args: &Args) -> Result<()> {
     if !args.no_vllm {
         step(
             "end-to-end against real vLLM prefill/decode pairs (docs/real-engines.md)",
-            cargo()
-                .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
-                .env("PINROUTE_VLLM", "1")
-                .env("PINROUTE_VLLM_CONNECTOR", args.vllm_connector.as_str()),
+            &mut vllm_suites(args, &root),
         )?;
     }
     println!("\nAll suites passed:");
@@ -129,6 +134,25 @@ impl VllmConnectors {
             VllmConnectors::Both => "both",
         }
     }
+}
+
+/// The real-engine suites (`tests/vllm`), with the pairs `args` choose.
+fn vllm_suites(args: &Args, root: &Path) -> Command {
+    let mut command = cargo();
+    command
+        .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
+        .env("PINROUTE_VLLM", "1")
+        .env("PINROUTE_VLLM_CONNECTOR", args.vllm_connector.as_str());
+    if let Some(pair) = &args.vllm_pair {
+        let logs = args
+            .vllm_logs
+            .clone()
+            .unwrap_or_else(|| root.join(".cache/up/vllm"));
+        command
+            .env("PINROUTE_VLLM_PAIR", pair)
+            .env("PINROUTE_VLLM_LOGS", logs);
+    }
+    command
 }
 
 fn cargo() -> Command {

@@ -12,8 +12,8 @@ use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
 use pinroute_harness::venv::run_visibly;
 use pinroute_harness::vllm::{
-    Connector, GpuPairOptions, KvEvidence, PairPlan, VllmPair, VllmPairOptions, cpu_dry_run_plan,
-    gpu_plan, start_gateway_on,
+    Connector, GpuPairOptions, KvEvidence, NIXL_LOGGING_JSON, PairPlan, VllmPair, VllmPairOptions,
+    cpu_dry_run_plan, gpu_plan, start_gateway_on,
 };
 use pinroute_harness::wasm::build_filter;
 use serde_json::{Value, json};
@@ -112,12 +112,17 @@ async fn run_sim(args: &Args) -> Result<()> {
     let stack = Stack::start(&spec, &work_dir).await?;
     print_deployment(&stack, &work_dir);
     demo_request(&stack).await?;
-    if args.once {
+    serve(args.once, "the workers").await
+}
+
+/// Returns at once with `once`, else when stopped (Ctrl-C or SIGTERM); what is up stops then.
+async fn serve(once: bool, workers: &str) -> Result<()> {
+    if once {
         return Ok(());
     }
     println!("\nServing until Ctrl-C.");
     super::until_stopped().await?;
-    println!("Stopping Envoy and the workers.");
+    println!("Stopping Envoy and {workers}.");
     Ok(())
 }
 
@@ -213,6 +218,10 @@ async fn run_vllm(args: &Args) -> Result<()> {
     let started = Instant::now();
     let pair = if args.gpu {
         ensure_gpu_install(args, &plan)?;
+        let logging = nixl_logging_config(&work_dir);
+        std::fs::create_dir_all(&work_dir)
+            .and_then(|()| std::fs::write(&logging, NIXL_LOGGING_JSON))
+            .with_context(|| format!("writing {}", logging.display()))?;
         VllmPair::launch(plan, &work_dir, Duration::from_secs(1800)).await?
     } else {
         VllmPair::start(&cpu_options(args, &work_dir)).await?
@@ -244,13 +253,7 @@ async fn run_vllm(args: &Args) -> Result<()> {
         );
     }
     vllm_demo_request(&pair, &envoy).await?;
-    if args.once {
-        return Ok(());
-    }
-    println!("\nServing until Ctrl-C.");
-    super::until_stopped().await?;
-    println!("Stopping Envoy and both vLLM instances.");
-    Ok(())
+    serve(args.once, "both vLLM instances").await
 }
 
 fn pair_kind(args: &Args) -> String {
@@ -268,7 +271,13 @@ fn cpu_options(args: &Args, work_dir: &Path) -> VllmPairOptions {
     }
 }
 
-fn gpu_options(args: &Args) -> GpuPairOptions {
+/// Where the GPU pair's logging configuration goes (the NIXL connector at DEBUG, so that the
+/// real-engine suite can be pointed at this pair).
+fn nixl_logging_config(work_dir: &Path) -> PathBuf {
+    work_dir.join("nixl_logging.json")
+}
+
+fn gpu_options(args: &Args, work_dir: &Path) -> GpuPairOptions {
     let defaults = GpuPairOptions::default();
     let model = args.model.clone().unwrap_or(defaults.model.clone());
     GpuPairOptions {
@@ -284,15 +293,16 @@ fn gpu_options(args: &Args) -> GpuPairOptions {
             .clone()
             .unwrap_or(defaults.decode_gpus.clone()),
         decode_dp_size: args.data_parallel_size.unwrap_or(defaults.decode_dp_size),
+        logging_config: Some(nixl_logging_config(work_dir)),
         ..defaults
     }
 }
 
 fn vllm_plan(args: &Args, work_dir: &Path) -> PairPlan {
     if args.gpu {
-        let mut plan = gpu_plan(&gpu_options(args));
+        let mut plan = gpu_plan(&gpu_options(args, work_dir));
         if args.vllm.is_some() {
-            plan.setup.clear();
+            plan.setup.retain(|line| !line.contains("install"));
         }
         plan
     } else {
@@ -325,11 +335,11 @@ fn shell_quote_json(value: &Value) -> String {
 
 /// Runs the GPU plan's setup (venv, `vllm`, `nixl`) unless its `vllm` already runs.
 fn ensure_gpu_install(args: &Args, plan: &PairPlan) -> Result<()> {
-    let vllm = gpu_options(args).vllm;
-    if args.vllm.is_some() || vllm.is_file() {
+    let vllm = args.vllm.clone().unwrap_or(GpuPairOptions::default().vllm);
+    if vllm.is_file() {
         return Ok(());
     }
-    for line in &plan.setup {
+    for line in plan.setup.iter().filter(|line| line.contains("install")) {
         println!("pinroute-harness: {line}");
         run_visibly(Command::new("sh").arg("-c").arg(line))?;
     }

