@@ -17,7 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build the filter, start Envoy with sim workers (1 prefill, 2 decode) and send a request.
+    /// Build the filter, start Envoy with sim workers (1 prefill, 2 decode) or a real vLLM pair
+    /// (`--workers vllm`, on CPU or `--gpu`) and send a request.
     Up(commands::up::Args),
     /// Run every test suite (builds the filter and installs Envoy first).
     Test(commands::test::Args),

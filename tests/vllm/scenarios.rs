@@ -4,11 +4,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use pinroute_harness::vllm::{DECODE_ID, KvEvidence, PREFILL_ID, expected_kv_tokens};
+use pinroute_harness::vllm::{Connector, DECODE_ID, KvEvidence, PREFILL_ID, expected_kv_tokens};
 use serde_json::{Value, json};
 
 use crate::Gateway;
 use crate::client::{Reply, complete, completion, post, token_count};
+use crate::handoff::{
+    assert_evidence, assert_handoff, evidence, example_handoff, nixl_pull_proof,
+    raw_kv_transfer_params,
+};
 
 /// Filler for prompts: long enough for ≥ 70 tokens (shorter prompts can crash the CPU engine,
 /// see docs/real-engines.md), and at least two 32-token KV blocks to hand over.
@@ -19,31 +23,53 @@ const PREFILL: &str = "101";
 const DECODE: &str = "201";
 
 pub async fn run_all(gateway: &Gateway) {
-    let scenarios: [(&str, ScenarioFn); 11] = [
-        ("decode without a prefill hop loads no KV (control)", |g| {
-            Box::pin(control_no_prefill_hop(g))
-        }),
-        ("decode pin only (the original Dynamo bug)", |g| {
-            Box::pin(decode_pin_only(g))
-        }),
-        ("prefill pin only", |g| Box::pin(prefill_pin_only(g))),
-        ("both pins with ranks", |g| Box::pin(both_pins(g))),
-        ("body pins", |g| Box::pin(body_pins(g))),
-        ("chat completions take two hops", |g| {
-            Box::pin(chat_two_hops(g))
-        }),
-        ("streaming", |g| Box::pin(streaming(g))),
-        ("a client's kv_transfer_params are dropped", |g| {
-            Box::pin(client_kv_transfer_params_dropped(g))
-        }),
-        ("bad pins are typed errors that reach no engine", |g| {
-            Box::pin(bad_pins(g))
-        }),
-        ("other paths go to decode", |g| Box::pin(other_paths(g))),
-        ("the client's X-Request-Id reaches the engines", |g| {
-            Box::pin(client_request_id_reaches_the_engines(g))
-        }),
-    ];
+    let scenarios: &[(&str, ScenarioFn)] = match gateway.connector {
+        Connector::Example => &[
+            ("decode without a prefill hop loads no KV (control)", |g| {
+                Box::pin(control_no_prefill_hop(g))
+            }),
+            ("decode pin only (the original Dynamo bug)", |g| {
+                Box::pin(decode_pin_only(g))
+            }),
+            ("prefill pin only", |g| Box::pin(prefill_pin_only(g))),
+            ("both pins with ranks", |g| Box::pin(both_pins(g))),
+            ("body pins", |g| Box::pin(body_pins(g))),
+            ("chat completions take two hops", |g| {
+                Box::pin(chat_two_hops(g))
+            }),
+            ("streaming", |g| Box::pin(streaming(g))),
+            ("a client's kv_transfer_params are dropped", |g| {
+                Box::pin(client_kv_transfer_params_dropped(g))
+            }),
+            ("bad pins are typed errors that reach no engine", |g| {
+                Box::pin(bad_pins(g))
+            }),
+            ("other paths go to decode", |g| Box::pin(other_paths(g))),
+            ("the client's X-Request-Id reaches the engines", |g| {
+                Box::pin(client_request_id_reaches_the_engines(g))
+            }),
+        ],
+        // About two seconds a request on 2 cores: the scenarios where the hand-off differs.
+        Connector::Nixl => &[
+            ("decode pin only (the original Dynamo bug)", |g| {
+                Box::pin(decode_pin_only(g))
+            }),
+            ("prefill pin only", |g| Box::pin(prefill_pin_only(g))),
+            ("both pins with ranks", |g| Box::pin(both_pins(g))),
+            ("streaming", |g| Box::pin(streaming(g))),
+            ("chat completions take two hops", |g| {
+                Box::pin(chat_two_hops(g))
+            }),
+            ("a client's kv_transfer_params are dropped", |g| {
+                Box::pin(client_kv_transfer_params_dropped(g))
+            }),
+            // Last: the prefill's unread blocks stay leased (30 s) and would then expire.
+            (
+                "decode without the prefill's kv_transfer_params recomputes (control)",
+                |g| Box::pin(nixl_control_without_params(g)),
+            ),
+        ],
+    };
     for (name, scenario) in scenarios {
         let started = Instant::now();
         scenario(gateway).await;
@@ -51,7 +77,11 @@ pub async fn run_all(gateway: &Gateway) {
             .pair
             .ensure_running()
             .unwrap_or_else(|e| panic!("after {name:?}: {e:#}"));
-        eprintln!("vllm suite: ok   {name} ({:.1?})", started.elapsed());
+        eprintln!(
+            "vllm suite ({}): ok   {name} ({:.1?})",
+            gateway.connector.as_str(),
+            started.elapsed()
+        );
     }
 }
 
@@ -70,47 +100,6 @@ async fn fresh_prompt(gateway: &Gateway, tag: &str) -> (String, u64) {
             return (prompt, tokens);
         }
         prompt.push_str(" ok");
-    }
-}
-
-async fn evidence(gateway: &Gateway) -> KvEvidence {
-    gateway.pair.kv_evidence().await.unwrap()
-}
-
-/// What the engines must report after one two-hop request: the prefill instance computed the
-/// prompt and produced one token; decode loaded the prompt's whole blocks from the prefill's KV
-/// (counter and connector log), and generated the completion.
-fn two_hop_evidence(prompt_tokens: u64, generated: u64) -> KvEvidence {
-    KvEvidence {
-        decode_external_hits: expected_kv_tokens(prompt_tokens) as f64,
-        decode_hit_lines: 1,
-        decode_inject_lines: 1,
-        stored_prompts: 1,
-        prefill_prompt_tokens: prompt_tokens as f64,
-        prefill_generation_tokens: 1.0,
-        decode_generation_tokens: generated as f64,
-        decode_prompt_tokens: prompt_tokens as f64,
-    }
-}
-
-/// Waits (engines publish metrics and logs asynchronously) for the change since `before` to
-/// equal `expected`, and fails with what was seen otherwise.
-async fn assert_evidence(
-    gateway: &Gateway,
-    before: &KvEvidence,
-    expected: &KvEvidence,
-    what: &str,
-) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let seen = evidence(gateway).await.since(before);
-        if seen == *expected {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("{what}: the engines report\n  {seen:?}\nexpected\n  {expected:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -146,13 +135,7 @@ async fn two_hop_completion(
     let reply = complete(gateway, headers, &body).await;
     let prompt_tokens = assert_two_hops(&reply, tag);
     assert_eq!(prompt_tokens, tokens, "{tag}");
-    assert_evidence(
-        gateway,
-        &before,
-        &two_hop_evidence(tokens, MAX_TOKENS.into()),
-        tag,
-    )
-    .await;
+    assert_handoff(gateway, &before, tokens, MAX_TOKENS.into(), tag).await;
 }
 
 /// The counters prove a hand-off only if a request that skips the prefill hop moves nothing:
@@ -167,10 +150,55 @@ async fn control_no_prefill_hop(gateway: &Gateway) {
     let expected = KvEvidence {
         decode_generation_tokens: MAX_TOKENS.into(),
         decode_prompt_tokens: tokens as f64,
+        decode_computed_tokens: tokens as f64,
         stored_prompts: 1, // decode, as ExampleConnector does for any prompt it computed
         ..KvEvidence::default()
     };
     assert_evidence(gateway, &before, &expected, "a request straight to decode").await;
+}
+
+/// The NIXL proof holds only for a real pull: the prefill hop is sent (straight to prefill, as
+/// the gateway sends it) and names its blocks, then decode gets the same request without the
+/// prefill's `kv_transfer_params`. Decode computes the prompt itself, nothing is transferred, and
+/// the proof that accepts every two-hop request above must reject this one.
+async fn nixl_control_without_params(gateway: &Gateway) {
+    let (prompt, tokens) = fresh_prompt(gateway, "nixl-control").await;
+    let mut prefill_hop = completion(gateway, &prompt, 1);
+    prefill_hop["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false,
+        "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null});
+    let before = evidence(gateway).await;
+    let url = gateway.pair.prefill().url("/v1/completions");
+    let prefilled = post(gateway, url, &[], &prefill_hop).await;
+    prefilled.assert_ok("prefill hop");
+    let named = raw_kv_transfer_params(prefilled.text.as_bytes())
+        .unwrap()
+        .expect("the prefill engine named no blocks");
+    let url = gateway.pair.decode().url("/v1/completions");
+    post(gateway, url, &[], &completion(gateway, &prompt, MAX_TOKENS))
+        .await
+        .assert_ok("straight to decode, without kv_transfer_params");
+    let recomputed = KvEvidence {
+        prefill_prompt_tokens: tokens as f64,
+        prefill_generation_tokens: 1.0,
+        decode_generation_tokens: MAX_TOKENS.into(),
+        decode_prompt_tokens: tokens as f64,
+        decode_computed_tokens: tokens as f64,
+        ..KvEvidence::default()
+    };
+    assert_evidence(gateway, &before, &recomputed, "decode without the params").await;
+    let proof = nixl_pull_proof(
+        gateway,
+        &before,
+        &named,
+        tokens,
+        MAX_TOKENS.into(),
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        proof.is_err(),
+        "the NIXL proof accepted a request decode computed itself"
+    );
 }
 
 async fn decode_pin_only(gateway: &Gateway) {
@@ -253,7 +281,11 @@ async fn chat_two_hops(gateway: &Gateway) {
     );
     let tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(tokens >= 70, "{tokens}");
-    let mut expected = two_hop_evidence(tokens, MAX_TOKENS.into());
+    if gateway.connector == Connector::Nixl {
+        assert_handoff(gateway, &before, tokens, MAX_TOKENS.into(), "chat").await;
+        return;
+    }
+    let mut expected = example_handoff(tokens, MAX_TOKENS.into());
     if expected_kv_tokens(tokens) == 0 {
         // The chat template made a prompt ExampleConnector cannot hand over (n - 1 block-aligned).
         (
@@ -316,13 +348,7 @@ async fn streaming(gateway: &Gateway) {
         "not streamed token by token: {}",
         reply.text
     );
-    assert_evidence(
-        gateway,
-        &before,
-        &two_hop_evidence(tokens, MAX_TOKENS.into()),
-        "stream",
-    )
-    .await;
+    assert_handoff(gateway, &before, tokens, MAX_TOKENS.into(), "stream").await;
 }
 
 /// vLLM refuses a non-object `kv_transfer_params` (400): through the gateway the same body

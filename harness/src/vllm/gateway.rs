@@ -15,9 +15,20 @@ use crate::envoy::{
 /// and settings), its files in `work_dir`.
 pub async fn start_gateway(plugin_config: &Value, wasm: &Path, work_dir: &Path) -> Result<Envoy> {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    start_gateway_on(plugin_config, wasm, work_dir, any, any).await
+}
+
+/// [`start_gateway`] listening on `listen`, with its admin API on `admin`.
+pub async fn start_gateway_on(
+    plugin_config: &Value,
+    wasm: &Path,
+    work_dir: &Path,
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> Result<Envoy> {
     let bootstrap = render_bootstrap(&BootstrapOptions {
-        listen: any,
-        admin: any,
+        listen,
+        admin,
         wasm: wasm.to_owned(),
         plugin_config: plugin_config.to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,

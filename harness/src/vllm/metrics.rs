@@ -8,6 +8,19 @@ pub fn counter_total(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The sum of the samples of `name` whose labels include `label` (e.g. `source="local_compute"`).
+pub fn counter_where(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('{'))
+                .and_then(|labels| labels.rsplit_once('}'))
+                .is_some_and(|(labels, _)| labels.split(',').any(|l| l == label))
+        })
+        .filter_map(|line| sample_value(line, name))
+        .sum()
+}
+
 fn sample_value(line: &str, name: &str) -> Option<f64> {
     let rest = line.strip_prefix(name)?;
     let value = match rest.strip_prefix('{') {
@@ -33,5 +46,7 @@ mod tests {
         assert_eq!(counter_total(text, "vllm:x_total"), 96.0);
         assert_eq!(counter_total(text, "vllm:xy_total"), 5.0);
         assert_eq!(counter_total(text, "vllm:absent_total"), 0.0);
+        assert_eq!(counter_where(text, "vllm:x_total", "engine=\"1\""), 32.0);
+        assert_eq!(counter_where(text, "vllm:x_total", "engine=\"2\""), 0.0);
     }
 }

