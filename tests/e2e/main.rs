@@ -15,6 +15,7 @@ mod burst;
 mod client;
 mod errors;
 mod operations;
+mod prefix;
 #[path = "../common/reply.rs"]
 mod reply;
 mod routing;

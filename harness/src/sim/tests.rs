@@ -855,7 +855,11 @@ async fn a_decode_worker_caches_the_kv_it_loads_and_the_prompts_it_prefills() {
     )
     .await;
     let plain = plain.json();
-    assert_eq!(plain["sim"].get("cached_tokens"), None, "no cache: not reported");
+    assert_eq!(
+        plain["sim"].get("cached_tokens"),
+        None,
+        "no cache: not reported"
+    );
     assert_eq!(plain["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(
         uncached.cached_blocks(&super::PromptBlocks::of(&json!(next_turn))),
