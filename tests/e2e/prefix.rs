@@ -109,6 +109,11 @@ async fn requests_sharing_a_long_beginning_meet_on_one_prefill_worker_on_every_r
         .await
         .unwrap();
     assert_eq!(placed, Some(36));
+    let prometheus = deployment.envoy.stats_prometheus().await.unwrap();
+    assert!(
+        prometheus.contains("pinroute_placement_prefill{choice=\"affinity\"} 36"),
+        "{prometheus}"
+    );
 }
 
 /// The first prefill worker a session goes to (rendezvous over the registry's ids).
