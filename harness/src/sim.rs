@@ -143,6 +143,13 @@ impl SimWorker {
             .map_or(0, |cache| cache.cached_blocks(&prompt.hashes))
     }
 
+    /// Empties the worker's prefix cache.
+    pub fn clear_cache(&self) {
+        if let Some(cache) = &self.state.cache {
+            cache.clear();
+        }
+    }
+
     /// Completion requests being served now.
     pub fn in_flight(&self) -> u64 {
         self.state

@@ -120,6 +120,10 @@ impl PrefixCache {
         inner.evict(self.capacity);
     }
 
+    pub fn clear(&self) {
+        *lock(&self.inner) = Lru::default();
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         lock(&self.inner).used.len()
@@ -202,5 +206,7 @@ mod tests {
         }
         assert_eq!(cache.len(), 4);
         assert!(lock(&cache.inner).order.len() <= 4 * 4 + 64 + 2);
+        cache.clear();
+        assert_eq!(cache.cached_blocks(&[9]), 0);
     }
 }

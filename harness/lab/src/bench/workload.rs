@@ -97,7 +97,7 @@ impl Route {
                 proxy,
                 pinned: true,
             },
-            (Scenario::Python, Some(proxy)) => Route::Proxy {
+            (Scenario::Python | Scenario::VllmRouter, Some(proxy)) => Route::Proxy {
                 proxy,
                 pinned: false,
             },
@@ -263,7 +263,7 @@ fn kv_transfer_params(prefill: &Exchange) -> Result<String, String> {
     }
 }
 
-fn stream_problem(exchange: &Exchange) -> Option<String> {
+pub(crate) fn stream_problem(exchange: &Exchange) -> Option<String> {
     if !exchange.status.is_success() {
         let body = String::from_utf8_lossy(&exchange.body);
         return Some(format!(

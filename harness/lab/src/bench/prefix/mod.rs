@@ -1,0 +1,435 @@
+//! `pinroute-lab bench --workload prefix`: how well each gateway places requests that share
+//! long prompt beginnings, on the same sim workers with a prefix cache ([`fleet`]), for the
+//! traffic of [`traffic`]: prefix-cache hit rate, time to first token and throughput, side
+//! by side with round robin, sessions, vllm-router's `cache_aware` and an oracle; and how
+//! often two pinroute replicas agree ([`report`] has the targets).
+
+pub mod fleet;
+pub mod report;
+pub mod traffic;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::procfs;
+use super::vllm_router::{Policy, VllmRouter, router_binary};
+use crate::load::{LoadReport, LoadSpec, Stop, run_load};
+use fleet::{Fleet, FleetSpec, Prefilled};
+use pinroute_harness::envoy::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+};
+use report::{PrefixResults, PrefixRun, ReplicaAgreement, check_targets};
+use traffic::{PrefixTraffic, Target, Traffic};
+
+/// A way of choosing the workers, compared in the prefix benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Chooser {
+    /// vllm-router `--policy round_robin`.
+    RoundRobin,
+    /// pinroute with prefix affinity off: load alone, as before it.
+    PinrouteLoad,
+    /// pinroute, each user's (or conversation's) session id in `x-dynamo-session-id`.
+    PinrouteSession,
+    /// pinroute, prefix affinity, every request taking both hops.
+    PinroutePrefix,
+    /// pinroute, prefix affinity and conditional disaggregation.
+    PinrouteLocal,
+    /// vllm-router `--policy cache_aware` (its default).
+    VllmRouter,
+    /// Both workers pinned: the prefill worker holding the longest prefix, the decode
+    /// worker with the fewest requests.
+    Oracle,
+}
+
+impl Chooser {
+    pub const ALL: [Chooser; 7] = [
+        Chooser::RoundRobin,
+        Chooser::PinrouteLoad,
+        Chooser::PinrouteSession,
+        Chooser::PinroutePrefix,
+        Chooser::PinrouteLocal,
+        Chooser::VllmRouter,
+        Chooser::Oracle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Chooser::RoundRobin => "round-robin",
+            Chooser::PinrouteLoad => "pinroute-load",
+            Chooser::PinrouteSession => "pinroute-session",
+            Chooser::PinroutePrefix => "pinroute-prefix",
+            Chooser::PinrouteLocal => "pinroute-prefix-local",
+            Chooser::VllmRouter => "vllm-router",
+            Chooser::Oracle => "oracle",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Chooser::RoundRobin => "vllm-router 0.1.17 --policy round_robin",
+            Chooser::PinrouteLoad => {
+                "pinroute, prefix affinity off (prefix_affinity_bytes: 0): least loaded of two"
+            }
+            Chooser::PinrouteSession => {
+                "pinroute, x-dynamo-session-id per user (system prompts) or conversation"
+            }
+            Chooser::PinroutePrefix => "pinroute, prefix affinity, conditional disaggregation off",
+            Chooser::PinrouteLocal => "pinroute, prefix affinity and conditional disaggregation",
+            Chooser::VllmRouter => "vllm-router 0.1.17 --policy cache_aware (its default)",
+            Chooser::Oracle => {
+                "pinned by an oracle that sees every cache: the longest cached prefix"
+            }
+        }
+    }
+
+    /// The pinroute gateway it goes through, if any.
+    fn pinroute(self) -> Option<Variant> {
+        match self {
+            Chooser::PinrouteLoad => Some(Variant::Load),
+            Chooser::PinrouteSession | Chooser::PinroutePrefix | Chooser::Oracle => {
+                Some(Variant::Prefix)
+            }
+            Chooser::PinrouteLocal => Some(Variant::Local),
+            Chooser::RoundRobin | Chooser::VllmRouter => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Chooser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The pinroute configurations the choosers need: one Envoy each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Load,
+    Prefix,
+    Local,
+}
+
+/// Everything `bench --workload prefix` can be asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixOptions {
+    pub traffics: Vec<Traffic>,
+    pub concurrencies: Vec<usize>,
+    pub choosers: Vec<Chooser>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub max_tokens: u32,
+    pub fleet: FleetSpec,
+    /// The conditional-disaggregation settings of `pinroute-prefix-local`.
+    pub local_settings: Value,
+    /// Concurrency and length of each replica-agreement run.
+    pub agreement: (usize, Duration),
+    pub request_timeout: Duration,
+    pub out_dir: PathBuf,
+}
+
+/// Runs it, writes `prefix.json`, `prefix.md` and the plots, and returns the results.
+pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> {
+    let load_before = procfs::load_average()?;
+    let root = repo_root();
+    let work_dir = root.join(".cache/bench/prefix");
+    std::fs::create_dir_all(&work_dir)
+        .with_context(|| format!("creating {}", work_dir.display()))?;
+    let fleet = Arc::new(Fleet::start(&options.fleet).await?);
+    let gateways = Gateways::start(options, &fleet, &root, &work_dir).await?;
+    let mut runs = Vec::new();
+    let total = options.traffics.len() * options.concurrencies.len() * options.choosers.len();
+    let progress = progress_bar(total as u64);
+    let mut salt = unix_seconds();
+    for traffic in &options.traffics {
+        for concurrency in &options.concurrencies {
+            for chooser in &options.choosers {
+                progress.set_message(format!("{traffic} c={concurrency} {chooser}"));
+                salt += 1;
+                let target = gateways.target(*chooser, &fleet)?;
+                let workload = PrefixTraffic::new(*traffic, target, salt, options.max_tokens);
+                let envoy = chooser.pinroute().and_then(|v| gateways.envoy(v));
+                let run = measure(&fleet, Arc::new(workload), options, *concurrency, envoy).await?;
+                let run = PrefixRun::new(*traffic, *chooser, *concurrency, run);
+                progress.suspend(|| eprintln!("{}", run.one_line()));
+                runs.push(run);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let agreement =
+        replica_agreement(options, &gateways, &fleet, &root, &work_dir, &mut salt).await?;
+    let mut results = PrefixResults {
+        meta: report::Meta {
+            unix_time: unix_seconds(),
+            cpus: procfs::cpus(),
+            load_average_before: load_before,
+            traffics: options
+                .traffics
+                .iter()
+                .map(|t| (t.as_str().to_string(), t.describe()))
+                .collect(),
+            choosers: options.choosers.clone(),
+            concurrencies: options.concurrencies.clone(),
+            warmup_s: options.warmup.as_secs_f64(),
+            duration_s: options.duration.as_secs_f64(),
+            max_tokens: options.max_tokens,
+            fleet: options.fleet,
+            local_settings: options.local_settings.clone(),
+            vllm_router: super::vllm_router::VERSION.to_string(),
+        },
+        runs,
+        agreement,
+        targets: Vec::new(),
+    };
+    results.targets = check_targets(&results);
+    report::write_outputs(&results, &options.out_dir)?;
+    Ok(results)
+}
+
+/// The gateways of the run, each started once.
+struct Gateways {
+    envoys: Vec<(Variant, Envoy, String)>,
+    round_robin: Option<VllmRouter>,
+    cache_aware: Option<VllmRouter>,
+}
+
+impl Gateways {
+    async fn start(
+        options: &PrefixOptions,
+        fleet: &Fleet,
+        root: &Path,
+        work_dir: &Path,
+    ) -> Result<Gateways> {
+        let choosers = &options.choosers;
+        let mut variants: Vec<Variant> = choosers.iter().filter_map(|c| c.pinroute()).collect();
+        variants.dedup();
+        let mut envoys = Vec::new();
+        if !variants.is_empty() {
+            let wasm = pinroute_harness::wasm::build_filter()?;
+            let binary = envoy_binary(root)?;
+            for variant in [Variant::Load, Variant::Prefix, Variant::Local] {
+                if !variants.contains(&variant) {
+                    continue;
+                }
+                let settings = variant_settings(variant, &options.local_settings);
+                let yaml = bootstrap(fleet, &settings, &wasm)?;
+                let dir = work_dir.join(format!("envoy-{variant:?}").to_lowercase());
+                std::fs::create_dir_all(&dir)?;
+                envoys.push((variant, Envoy::start(&binary, &yaml, &dir).await?, yaml));
+            }
+        }
+        let wants = |chooser| choosers.contains(&chooser);
+        let router = |policy| async move {
+            let binary = router_binary(root)?;
+            let (prefill, decode) = (fleet.prefill_addresses(), fleet.decode_addresses());
+            VllmRouter::start(&binary, &prefill, &decode, policy, work_dir).await
+        };
+        let round_robin = match wants(Chooser::RoundRobin) {
+            true => Some(router(Policy::RoundRobin).await?),
+            false => None,
+        };
+        let cache_aware = match wants(Chooser::VllmRouter) {
+            true => Some(router(Policy::CacheAware).await?),
+            false => None,
+        };
+        Ok(Gateways {
+            envoys,
+            round_robin,
+            cache_aware,
+        })
+    }
+
+    fn envoy(&self, variant: Variant) -> Option<&Envoy> {
+        self.envoys
+            .iter()
+            .find(|(v, _, _)| *v == variant)
+            .map(|(_, envoy, _)| envoy)
+    }
+
+    fn target(&self, chooser: Chooser, fleet: &Arc<Fleet>) -> Result<Target> {
+        let missing = || anyhow::anyhow!("the {chooser} gateway is not running");
+        let unpinned = |gateway, session| Target::Unpinned { gateway, session };
+        Ok(match chooser {
+            Chooser::RoundRobin => unpinned(
+                self.round_robin.as_ref().ok_or_else(missing)?.address(),
+                false,
+            ),
+            Chooser::VllmRouter => unpinned(
+                self.cache_aware.as_ref().ok_or_else(missing)?.address(),
+                false,
+            ),
+            Chooser::Oracle => Target::Oracle {
+                gateway: self.envoy(Variant::Prefix).ok_or_else(missing)?.listen(),
+                fleet: fleet.clone(),
+            },
+            other => {
+                let variant = other.pinroute().ok_or_else(missing)?;
+                let envoy = self.envoy(variant).ok_or_else(missing)?;
+                unpinned(envoy.listen(), other == Chooser::PinrouteSession)
+            }
+        })
+    }
+}
+
+fn variant_settings(variant: Variant, local: &Value) -> Value {
+    match variant {
+        Variant::Load => json!({"prefix_affinity_bytes": 0}),
+        Variant::Prefix => json!({"local_prefill_max_bytes": 0, "local_prefill_suffix_bytes": 0}),
+        Variant::Local => local.clone(),
+    }
+}
+
+fn bootstrap(fleet: &Fleet, settings: &Value, wasm: &Path) -> Result<String> {
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    render_bootstrap(&BootstrapOptions {
+        listen: any,
+        admin: any,
+        wasm: wasm.to_path_buf(),
+        plugin_config: fleet.plugin_config(settings).to_string(),
+        route_timeout: DEFAULT_ROUTE_TIMEOUT,
+    })
+}
+
+/// What one run measured.
+pub struct Measured {
+    pub report: LoadReport,
+    pub hit_rate: f64,
+    /// Requests whose prefill hop pinroute skipped, when it is pinroute.
+    pub skipped: Option<u64>,
+}
+
+const SKIPPED: [&str; 2] = [
+    "wasmcustom.pinroute.prefill.local_short_prompt",
+    "wasmcustom.pinroute.prefill.local_next_turn",
+];
+
+/// One closed-loop run on cold caches, with the fleet's cache counters (and pinroute's
+/// skipped prefill hops) read at the edges of the measured period.
+async fn measure(
+    fleet: &Arc<Fleet>,
+    workload: Arc<PrefixTraffic>,
+    options: &PrefixOptions,
+    concurrency: usize,
+    envoy: Option<&Envoy>,
+) -> Result<Measured> {
+    fleet.clear_caches();
+    let spec = LoadSpec {
+        concurrency,
+        stop: Stop::Duration(options.duration),
+        warmup: options.warmup,
+        request_timeout: options.request_timeout,
+    };
+    let measure_from = Instant::now() + options.warmup;
+    let snapshot = |at: Instant| {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            fleet.prefilled()
+        })
+    };
+    let (first, last) = (
+        snapshot(measure_from),
+        snapshot(measure_from + options.duration),
+    );
+    let skipped_first = match envoy {
+        Some(envoy) => Some(skipped_sum(envoy).await?),
+        None => None,
+    };
+    let report = run_load(workload, &spec).await;
+    let (first, last): (Prefilled, Prefilled) = (first.await?, last.await?);
+    let skipped = match (envoy, skipped_first) {
+        (Some(envoy), Some(before)) => Some(skipped_sum(envoy).await?.saturating_sub(before)),
+        _ => None,
+    };
+    Ok(Measured {
+        report,
+        hit_rate: last.hit_rate_since(&first),
+        skipped,
+    })
+}
+
+async fn skipped_sum(envoy: &Envoy) -> Result<u64> {
+    let mut sum = 0;
+    for name in SKIPPED {
+        sum += envoy.stat(name).await?.unwrap_or(0);
+    }
+    Ok(sum)
+}
+
+/// Two replicas of `pinroute-prefix` with no shared state, every request sent to both.
+async fn replica_agreement(
+    options: &PrefixOptions,
+    gateways: &Gateways,
+    fleet: &Arc<Fleet>,
+    root: &Path,
+    work_dir: &Path,
+    salt: &mut u64,
+) -> Result<Vec<ReplicaAgreement>> {
+    let Some((_, first, yaml)) = gateways
+        .envoys
+        .iter()
+        .find(|(v, _, _)| *v == Variant::Prefix)
+    else {
+        return Ok(Vec::new());
+    };
+    let dir = work_dir.join("envoy-replica");
+    std::fs::create_dir_all(&dir)?;
+    let second = Envoy::start(&envoy_binary(root)?, yaml, &dir).await?;
+    let (concurrency, duration) = options.agreement;
+    let mut agreements = Vec::new();
+    for traffic in &options.traffics {
+        *salt += 1;
+        fleet.clear_caches();
+        let target = Target::Pair {
+            first: first.listen(),
+            second: second.listen(),
+        };
+        let workload = Arc::new(PrefixTraffic::new(
+            *traffic,
+            target,
+            *salt,
+            options.max_tokens,
+        ));
+        let spec = LoadSpec {
+            concurrency,
+            stop: Stop::Duration(duration),
+            warmup: Duration::ZERO,
+            request_timeout: options.request_timeout,
+        };
+        run_load(workload.clone(), &spec).await;
+        let agreement = &workload.agreement;
+        agreements.push(ReplicaAgreement {
+            traffic: traffic.as_str().to_string(),
+            concurrency,
+            pairs: agreement.pairs.load(Ordering::Relaxed),
+            agreed: agreement.agreed.load(Ordering::Relaxed),
+        });
+    }
+    Ok(agreements)
+}
+
+fn progress_bar(runs: u64) -> ProgressBar {
+    let bar = ProgressBar::new(runs);
+    let style =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("=> "));
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
