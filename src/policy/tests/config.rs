@@ -140,11 +140,19 @@ fn prefix_affinity_and_the_turn_memory_can_be_turned_off() {
     assert_eq!(
         defaults.busy(),
         Busy {
-            excess: 4,
-            percent: 150
+            excess: 32,
+            percent: 200
         }
     );
     assert_eq!(defaults.turn_memory_nanos(), Some(30_000_000_000));
+    assert_eq!(
+        (
+            defaults.local_prefill_max_bytes,
+            defaults.local_prefill_suffix_bytes
+        ),
+        (0, 0),
+        "every unpinned request takes both hops unless asked"
+    );
     let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
         "prefix_affinity_bytes": 0, "prefix_min_bytes": 1, "affinity_busy_excess": 0,
         "affinity_busy_percent": 100, "local_prefill_max_bytes": 2048,

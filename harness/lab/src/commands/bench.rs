@@ -109,8 +109,13 @@ pub struct Args {
     /// Prefix workload: `local_prefill_suffix_bytes` of pinroute-prefix-local.
     #[arg(long, default_value_t = 2048)]
     local_prefill_suffix_bytes: usize,
-    /// Prefix workload: seconds of each replica-agreement run (0: none).
-    #[arg(long, value_name = "SECONDS", default_value_t = 8.0)]
+    /// Prefix workload: filter settings (JSON) for every pinroute gateway, to try others
+    /// than the defaults.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    pinroute_settings: String,
+    /// Prefix workload: seconds of each replica-agreement run, one per traffic and
+    /// concurrency (0: none).
+    #[arg(long, value_name = "SECONDS", default_value_t = 6.0)]
     agreement_seconds: f64,
 }
 
@@ -219,7 +224,9 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
             "local_prefill_max_bytes": args.local_prefill_max_bytes,
             "local_prefill_suffix_bytes": args.local_prefill_suffix_bytes,
         }),
-        agreement: (16, seconds(agreement)?),
+        pinroute_settings: serde_json::from_str(&args.pinroute_settings)
+            .map_err(|e| anyhow::anyhow!("--pinroute-settings: {e}"))?,
+        agreement: seconds(agreement)?,
         request_timeout: REQUEST_TIMEOUT,
         out_dir,
     };

@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod report;
 pub mod traffic;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,7 +23,7 @@ use tokio::time::Instant;
 use super::procfs;
 use super::vllm_router::{Policy, VllmRouter, router_binary};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
-use fleet::{Fleet, FleetSpec, Prefilled};
+use fleet::{Fleet, FleetSpec};
 use pinroute_harness::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
 };
@@ -130,8 +131,10 @@ pub struct PrefixOptions {
     pub fleet: FleetSpec,
     /// The conditional-disaggregation settings of `pinroute-prefix-local`.
     pub local_settings: Value,
-    /// Concurrency and length of each replica-agreement run.
-    pub agreement: (usize, Duration),
+    /// Filter settings given to every pinroute gateway (before each one's own).
+    pub pinroute_settings: Value,
+    /// Length of each replica-agreement run (one per traffic and concurrency).
+    pub agreement: Duration,
     pub request_timeout: Duration,
     pub out_dir: PathBuf,
 }
@@ -185,6 +188,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             max_tokens: options.max_tokens,
             fleet: options.fleet,
             local_settings: options.local_settings.clone(),
+            pinroute_settings: options.pinroute_settings.clone(),
             vllm_router: super::vllm_router::VERSION.to_string(),
         },
         runs,
@@ -221,7 +225,11 @@ impl Gateways {
                 if !variants.contains(&variant) {
                     continue;
                 }
-                let settings = variant_settings(variant, &options.local_settings);
+                let mut settings = options.pinroute_settings.clone();
+                merge(
+                    &mut settings,
+                    &variant_settings(variant, &options.local_settings),
+                );
                 let yaml = bootstrap(fleet, &settings, &wasm)?;
                 let dir = work_dir.join(format!("envoy-{variant:?}").to_lowercase());
                 std::fs::create_dir_all(&dir)?;
@@ -289,6 +297,12 @@ fn variant_settings(variant: Variant, local: &Value) -> Value {
     }
 }
 
+fn merge(into: &mut Value, from: &Value) {
+    if let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) {
+        into.extend(from.clone());
+    }
+}
+
 fn bootstrap(fleet: &Fleet, settings: &Value, wasm: &Path) -> Result<String> {
     let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     render_bootstrap(&BootstrapOptions {
@@ -304,17 +318,13 @@ fn bootstrap(fleet: &Fleet, settings: &Value, wasm: &Path) -> Result<String> {
 pub struct Measured {
     pub report: LoadReport,
     pub hit_rate: f64,
-    /// Requests whose prefill hop pinroute skipped, when it is pinroute.
-    pub skipped: Option<u64>,
+    /// pinroute's counters over the measured period (`wasmcustom.pinroute.` left out), when
+    /// the chooser is pinroute.
+    pub counters: BTreeMap<String, u64>,
 }
 
-const SKIPPED: [&str; 2] = [
-    "wasmcustom.pinroute.prefill.local_short_prompt",
-    "wasmcustom.pinroute.prefill.local_next_turn",
-];
-
-/// One closed-loop run on cold caches, with the fleet's cache counters (and pinroute's
-/// skipped prefill hops) read at the edges of the measured period.
+/// One closed-loop run on cold caches, with the fleet's cache counters and pinroute's own
+/// read at the edges of the measured period.
 async fn measure(
     fleet: &Arc<Fleet>,
     workload: Arc<PrefixTraffic>,
@@ -329,41 +339,45 @@ async fn measure(
         warmup: options.warmup,
         request_timeout: options.request_timeout,
     };
-    let measure_from = Instant::now() + options.warmup;
-    let snapshot = |at: Instant| {
-        let fleet = fleet.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            fleet.prefilled()
+    let from = Instant::now() + options.warmup;
+    let until = from + options.duration;
+    let edges = async {
+        tokio::time::sleep_until(from).await;
+        let first = (fleet.prefilled(), counters(envoy).await?);
+        tokio::time::sleep_until(until).await;
+        let last = (fleet.prefilled(), counters(envoy).await?);
+        Ok::<_, anyhow::Error>((first, last))
+    };
+    let (report, edges) = tokio::join!(run_load(workload, &spec), edges);
+    let ((first, before), (last, after)) = edges?;
+    let counters = after
+        .into_iter()
+        .map(|(name, value)| {
+            let earlier = before.get(&name).copied().unwrap_or(0);
+            (name, value.saturating_sub(earlier))
         })
-    };
-    let (first, last) = (
-        snapshot(measure_from),
-        snapshot(measure_from + options.duration),
-    );
-    let skipped_first = match envoy {
-        Some(envoy) => Some(skipped_sum(envoy).await?),
-        None => None,
-    };
-    let report = run_load(workload, &spec).await;
-    let (first, last): (Prefilled, Prefilled) = (first.await?, last.await?);
-    let skipped = match (envoy, skipped_first) {
-        (Some(envoy), Some(before)) => Some(skipped_sum(envoy).await?.saturating_sub(before)),
-        _ => None,
-    };
+        .collect();
     Ok(Measured {
         report,
         hit_rate: last.hit_rate_since(&first),
-        skipped,
+        counters,
     })
 }
 
-async fn skipped_sum(envoy: &Envoy) -> Result<u64> {
-    let mut sum = 0;
-    for name in SKIPPED {
-        sum += envoy.stat(name).await?.unwrap_or(0);
-    }
-    Ok(sum)
+/// Every counter of the pinroute filter in `envoy` (none without one).
+async fn counters(envoy: Option<&Envoy>) -> Result<BTreeMap<String, u64>> {
+    let Some(envoy) = envoy else {
+        return Ok(BTreeMap::new());
+    };
+    let stats = envoy.admin_get("/stats?filter=wasmcustom.pinroute").await?;
+    Ok(stats
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            let name = name.strip_prefix("wasmcustom.pinroute.")?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect())
 }
 
 /// Two replicas of `pinroute-prefix` with no shared state, every request sent to both.
@@ -385,9 +399,16 @@ async fn replica_agreement(
     let dir = work_dir.join("envoy-replica");
     std::fs::create_dir_all(&dir)?;
     let second = Envoy::start(&envoy_binary(root)?, yaml, &dir).await?;
-    let (concurrency, duration) = options.agreement;
+    let duration = options.agreement;
+    if duration.is_zero() {
+        return Ok(Vec::new());
+    }
     let mut agreements = Vec::new();
-    for traffic in &options.traffics {
+    let runs = options
+        .traffics
+        .iter()
+        .flat_map(|t| options.concurrencies.iter().map(move |c| (t, *c)));
+    for (traffic, concurrency) in runs {
         *salt += 1;
         fleet.clear_caches();
         let target = Target::Pair {

@@ -1,6 +1,7 @@
 //! The prefix benchmark's results (`prefix.json`), its tables and plots, and the targets
 //! checked against them.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -39,6 +40,8 @@ pub struct Meta {
     pub max_tokens: u32,
     pub fleet: FleetSpec,
     pub local_settings: Value,
+    #[serde(default)]
+    pub pinroute_settings: Value,
     pub vllm_router: String,
 }
 
@@ -56,6 +59,11 @@ pub struct PrefixRun {
     pub hit_rate: f64,
     /// The share of requests whose prefill hop pinroute skipped (pinroute only).
     pub skipped_share: Option<f64>,
+    /// How pinroute chose the prefill worker of its requests: `affinity`, `spilled`,
+    /// `remembered`, `session`, `load`, as shares (pinroute only).
+    pub prefill_placements: BTreeMap<String, f64>,
+    /// pinroute's counters over the measured period.
+    pub counters: BTreeMap<String, u64>,
     pub unexpected: u64,
     pub problems: Vec<String>,
 }
@@ -83,6 +91,29 @@ impl PrefixRun {
     pub fn new(traffic: Traffic, chooser: Chooser, concurrency: usize, measured: Measured) -> Self {
         let report = &measured.report;
         let total = report.outcomes.total;
+        let counters = measured.counters;
+        let requests = counters.get("requests").copied().unwrap_or(0);
+        let share = |n: u64| {
+            if requests > 0 {
+                n as f64 / requests as f64
+            } else {
+                0.0
+            }
+        };
+        let skipped = ["prefill.local_short_prompt", "prefill.local_next_turn"]
+            .iter()
+            .map(|name| counters.get(*name).copied().unwrap_or(0))
+            .sum();
+        let prefill_placements = counters
+            .iter()
+            .filter_map(|(name, n)| {
+                Some((
+                    name.strip_prefix("placement.prefill.")?.to_string(),
+                    share(*n),
+                ))
+            })
+            .filter(|(_, share)| *share > 0.0)
+            .collect();
         PrefixRun {
             traffic,
             chooser,
@@ -92,13 +123,9 @@ impl PrefixRun {
             ttfb: report.first_byte_summary(),
             last_byte: report.last_byte_summary(),
             hit_rate: measured.hit_rate,
-            skipped_share: measured.skipped.map(|skipped| {
-                if total > 0 {
-                    skipped as f64 / total as f64
-                } else {
-                    0.0
-                }
-            }),
+            skipped_share: (!counters.is_empty()).then(|| share(skipped)),
+            prefill_placements,
+            counters,
             unexpected: report.outcomes.unexpected,
             problems: report.problems.clone(),
         }
@@ -313,14 +340,31 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
         "- {:.1} s measured per run after {:.1} s of warm-up, caches emptied before each run; pinroute-prefix-local: {}; vllm-router {}",
         meta.duration_s, meta.warmup_s, meta.local_settings, meta.vllm_router
     );
+    if meta
+        .pinroute_settings
+        .as_object()
+        .is_some_and(|s| !s.is_empty())
+    {
+        let _ = writeln!(out, "- every pinroute gateway: {}", meta.pinroute_settings);
+    }
     for (name, shape) in &meta.traffics {
         let _ = writeln!(out, "- {name}: {shape}");
     }
     for traffic in results.traffics() {
         let _ = writeln!(out, "\n{}{traffic}\n", title_mark(style));
         let header: Vec<String> = [
-            "chooser", "conc", "req/s", "x rr", "TTFT p50", "p99", "last p50", "hit rate",
-            "x oracle", "skipped", "errors",
+            "chooser",
+            "conc",
+            "req/s",
+            "x rr",
+            "TTFT p50",
+            "p99",
+            "last p50",
+            "hit rate",
+            "x oracle",
+            "skipped",
+            "prefill placed by",
+            "errors",
         ]
         .iter()
         .map(|h| h.to_string())
@@ -384,8 +428,22 @@ fn row(results: &PrefixResults, run: &PrefixRun) -> Vec<String> {
         versus(Chooser::Oracle, |r| r.hit_rate),
         run.skipped_share
             .map_or("-".to_string(), |s| format!("{:.0}%", 100.0 * s)),
+        placements(&run.prefill_placements),
         run.unexpected.to_string(),
     ]
+}
+
+/// `affinity 80% spilled 20%`; `-` when none.
+fn placements(shares: &BTreeMap<String, f64>) -> String {
+    let shown: Vec<String> = shares
+        .iter()
+        .map(|(how, share)| format!("{how} {:.0}%", 100.0 * share))
+        .collect();
+    if shown.is_empty() {
+        "-".into()
+    } else {
+        shown.join(" ")
+    }
 }
 
 /// `prefix.json`, `prefix.md` and a plot per traffic in `dir`.
