@@ -20,7 +20,8 @@
 //! - with a session, a worker other than the chosen one leaving keeps the choice;
 //! - prefix affinity (§5) equals a model: a remembered worker that is not busy, else depth
 //!   by depth the top worker of each hash among those not yet found busy, else the first
-//!   worker not busy in the deepest hash's order; the worker it places is never busy, and
+//!   worker not busy in the deepest hash's order (busy: over `percent` % of the pool's mean
+//!   plus `excess`); the worker it places is never busy, and
 //!   each hop reports how its worker was chosen;
 //! - a prefill hop is skipped by choice (§4) exactly when it is unpinned and the prompt is
 //!   short enough, or its decode worker served the last turn and little was added;
@@ -674,8 +675,8 @@ impl World<'_> {
 
     // ---- properties stated directly ----
 
-    /// docs/semantics.md §5: a worker far busier than the least loaded of its (healthy) pool
-    /// is never the one prefix affinity places a hop on.
+    /// docs/semantics.md §5: a worker far busier than its share of its (healthy) pool is
+    /// never the one prefix affinity places a hop on.
     fn check_affinity_avoids_busy_workers(&self, actual: &Result<Route, RouteError>) {
         let (Choice::Prefix(affinity), Ok(route)) = (self.choice, actual) else {
             return;
@@ -697,13 +698,10 @@ impl World<'_> {
                 continue;
             }
             let pool = self.of_role(worker.role, true);
-            let least = pool
-                .iter()
-                .map(|w| (affinity.outstanding)(w))
-                .min()
-                .unwrap_or(0);
+            let total = pool.iter().map(|w| (affinity.outstanding)(w)).sum();
+            let load = (affinity.outstanding)(worker);
             assert!(
-                !affinity.busy.is_busy((affinity.outstanding)(worker), least),
+                !busy_model(affinity.busy, load, total, pool.len()),
                 "affinity placed a hop on busy worker {}",
                 worker.id
             );
@@ -977,8 +975,9 @@ fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -
 /// the deepest hash's order.
 fn affinity_model(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
     let load = |w: &Worker| (affinity.outstanding)(w);
-    let least = pool.iter().map(|w| load(w)).min().unwrap_or(0);
-    let busy = |w: &Worker| busy_model(affinity.busy, load(w), least);
+    let total = pool.iter().map(|w| load(w)).sum();
+    let workers = pool.len();
+    let busy = |w: &Worker| busy_model(affinity.busy, load(w), total, workers);
     let deepest = affinity.depths.last().copied().unwrap_or(0);
     let weight = |hash: u64, w: &Worker| (prefix_weight(hash, w), w.id);
     pool.sort_by_key(|w| std::cmp::Reverse(weight(deepest, w)));
@@ -1023,11 +1022,14 @@ fn affinity_model(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement
     placement
 }
 
-/// docs/semantics.md §5: more than `excess` beyond the least loaded, and more than
-/// `percent` % of it.
-fn busy_model(busy: Busy, load: u64, least: u64) -> bool {
-    u128::from(load) > u128::from(least) + u128::from(busy.excess)
-        && u128::from(load) * 100 > u128::from(least) * u128::from(busy.percent)
+/// docs/semantics.md §5: `load > percent/100 × total/workers + excess`, multiplied out by
+/// `100 × workers` so that it is exact.
+fn busy_model(busy: Busy, load: u64, total: u64, workers: usize) -> bool {
+    let workers = workers.max(1) as u128;
+    let scaled_load = u128::from(load) * 100 * workers;
+    let scaled_bound =
+        u128::from(busy.percent) * u128::from(total) + u128::from(busy.excess) * 100 * workers;
+    scaled_load > scaled_bound
 }
 
 /// A prompt's hashes and its turn memory, stated directly.

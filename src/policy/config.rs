@@ -114,10 +114,9 @@ pub struct Settings {
     /// A shared beginning shorter than this is no reason to place requests together; shorter
     /// prompts are placed by load alone.
     pub prefix_min_bytes: usize,
-    /// Affinity skips a worker with more than this many requests in flight beyond the least
-    /// loaded worker of its pool ...
+    /// Affinity skips a worker with more requests in flight than `affinity_busy_percent` %
+    /// of its pool's mean plus this many.
     pub affinity_busy_excess: u64,
-    /// ... and more than this percentage of that worker's count.
     pub affinity_busy_percent: u64,
     /// Skip the prefill hop of an unpinned prefill whose prompt is at most this many bytes
     /// (the decode worker prefills it). 0: never.
@@ -145,7 +144,7 @@ impl Default for Settings {
             routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
             prefix_affinity_bytes: 4096,
             prefix_min_bytes: 1024,
-            affinity_busy_excess: 32,
+            affinity_busy_excess: 4,
             affinity_busy_percent: 200,
             local_prefill_max_bytes: 0,
             local_prefill_suffix_bytes: 0,

@@ -35,9 +35,9 @@ pub struct Affinity<'a> {
     pub outstanding: &'a dyn Fn(&Worker) -> u64,
 }
 
-/// When a worker is too busy to be chosen for affinity: it has more than `excess` requests in
-/// flight beyond the least loaded worker of its pool, and more than `percent` % of that
-/// worker's count.
+/// When a worker is too busy to be chosen for affinity: it has more requests in flight than
+/// `percent` % of its pool's mean plus `excess` (bounded-load hashing: no worker takes far
+/// more than its share for the sake of a prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Busy {
     pub excess: u64,
@@ -45,9 +45,14 @@ pub struct Busy {
 }
 
 impl Busy {
-    pub fn is_busy(&self, load: u64, least: u64) -> bool {
-        load > least.saturating_add(self.excess)
-            && u128::from(load) * 100 > u128::from(least) * u128::from(self.percent)
+    /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
+    /// `total` in flight. With `percent` at least 100, the least loaded worker never is.
+    pub fn is_busy(&self, load: u64, total: u64, workers: usize) -> bool {
+        let workers = workers.max(1) as u128;
+        let scaled_load = u128::from(load) * 100 * workers;
+        let share = u128::from(self.percent).saturating_mul(u128::from(total));
+        let slack = u128::from(self.excess) * 100 * workers;
+        scaled_load > share.saturating_add(slack)
     }
 }
 
@@ -125,11 +130,11 @@ fn rotate(pool: &mut [&Worker], turn: u64) {
 /// loaded one always qualifies). The rest follow in the deepest hash's order.
 fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
     let loads: Vec<u64> = pool.iter().map(|w| (affinity.outstanding)(w)).collect();
-    let least = loads.iter().copied().min().unwrap_or(0);
+    let total = loads.iter().copied().fold(0u64, u64::saturating_add);
     let busy: Vec<WorkerId> = pool
         .iter()
         .zip(&loads)
-        .filter(|(_, load)| affinity.busy.is_busy(**load, least))
+        .filter(|(_, load)| affinity.busy.is_busy(**load, total, pool.len()))
         .map(|(w, _)| w.id)
         .collect();
     let deepest = affinity.depths.last().copied().unwrap_or(0);

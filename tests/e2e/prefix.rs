@@ -228,7 +228,8 @@ async fn a_short_prompt_and_the_next_turn_of_a_conversation_skip_the_prefill_hop
 
 #[tokio::test]
 async fn a_busy_prefill_worker_is_passed_over_and_its_prefix_follows_one_spill_worker() {
-    let settings = json!({"prefill_timeout_ms": 3000, "affinity_busy_excess": 2});
+    // Busy above the pool's mean: one request in flight makes a worker busy.
+    let settings = json!({"prefill_timeout_ms": 3000, "affinity_busy_excess": 0, "affinity_busy_percent": 100});
     let deployment = cached_deployment(settings).await;
     let base = deployment.url("");
     let body = chat(&system_prompt(11), &[], "are you there?");
@@ -237,14 +238,12 @@ async fn a_busy_prefill_worker_is_passed_over_and_its_prefix_follows_one_spill_w
         .worker("prefill")
         .unwrap();
     deployment.worker(home).unwrap().set_fault(Fault::Hang);
-    let hanging: Vec<_> = (0..3)
-        .map(|_| {
-            let (base, body) = (base.clone(), body.clone());
-            tokio::spawn(async move { post_chat(&base, &[], &body).await })
-        })
-        .collect();
+    let hanging = {
+        let (base, body) = (base.clone(), body.clone());
+        tokio::spawn(async move { post_chat(&base, &[], &body).await })
+    };
     let home_worker = deployment.worker(home).unwrap();
-    while home_worker.requests().len() < 4 {
+    while home_worker.requests().len() < 2 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let spills: HashSet<u64> = {
@@ -258,9 +257,7 @@ async fn a_busy_prefill_worker_is_passed_over_and_its_prefix_follows_one_spill_w
     assert_eq!(spills.len(), 1, "one spill worker: {spills:?}");
     assert!(!spills.contains(&home), "the busy worker was passed over");
     home_worker.set_fault(Fault::None);
-    for request in hanging {
-        request.await.unwrap();
-    }
+    hanging.await.unwrap();
     let spilled = deployment
         .envoy
         .stat("wasmcustom.pinroute.placement.prefill.spilled")

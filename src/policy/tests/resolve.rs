@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::policy::availability::{RegistryOnly, Unavailability, pool_in_panic};
+use crate::policy::registry::Role;
 use crate::policy::select::Placement;
 use crate::policy::testing::test;
 use crate::policy::turns::LastTurn;
@@ -767,14 +768,31 @@ fn unpinned_hops_report_how_their_worker_was_chosen() {
     );
     assert_eq!(route.prefill_placement, Some(Placement::Affinity));
     assert_eq!(route.decode.placement, Some(Placement::Affinity));
-    let route = resolve_prompt(
-        &settings,
-        by_prefix(&[5], &[103, 202]),
-        PromptFacts::default(),
-        &Pins::default(),
-    );
+    // 101 and 102 far busier than their share: the remembered 103 stands in for them.
+    let strict = Settings {
+        affinity_busy_excess: 0,
+        affinity_busy_percent: 100,
+        ..Settings::default()
+    };
+    let loads = |w: &Worker| if [101, 102].contains(&w.id) { 10 } else { 0 };
+    let pool = registry(WIDE);
+    let home = |hash: u64| {
+        pool.pool(Role::Prefill)
+            .max_by_key(|w| (crate::policy::select::prefix_weight(hash, w), w.id))
+            .unwrap()
+            .id
+    };
+    let hash = (0..).find(|h| home(*h) != 103).unwrap();
+    let depths = [hash];
+    let choice = Choice::Prefix(crate::policy::select::Affinity {
+        depths: &depths,
+        remembered: &[103],
+        busy: strict.busy(),
+        turn: 0,
+        outstanding: &loads,
+    });
+    let route = resolve_prompt(&strict, choice, PromptFacts::default(), &Pins::default());
     assert_eq!(prefill_ids(&route)[0], 103);
-    assert_eq!(route.decode.target.worker.id, 202);
     assert_eq!(route.prefill_placement, Some(Placement::Remembered));
     let pinned = Pins {
         prefill_worker_id: Some(101),
@@ -869,17 +887,23 @@ fn the_next_turn_on_the_decode_worker_that_served_the_last_skips_prefill() {
         let route = resolve_prompt(&settings, Choice::Turn(0), facts, &pinned_201);
         assert!(matches!(route.prefill, PrefillPlan::Candidates(_)), "{why}");
     }
-    let remembered = [102, 202];
     let route = resolve_prompt(
         &settings,
-        by_prefix(&[1], &remembered),
-        facts(202, 10),
+        by_prefix(&[1], &[]),
+        facts(0, 10),
+        &Pins::default(),
+    );
+    let decode = route.decode.target.worker.id;
+    let route = resolve_prompt(
+        &settings,
+        by_prefix(&[1], &[decode]),
+        facts(decode, 10),
         &Pins::default(),
     );
     assert_eq!(
         (route.decode.target.worker.id, &route.prefill),
-        (202, &PrefillPlan::Local(LocalPrefill::NextTurn)),
-        "the remembered decode worker is chosen, and holds the conversation"
+        (decode, &PrefillPlan::Local(LocalPrefill::NextTurn)),
+        "the decode worker the prefix goes to served the last turn, and holds the conversation"
     );
     let off = Settings::default();
     let route = resolve_prompt(&off, Choice::Turn(0), facts(201, 10), &pinned_201);

@@ -168,18 +168,29 @@ fn top(pool: &[Worker], hash: u64, skipped: &[u64]) -> u64 {
 }
 
 #[test]
-fn a_busy_worker_is_one_far_above_the_least_loaded() {
-    assert!(!BUSY.is_busy(2, 0), "within the excess");
-    assert!(BUSY.is_busy(3, 0));
-    assert!(!BUSY.is_busy(15, 10), "within 150 %");
-    assert!(BUSY.is_busy(16, 10));
-    assert!(!BUSY.is_busy(7, 7), "the least loaded is never busy");
+fn a_busy_worker_is_one_far_above_its_share() {
+    // 150 % of the mean plus 2: four workers with 40 in flight have a mean of 10.
+    assert!(
+        !BUSY.is_busy(17, 40, 4),
+        "at 150 % of the mean plus the excess"
+    );
+    assert!(BUSY.is_busy(18, 40, 4));
+    assert!(!BUSY.is_busy(2, 2, 4), "within the excess of an idle pool");
+    assert!(BUSY.is_busy(4, 4, 4));
+    assert!(!BUSY.is_busy(7, 7, 1), "a pool of one is never busy");
+    for (load, total, workers) in [(0, 0, 3), (5, 21, 4), (u64::MAX, u64::MAX, 2)] {
+        let least_possible = total / workers as u64;
+        assert!(
+            !BUSY.is_busy(least_possible.min(load), total, workers),
+            "a worker at or below the mean is never busy"
+        );
+    }
     assert!(
         !Busy {
             excess: u64::MAX,
             percent: u64::MAX
         }
-        .is_busy(u64::MAX, u64::MAX)
+        .is_busy(u64::MAX, u64::MAX, 9)
     );
 }
 
@@ -227,26 +238,19 @@ fn a_busy_worker_passes_its_prefix_down_the_depths() {
     let depths = [7, 8, 9];
     let home = top(&pool, 7, &[]);
     let second = top(&pool, 8, &[home]);
-    let busy_home = |w: &Worker| if w.id == home { 5 } else { 1 };
+    let busy_home = |w: &Worker| if w.id == home { 8 } else { 1 };
     let (order, placement) = affinity(&pool, &depths, &[], &busy_home);
     assert_eq!((order[0], placement), (second, Placement::Spilled));
     let third = top(&pool, 9, &[home, second]);
     let both_busy = |w: &Worker| if [home, second].contains(&w.id) { 9 } else { 0 };
     assert_eq!(affinity(&pool, &depths, &[], &both_busy).0[0], third);
-    let all_but_one = |w: &Worker| if w.id == 103 { 0 } else { 9 };
+    let (order, placement) = affinity(&pool, &[7], &[], &busy_home);
     assert_eq!(
-        affinity(&pool, &depths, &[], &all_but_one),
-        (
-            affinity(&pool, &depths, &[], &all_but_one).0,
-            Placement::Spilled
-        )
+        (order[0], placement),
+        (top(&pool, 7, &[home]), Placement::Spilled),
+        "past the last depth, the first worker that is not busy in the deepest order"
     );
-    assert_eq!(
-        affinity(&pool, &depths, &[], &all_but_one).0[0],
-        103,
-        "past the last depth, the first worker that is not busy"
-    );
-    let mild = |w: &Worker| if w.id == home { 2 } else { 0 };
+    let mild = |w: &Worker| if w.id == home { 3 } else { 1 };
     assert_eq!(
         affinity(&pool, &depths, &[], &mild).0[0],
         home,
@@ -274,7 +278,8 @@ fn a_remembered_worker_goes_first_unless_busy() {
         (
             affinity(&pool, &depths, &[], &busy_other).0,
             Placement::Affinity
-        )
+        ),
+        "a busy remembered worker is passed over"
     );
 }
 
