@@ -16,9 +16,11 @@
 //!   `finish` with the prefill's `kv_transfer_params`);
 //! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
 //! - `total`: all of the above, as one request;
-//! - `affinity`: what an unpinned request adds (not in `total`): hashing the prompt's
-//!   beginning and resolving both hops by prefix affinity over loads
-//!   (`docs/semantics.md` §5).
+//! - `unpinned`: resolving both hops of an unpinned request by load alone, as before prefix
+//!   affinity (not in `total`);
+//! - `affinity`: the same request placed by prefix affinity (`docs/semantics.md` §5):
+//!   hashing the prompt's beginning and walking its depths over the loads. `affinity`
+//!   minus `unpinned` is what affinity adds.
 
 #[path = "../harness/lab/src/bench/prompt.rs"]
 mod prompt;
@@ -176,12 +178,38 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
     }
 }
 
-/// An unpinned request's choice of both workers by prefix affinity.
+fn loads(worker: &Worker) -> u64 {
+    worker.id % 3
+}
+
+/// An unpinned request's choice of both workers by load alone.
+fn by_load(config: &Config, turn: u64) -> Result<(), String> {
+    let resolver = Resolver {
+        registry: &config.registry,
+        settings: &config.settings,
+        availability: RegistryOnly,
+        choice: Choice::LeastLoaded {
+            turn,
+            outstanding: &loads,
+        },
+        prompt: PromptFacts::default(),
+    };
+    let route = resolver
+        .resolve(&Pins::default())
+        .map_err(|e| e.to_string())?;
+    black_box(route);
+    Ok(())
+}
+
+/// The same request's choice by prefix affinity, hashing its prompt as the filter does.
 fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
     let settings = &config.settings;
     let raw = prompt_member(request).map_or(&b""[..], |p| p.get().as_bytes());
-    let prefix = PromptPrefix::new(raw, settings.prefix_affinity_bytes);
-    let loads = |w: &Worker| w.id % 3;
+    let prefix = if raw.len() < settings.prefix_min_bytes {
+        PromptPrefix::unhashed(raw.len())
+    } else {
+        PromptPrefix::new(raw, settings.prefix_affinity_bytes)
+    };
     let resolver = Resolver {
         registry: &config.registry,
         settings,
@@ -268,6 +296,15 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
         len,
         measure(budget, || {
             drop(black_box(whole_request(config, black_box(bytes), 1)))
+        }),
+    );
+    by_load(config, 0)?;
+    report(
+        "unpinned",
+        len,
+        measure(budget, || {
+            turn = turn.wrapping_add(1);
+            drop(black_box(by_load(config, turn)));
         }),
     );
     by_affinity(config, &request, 0)?;

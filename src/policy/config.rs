@@ -144,7 +144,7 @@ impl Default for Settings {
             routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
             prefix_affinity_bytes: 4096,
             prefix_min_bytes: 1024,
-            affinity_busy_excess: 4,
+            affinity_busy_excess: 8,
             affinity_busy_percent: 200,
             local_prefill_max_bytes: 0,
             local_prefill_suffix_bytes: 0,

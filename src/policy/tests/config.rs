@@ -140,7 +140,7 @@ fn prefix_affinity_and_the_turn_memory_can_be_turned_off() {
     assert_eq!(
         defaults.busy(),
         Busy {
-            excess: 4,
+            excess: 8,
             percent: 200
         }
     );

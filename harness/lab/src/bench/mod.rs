@@ -14,6 +14,7 @@
 //! Results: a table on stdout ([`table`]), `bench.json` and `bench.md`, SVG plots
 //! ([`plot`]), and the targets checked ([`results`]).
 
+pub mod child;
 pub mod e2e;
 pub mod gateways;
 pub mod micro;

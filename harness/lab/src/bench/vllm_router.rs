@@ -5,10 +5,11 @@ use std::fs::{self, File};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
+use super::child::{stop, wait_until_serving};
 use pinroute_harness::stack::refusing_address;
 use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
 
@@ -17,7 +18,6 @@ pub const VENV_DIR: &str = ".cache/vllm-router-venv";
 pub const VERSION: &str = "0.1.17";
 const STAMP: &str = "vllm-router.installed";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The venv's `vllm-router`, installed on first use.
 pub fn router_binary(repo_root: &Path) -> Result<PathBuf> {
@@ -119,41 +119,20 @@ impl VllmRouter {
     }
 
     async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()?;
         let url = format!("http://{}/health", self.address);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("vllm-router exited ({status}); see {}", log_path.display());
-            }
-            if http
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        bail!(
-            "vllm-router did not answer {url} within {READY_TIMEOUT:?}; see {}",
-            log_path.display()
+        wait_until_serving(
+            &mut self.child,
+            &url,
+            READY_TIMEOUT,
+            "vllm-router",
+            log_path,
         )
+        .await
     }
 }
 
 impl Drop for VllmRouter {
     fn drop(&mut self) {
-        let pid = self.child.id();
-        if let Err(e) = self.child.kill() {
-            log::debug!("stopping vllm-router {pid}: {e}");
-        }
-        if let Err(e) = self.child.wait() {
-            log::warn!("reaping vllm-router {pid}: {e}");
-        }
+        stop(&mut self.child, "vllm-router");
     }
 }

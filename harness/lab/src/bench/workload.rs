@@ -227,7 +227,17 @@ const PINS: [(&str, &str); 2] = [
 ];
 
 fn post(request_id: &str, body: ChunkedBody, extra: &[(&str, &str)]) -> Request<ChunkedBody> {
-    let mut builder = Request::post(PATH)
+    post_to(PATH, request_id, body, extra)
+}
+
+/// A JSON `POST` to `path` with these extra headers.
+pub(crate) fn post_to(
+    path: &str,
+    request_id: &str,
+    body: ChunkedBody,
+    extra: &[(&str, &str)],
+) -> Request<ChunkedBody> {
+    let mut builder = Request::post(path)
         .header("host", "bench")
         .header("content-type", "application/json")
         .header("content-length", body.len())

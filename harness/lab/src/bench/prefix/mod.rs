@@ -15,11 +15,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::e2e::progress_bar;
 use super::procfs;
 use super::vllm_router::{Policy, VllmRouter, router_binary};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
@@ -437,16 +437,6 @@ async fn replica_agreement(
         });
     }
     Ok(agreements)
-}
-
-fn progress_bar(runs: u64) -> ProgressBar {
-    let bar = ProgressBar::new(runs);
-    let style =
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style.progress_chars("=> "));
-    bar.enable_steady_tick(Duration::from_millis(250));
-    bar
 }
 
 fn unix_seconds() -> u64 {

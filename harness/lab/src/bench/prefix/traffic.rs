@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::fleet::Fleet;
-use crate::bench::workload::stream_problem;
+use crate::bench::workload::{post_to, stream_problem};
 use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
 use pinroute::policy::headers::PREFILL_WORKER_HEADER;
 use pinroute_harness::sim::PromptBlocks;
@@ -318,17 +318,11 @@ impl Workload for PrefixTraffic {
 }
 
 fn post(request_id: &str, body: ChunkedBody, extra: &[(String, String)]) -> Request<ChunkedBody> {
-    let mut builder = Request::post(PATH)
-        .header("host", "bench")
-        .header("content-type", "application/json")
-        .header("content-length", body.len())
-        .header("x-request-id", request_id);
-    for (name, value) in extra {
-        builder = builder.header(name.as_str(), value.as_str());
-    }
-    builder
-        .body(body)
-        .unwrap_or_else(|_| Request::new(ChunkedBody::empty()))
+    let extra: Vec<(&str, &str)> = extra
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    post_to(PATH, request_id, body, &extra)
 }
 
 /// splitmix64's finaliser: a well-mixed 64-bit value.
