@@ -73,10 +73,10 @@ impl Turn {
         let continues = self.key == key
             && prompt.len() > length
             && tail_hash(prompt, length) == Some(self.tail);
-        (fresh && continues).then_some(LastTurn {
+        (fresh && continues).then(|| LastTurn {
             prefill: self.prefill,
             decode: self.decode,
-            added_bytes: (prompt.len() - length) as u64,
+            added_bytes: prompt.len().saturating_sub(length) as u64,
         })
     }
 
