@@ -15,7 +15,12 @@
 //! - `decode_body`: the edit that makes the held body the decode hop's (`DecodeBody::new` +
 //!   `finish` with the prefill's `kv_transfer_params`);
 //! - `prefill_response`: reading `kv_transfer_params` from the prefill's answer;
-//! - `total`: all of the above, as one request.
+//! - `total`: all of the above, as one request;
+//! - `unpinned`: resolving both hops of an unpinned request by load alone, as before prefix
+//!   affinity (not in `total`);
+//! - `affinity`: the same request placed by prefix affinity (`docs/semantics.md` §5):
+//!   hashing the prompt's beginning and walking its depths over the loads. `affinity`
+//!   minus `unpinned` is what affinity adds.
 
 #[path = "../harness/lab/src/bench/prompt.rs"]
 mod prompt;
@@ -27,9 +32,11 @@ use pinroute::policy::availability::RegistryOnly;
 use pinroute::policy::config::Config;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
-use pinroute::policy::resolve::Resolver;
+use pinroute::policy::prefix::{PromptPrefix, prompt_member};
+use pinroute::policy::registry::Worker;
+use pinroute::policy::resolve::{PromptFacts, Resolver};
 use pinroute::policy::rewrite::{self, BodyEdit, DecodeBody};
-use pinroute::policy::select::Choice;
+use pinroute::policy::select::{Affinity, Choice};
 
 const DEFAULT_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
 const DEFAULT_BUDGET: Duration = Duration::from_millis(300);
@@ -167,7 +174,63 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
         settings: &config.settings,
         availability: RegistryOnly,
         choice: Choice::Turn(turn),
+        prompt: PromptFacts::default(),
     }
+}
+
+fn loads(worker: &Worker) -> u64 {
+    worker.id % 3
+}
+
+/// An unpinned request's choice of both workers by load alone.
+fn by_load(config: &Config, turn: u64) -> Result<(), String> {
+    let resolver = Resolver {
+        registry: &config.registry,
+        settings: &config.settings,
+        availability: RegistryOnly,
+        choice: Choice::LeastLoaded {
+            turn,
+            outstanding: &loads,
+        },
+        prompt: PromptFacts::default(),
+    };
+    let route = resolver
+        .resolve(&Pins::default())
+        .map_err(|e| e.to_string())?;
+    black_box(route);
+    Ok(())
+}
+
+/// The same request's choice by prefix affinity, hashing its prompt as the filter does.
+fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
+    let settings = &config.settings;
+    let raw = prompt_member(request).map_or(&b""[..], |p| p.get().as_bytes());
+    let prefix = if raw.len() < settings.prefix_min_bytes {
+        PromptPrefix::unhashed(raw.len())
+    } else {
+        PromptPrefix::new(raw, settings.prefix_affinity_bytes)
+    };
+    let resolver = Resolver {
+        registry: &config.registry,
+        settings,
+        availability: RegistryOnly,
+        choice: Choice::Prefix(Affinity {
+            depths: prefix.depths(settings.prefix_min_bytes),
+            remembered: &[],
+            busy: settings.busy(),
+            turn,
+            outstanding: &loads,
+        }),
+        prompt: PromptFacts {
+            bytes: raw.len(),
+            last_turn: None,
+        },
+    };
+    let route = resolver
+        .resolve(&Pins::default())
+        .map_err(|e| e.to_string())?;
+    black_box(route);
+    Ok(())
 }
 
 fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), String> {
@@ -233,6 +296,24 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
         len,
         measure(budget, || {
             drop(black_box(whole_request(config, black_box(bytes), 1)))
+        }),
+    );
+    by_load(config, 0)?;
+    report(
+        "unpinned",
+        len,
+        measure(budget, || {
+            turn = turn.wrapping_add(1);
+            drop(black_box(by_load(config, turn)));
+        }),
+    );
+    by_affinity(config, &request, 0)?;
+    report(
+        "affinity",
+        len,
+        measure(budget, || {
+            turn = turn.wrapping_add(1);
+            drop(black_box(by_affinity(config, black_box(&request), turn)));
         }),
     );
     Ok(())

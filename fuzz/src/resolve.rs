@@ -14,9 +14,20 @@
 //!   role, never draining, unhealthy only in a pool in panic; a pinned target is exactly the
 //!   pinned worker; a rank is < `dp_size`;
 //! - the prefill plan depends on P and pr only: changing B, D and r never changes it (so
-//!   prefill is never pinned without P and its rank never comes from r); the token hop
+//!   prefill is never pinned without P and its rank never comes from r), but for whether the
+//!   next turn skips it (§4: that depends on the decode worker); the token hop
 //!   depends on D/B and r only and equals `token_hop`;
 //! - with a session, a worker other than the chosen one leaving keeps the choice;
+//! - prefix affinity (§5) equals a model: a remembered worker that is not busy, else depth
+//!   by depth the top worker of each hash among those not yet found busy, else the first
+//!   worker not busy in the deepest hash's order (busy: over `percent` % of the pool's mean
+//!   plus `excess`); the worker it places is never busy, and
+//!   each hop reports how its worker was chosen;
+//! - a prefill hop is skipped by choice (§4) exactly when it is unpinned and the prompt is
+//!   short enough, or its decode worker served the last turn and little was added;
+//! - a prompt's hashes: a longer prompt keeps the hashes of its beginning; a turn
+//!   remembered for a prompt is found by its continuation under a shared key, with the
+//!   bytes it adds; a remembered turn encodes and decodes to itself.
 //! - an error maps to its SPEC status and code, names the worker and hop, and its body
 //!   never contains a registry address.
 
@@ -29,9 +40,13 @@ use pinroute::policy::config::Settings;
 use pinroute::policy::error::RouteError;
 use pinroute::policy::hop::Hop;
 use pinroute::policy::pins::Pins;
+use pinroute::policy::prefix::{BLOCK_BYTES, PromptPrefix};
 use pinroute::policy::registry::{Deployment, Registry, Role, Worker, WorkerId};
-use pinroute::policy::resolve::{DECODE_ATTEMPTS, PrefillPlan, Resolver, Route, Target, TokenHop};
-use pinroute::policy::select::{Choice, session_weight};
+use pinroute::policy::resolve::{
+    DECODE_ATTEMPTS, LocalPrefill, PrefillPlan, PromptFacts, Resolver, Route, Target, TokenHop,
+};
+use pinroute::policy::select::{Affinity, Busy, Choice, Placement, prefix_weight, session_weight};
+use pinroute::policy::turns::{LastTurn, Turn};
 
 use crate::violated;
 
@@ -50,6 +65,27 @@ pub struct Case {
     pins: PinsSpec,
     /// B, D and r of a second resolution that must leave the prefill plan alone.
     other_token_pins: PinsSpec,
+    /// The prompt, for prefix affinity and conditional disaggregation.
+    prompt: PromptSpec,
+}
+
+#[derive(Arbitrary, Debug)]
+struct PromptSpec {
+    text: Vec<u8>,
+    /// Bytes a continuation adds (after dropping the prompt's last byte).
+    more: Vec<u8>,
+    /// `prefix_affinity_bytes`, modulo 16385.
+    window: u16,
+    /// `prefix_min_bytes` is this many blocks, plus one, modulo 8.
+    min_blocks: u8,
+    remembered: Vec<IdRef>,
+    busy_excess: u8,
+    /// `affinity_busy_percent` is 100 plus this, modulo 400.
+    busy_percent: u16,
+    local_max: u16,
+    local_suffix: u16,
+    /// The last turn: its decode worker, its prefill worker, the bytes added since.
+    last_turn: Option<(IdRef, Option<IdRef>, u16)>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -99,6 +135,8 @@ enum ChoiceSpec {
     Turn(u64),
     /// Outstanding requests per worker: `load[id % 8]`.
     LeastLoaded(u64, [u8; 8]),
+    /// Prefix affinity over the prompt's hashes, with these loads.
+    Prefix(u64, [u8; 8]),
 }
 
 fn outstanding(load: &[u8; 8], worker: &Worker) -> u64 {
@@ -150,21 +188,31 @@ pub fn check(case: &Case) {
         None if workers.is_empty() => Registry::empty(),
         None => return,
     };
+    let prompt = &case.prompt;
     let settings = Settings {
         prefill_retries: case.prefill_retries.value(),
         aggregated_fallback: case.aggregated_fallback,
         panic_threshold_percent: u32::from(case.panic_threshold % 101),
+        prefix_affinity_bytes: usize::from(prompt.window % 16385),
+        prefix_min_bytes: BLOCK_BYTES * (1 + usize::from(prompt.min_blocks % 8)),
+        affinity_busy_excess: u64::from(prompt.busy_excess),
+        affinity_busy_percent: 100 + u64::from(prompt.busy_percent % 400),
+        local_prefill_max_bytes: usize::from(prompt.local_max),
+        local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
         ..Settings::default()
     };
+    check_prompt_hashes(prompt, &settings);
+    let prefix = PromptPrefix::new(&prompt.text, settings.prefix_affinity_bytes);
     let health = Health {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
     };
     let load = match &case.choice {
-        ChoiceSpec::LeastLoaded(_, load) => *load,
+        ChoiceSpec::LeastLoaded(_, load) | ChoiceSpec::Prefix(_, load) => *load,
         _ => [0; 8],
     };
     let by_load = |w: &Worker| outstanding(&load, w);
+    let remembered: Vec<WorkerId> = prompt.remembered.iter().map(|r| r.id(&workers)).collect();
     let choice = match &case.choice {
         ChoiceSpec::Session(key) => Choice::Session(key),
         ChoiceSpec::Turn(turn) => Choice::Turn(*turn),
@@ -172,6 +220,21 @@ pub fn check(case: &Case) {
             turn: *turn,
             outstanding: &by_load,
         },
+        ChoiceSpec::Prefix(turn, _) => Choice::Prefix(Affinity {
+            depths: prefix.depths(settings.prefix_min_bytes),
+            remembered: &remembered,
+            busy: settings.busy(),
+            turn: *turn,
+            outstanding: &by_load,
+        }),
+    };
+    let facts = PromptFacts {
+        bytes: prompt.text.len(),
+        last_turn: prompt.last_turn.map(|(decode, prefill, added)| LastTurn {
+            prefill: prefill.map(|p| p.id(&workers)),
+            decode: decode.id(&workers),
+            added_bytes: u64::from(added),
+        }),
     };
     let pins = case.pins.pins(&workers);
     let world = World {
@@ -179,6 +242,7 @@ pub fn check(case: &Case) {
         settings: &settings,
         health: &health,
         choice,
+        prompt: facts,
     };
     world.check(&pins, &case.other_token_pins.pins(&workers));
 }
@@ -249,16 +313,20 @@ impl Retries {
     }
 }
 
+impl IdRef {
+    fn id(self, workers: &[Worker]) -> WorkerId {
+        match self {
+            IdRef::Worker(i) => workers
+                .get(usize::from(i) % workers.len().max(1))
+                .map_or(0, |w| w.id),
+            IdRef::Any(id) => id,
+        }
+    }
+}
+
 impl PinsSpec {
     fn pins(&self, workers: &[Worker]) -> Pins {
-        let id = |r: Option<IdRef>| {
-            r.map(|r| match r {
-                IdRef::Worker(i) => workers
-                    .get(usize::from(i) % workers.len().max(1))
-                    .map_or(0, |w| w.id),
-                IdRef::Any(id) => id,
-            })
-        };
+        let id = |r: Option<IdRef>| r.map(|r| r.id(workers));
         Pins {
             backend_instance_id: id(self.backend),
             prefill_worker_id: id(self.prefill),
@@ -328,6 +396,7 @@ struct World<'a> {
     settings: &'a Settings,
     health: &'a Health,
     choice: Choice<'a>,
+    prompt: PromptFacts,
 }
 
 impl World<'_> {
@@ -337,6 +406,7 @@ impl World<'_> {
             settings: self.settings,
             availability: self.health,
             choice: self.choice,
+            prompt: self.prompt,
         }
     }
 
@@ -355,6 +425,7 @@ impl World<'_> {
         self.check_prefill_ignores_token_pins(pins, &actual, other_token_pins);
         self.check_token_hop(pins, &actual);
         self.check_session_stability(pins, &actual);
+        self.check_affinity_avoids_busy_workers(&actual);
     }
 
     // ---- the model of docs/semantics.md §3 ----
@@ -362,11 +433,55 @@ impl World<'_> {
     fn expected(&self, pins: &Pins) -> Result<Route, RouteError> {
         let (prefill, prefill_panic) = self.expected_prefill(pins)?;
         let decode = self.expected_token_hop(pins)?;
-        Ok(Route {
-            prefill,
-            decode,
-            prefill_panic,
+        let prefill_placement = match &prefill {
+            PrefillPlan::Candidates(_) => Some(self.expected_placement(Role::Prefill)),
+            _ => None,
+        };
+        let local = matches!(prefill, PrefillPlan::Candidates(_))
+            .then(|| self.expected_local(&decode))
+            .flatten();
+        Ok(match local {
+            Some(why) => Route {
+                prefill: PrefillPlan::Local(why),
+                decode,
+                prefill_panic: false,
+                prefill_placement: None,
+            },
+            None => Route {
+                prefill,
+                decode,
+                prefill_panic,
+                prefill_placement,
+            },
         })
+    }
+
+    /// docs/semantics.md §4: a short prompt, or the next turn on the decode worker of the last.
+    fn expected_local(&self, decode: &TokenHop) -> Option<LocalPrefill> {
+        let prompt = &self.prompt;
+        if prompt.bytes > 0 && prompt.bytes <= self.settings.local_prefill_max_bytes {
+            return Some(LocalPrefill::ShortPrompt);
+        }
+        let turn = prompt.last_turn?;
+        let next = turn.decode == decode.target.worker.id
+            && u128::from(turn.added_bytes) <= self.settings.local_prefill_suffix_bytes as u128;
+        next.then_some(LocalPrefill::NextTurn)
+    }
+
+    /// How the first unpinned worker of `role` is chosen: from the healthy workers' ranking,
+    /// or the unhealthy ones' when in panic with no healthy worker.
+    fn expected_placement(&self, role: Role) -> Placement {
+        let healthy = !self.of_role(role, true).is_empty() || !self.in_panic(role);
+        self.ranked_with_placement(self.of_role(role, healthy)).1
+    }
+
+    fn of_role(&self, role: Role, healthy: bool) -> Vec<&Worker> {
+        self.registry
+            .workers()
+            .iter()
+            .filter(|w| w.role == role && !w.draining)
+            .filter(|w| self.health.unavailability(w).is_none() == healthy)
+            .collect()
     }
 
     fn expected_prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool), RouteError> {
@@ -438,6 +553,7 @@ impl World<'_> {
                 target,
                 hop,
                 alternates: Vec::new(),
+                placement: None,
             });
         }
         let mut order = self.expected_order(role).into_iter();
@@ -450,6 +566,7 @@ impl World<'_> {
             hop,
             alternates,
             panic: self.in_panic(role),
+            placement: Some(self.expected_placement(role)),
         })
     }
 
@@ -512,47 +629,84 @@ impl World<'_> {
     /// to the higher id), or round robin over ids from the turn; in panic, the unhealthy
     /// ones follow in the same order among themselves.
     fn expected_order(&self, role: Role) -> Vec<Target> {
-        let of_role = |healthy: bool| -> Vec<&Worker> {
-            self.registry
-                .workers()
-                .iter()
-                .filter(|w| w.role == role && !w.draining)
-                .filter(|w| self.health.unavailability(w).is_none() == healthy)
-                .collect()
-        };
-        let mut order = self.ranked(of_role(true));
+        let mut order = self.ranked(self.of_role(role, true));
         if self.in_panic(role) {
-            order.extend(self.ranked(of_role(false)));
+            order.extend(self.ranked(self.of_role(role, false)));
         }
         order
     }
 
-    fn ranked(&self, mut pool: Vec<&Worker>) -> Vec<Target> {
-        match self.choice {
+    fn ranked(&self, pool: Vec<&Worker>) -> Vec<Target> {
+        self.ranked_with_placement(pool).0
+    }
+
+    fn ranked_with_placement(&self, mut pool: Vec<&Worker>) -> (Vec<Target>, Placement) {
+        let placement = match self.choice {
             Choice::Session(key) => {
-                pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)))
+                pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)));
+                Placement::Session
             }
-            Choice::Turn(turn) => round_robin(&mut pool, turn),
-            Choice::LeastLoaded { turn, outstanding } => {
+            Choice::Turn(turn) => {
                 round_robin(&mut pool, turn);
-                let first_two: Vec<u64> = pool.iter().take(2).map(|w| outstanding(w)).collect();
-                if let [first, second] = first_two.as_slice()
-                    && second < first
-                {
-                    pool.swap(0, 1);
-                }
+                Placement::Load
             }
-        }
-        pool.into_iter()
+            Choice::LeastLoaded { turn, outstanding } => {
+                least_loaded(&mut pool, turn, outstanding);
+                Placement::Load
+            }
+            Choice::Prefix(affinity)
+                if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
+            {
+                least_loaded(&mut pool, affinity.turn, affinity.outstanding);
+                Placement::Load
+            }
+            Choice::Prefix(affinity) => affinity_model(&mut pool, &affinity),
+        };
+        let targets = pool
+            .into_iter()
             .map(|w| Target {
                 worker: w.clone(),
                 rank: None,
                 pinned: false,
             })
-            .collect()
+            .collect();
+        (targets, placement)
     }
 
     // ---- properties stated directly ----
+
+    /// docs/semantics.md §5: a worker far busier than its share of its (healthy) pool is
+    /// never the one prefix affinity places a hop on.
+    fn check_affinity_avoids_busy_workers(&self, actual: &Result<Route, RouteError>) {
+        let (Choice::Prefix(affinity), Ok(route)) = (self.choice, actual) else {
+            return;
+        };
+        let placed = |p: Option<Placement>| {
+            matches!(
+                p,
+                Some(Placement::Affinity | Placement::Spilled | Placement::Remembered)
+            )
+        };
+        let mut hops = vec![(route.decode.placement, &route.decode.target.worker)];
+        if let PrefillPlan::Candidates(targets) = &route.prefill
+            && let Some(first) = targets.first()
+        {
+            hops.push((route.prefill_placement, &first.worker));
+        }
+        for (placement, worker) in hops {
+            if !placed(placement) || self.health.unavailability(worker).is_some() {
+                continue;
+            }
+            let pool = self.of_role(worker.role, true);
+            let total = pool.iter().map(|w| (affinity.outstanding)(w)).sum();
+            let load = (affinity.outstanding)(worker);
+            assert!(
+                !busy_model(affinity.busy, load, total, pool.len()),
+                "affinity placed a hop on busy worker {}",
+                worker.id
+            );
+        }
+    }
 
     fn check_route(&self, route: &Route, pins: &Pins) {
         let expected_hop = match self.registry.deployment() {
@@ -576,7 +730,7 @@ impl World<'_> {
                 pins.prefill_dp_rank,
             ),
             PrefillPlan::Candidates(targets) => self.check_candidates(targets, pins),
-            PrefillPlan::Skip => assert!(
+            PrefillPlan::Skip | PrefillPlan::Local(_) => assert!(
                 pins.prefill_worker_id.is_none(),
                 "prefill skipped though P is set"
             ),
@@ -717,7 +871,8 @@ impl World<'_> {
         }
     }
 
-    /// Changing B, D and r leaves the prefill plan, or a prefill error, as it was.
+    /// Changing B, D and r leaves the prefill plan, or a prefill error, as it was — but for
+    /// whether the next turn of a conversation skips it, which depends on its decode worker.
     fn check_prefill_ignores_token_pins(
         &self,
         pins: &Pins,
@@ -732,6 +887,16 @@ impl World<'_> {
         };
         let changed = self.resolver().resolve(&variant);
         match (actual, &changed) {
+            (Ok(a), Ok(b)) if next_turn(a) || next_turn(b) => {
+                let skippable =
+                    |r: &Route| next_turn(r) || matches!(r.prefill, PrefillPlan::Candidates(_));
+                assert!(
+                    skippable(a) && skippable(b),
+                    "B/D/r changed more than the next turn's skip: {:?} / {:?}",
+                    a.prefill,
+                    b.prefill
+                );
+            }
             (Ok(a), Ok(b)) => assert_eq!(a.prefill, b.prefill, "B/D/r changed the prefill plan"),
             (Err(e), _) if error_hop(e) == Some(Hop::Prefill) => {
                 assert_eq!(&changed, actual, "B/D/r changed a prefill error")
@@ -794,6 +959,131 @@ impl World<'_> {
             );
         }
     }
+}
+
+fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -> u64) {
+    round_robin(pool, turn);
+    let first_two: Vec<u64> = pool.iter().take(2).map(|w| outstanding(w)).collect();
+    if let [first, second] = first_two.as_slice()
+        && second < first
+    {
+        pool.swap(0, 1);
+    }
+}
+
+/// docs/semantics.md §5, prefix affinity, written out: the first worker, then the others in
+/// the deepest hash's order.
+fn affinity_model(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
+    let load = |w: &Worker| (affinity.outstanding)(w);
+    let total = pool.iter().map(|w| load(w)).sum();
+    let workers = pool.len();
+    let busy = |w: &Worker| busy_model(affinity.busy, load(w), total, workers);
+    let deepest = affinity.depths.last().copied().unwrap_or(0);
+    let weight = |hash: u64, w: &Worker| (prefix_weight(hash, w), w.id);
+    pool.sort_by_key(|w| std::cmp::Reverse(weight(deepest, w)));
+    let mut first = pool
+        .iter()
+        .find(|w| affinity.remembered.contains(&w.id) && !busy(w))
+        .map(|w| (w.id, Placement::Remembered));
+    let mut passed: Vec<WorkerId> = Vec::new();
+    for (depth, hash) in affinity.depths.iter().enumerate() {
+        if first.is_some() {
+            break;
+        }
+        let Some(top) = pool
+            .iter()
+            .filter(|w| !passed.contains(&w.id))
+            .max_by_key(|w| weight(*hash, w))
+        else {
+            break;
+        };
+        if busy(top) {
+            passed.push(top.id);
+        } else {
+            let placement = if depth == 0 {
+                Placement::Affinity
+            } else {
+                Placement::Spilled
+            };
+            first = Some((top.id, placement));
+        }
+    }
+    let (id, placement) = first
+        .or_else(|| {
+            pool.iter()
+                .find(|w| !busy(w))
+                .map(|w| (w.id, Placement::Spilled))
+        })
+        .unwrap_or((pool.first().map_or(0, |w| w.id), Placement::Spilled));
+    if let Some(at) = pool.iter().position(|w| w.id == id) {
+        let chosen = pool.remove(at);
+        pool.insert(0, chosen);
+    }
+    placement
+}
+
+/// docs/semantics.md §5: `load > percent/100 × total/workers + excess`, multiplied out by
+/// `100 × workers` so that it is exact.
+fn busy_model(busy: Busy, load: u64, total: u64, workers: usize) -> bool {
+    let workers = workers.max(1) as u128;
+    let scaled_load = u128::from(load) * 100 * workers;
+    let scaled_bound =
+        u128::from(busy.percent) * u128::from(total) + u128::from(busy.excess) * 100 * workers;
+    scaled_load > scaled_bound
+}
+
+/// A prompt's hashes and its turn memory, stated directly.
+fn check_prompt_hashes(prompt: &PromptSpec, settings: &Settings) {
+    let window = settings.prefix_affinity_bytes;
+    let min = settings.prefix_min_bytes;
+    let text = &prompt.text;
+    let base = PromptPrefix::new(text, window);
+    let mut longer = text.clone();
+    longer.extend_from_slice(&prompt.more);
+    let extended = PromptPrefix::new(&longer, window);
+    let (short, long) = (base.depths(BLOCK_BYTES), extended.depths(BLOCK_BYTES));
+    assert!(
+        long.starts_with(short),
+        "a longer prompt lost the hashes of its beginning"
+    );
+    assert!(short.len() * BLOCK_BYTES <= window.min(text.len()));
+    assert_eq!(
+        base.depths(min),
+        short
+            .get(min.div_ceil(BLOCK_BYTES) - 1..)
+            .unwrap_or_default()
+    );
+    let Some(turn) = Turn::of(&base, text, min, (Some(1), 2), 10) else {
+        return;
+    };
+    assert_eq!(
+        Turn::decode(&turn.encode()),
+        Some(turn),
+        "a turn round-trips"
+    );
+    // The client resends the prompt without its closing byte, then what it adds.
+    let mut next = text.get(..text.len() - 1).unwrap_or_default().to_vec();
+    next.extend_from_slice(&prompt.more);
+    let (deepest, previous) = PromptPrefix::new(&next, window).memory_keys(min);
+    for key in [deepest, previous]
+        .into_iter()
+        .flatten()
+        .filter(|k| *k == turn.key)
+    {
+        let found = turn.continued_by(key, &next, 11, 1_000);
+        let added = (next.len() as u64)
+            .checked_sub(text.len() as u64)
+            .filter(|a| *a > 0);
+        assert_eq!(
+            found.map(|t| t.added_bytes),
+            added,
+            "a continuation under a shared key is found with what it adds"
+        );
+    }
+}
+
+fn next_turn(route: &Route) -> bool {
+    route.prefill == PrefillPlan::Local(LocalPrefill::NextTurn)
 }
 
 /// Round robin: by id, starting at the `turn`-th worker.

@@ -12,7 +12,15 @@
 //! HTTP endpoints:
 //! - `GET /health`, `GET /v1/models`, `GET /metrics` (Prometheus text: `sim_requests_total`,
 //!   `sim_kv_produced_total`, `sim_kv_loaded_total`, `sim_generated_tokens_total`,
+//!   `sim_prompt_tokens_cached_total`, `sim_prompt_tokens_computed_total`,
 //!   `sim_kv_pending`, `sim_dp_rank_requests_total{dp_rank}`).
+//!
+//! With `cache_blocks` set, a worker models vLLM's prefix cache ([`PromptBlocks`]): a
+//! bounded LRU of 16-token prompt blocks; a prompt it prefills itself (a prefill hop, or a
+//! decode or aggregated worker without KV to load) costs `prefill_per_token` for each token
+//! its cache lacks, the prefills of a worker taking turns, and a decode hop that loads KV
+//! adds the prompt to its cache. The `sim` object then also carries `cached_tokens` and
+//! `computed_tokens`, and `usage.prompt_tokens_details.cached_tokens` is set as vLLM does.
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (recorded, subject to faults).
 //!   Response ids are `cmpl-<x-request-id>` (`chatcmpl-<x-request-id>` for chat, as vLLM).
 //!   The `model` field of requests is not checked.
@@ -27,8 +35,10 @@
 //!
 //! [`SimClient`] wraps the control endpoints.
 
+mod cache;
 mod completion;
 mod config;
+mod engine;
 mod kv;
 mod openai;
 mod routes;
@@ -46,6 +56,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use cache::{BLOCK_TOKENS, PromptBlocks};
 pub use config::{Fault, RecordedRequest, SimConfig, SimRole};
 pub use kv::{KvEntry, prompt_hash};
 pub use routes::FaultRequest;
@@ -122,6 +133,37 @@ impl SimWorker {
     /// KV entries produced and not yet taken by a decode worker.
     pub fn pending_kv(&self) -> usize {
         self.state.kv.len()
+    }
+
+    /// How many leading blocks of `prompt` the worker's prefix cache holds (0 without one).
+    pub fn cached_blocks(&self, prompt: &PromptBlocks) -> usize {
+        self.state
+            .cache
+            .as_ref()
+            .map_or(0, |cache| cache.cached_blocks(&prompt.hashes))
+    }
+
+    /// Empties the worker's prefix cache.
+    pub fn clear_cache(&self) {
+        if let Some(cache) = &self.state.cache {
+            cache.clear();
+        }
+    }
+
+    /// Completion requests being served now.
+    pub fn in_flight(&self) -> u64 {
+        self.state
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Prompt tokens prefilled by this worker so far: found in its cache, and computed.
+    pub fn prompt_tokens(&self) -> (u64, u64) {
+        let counters = &self.state.counters;
+        (
+            state::read(&counters.cached_prompt_tokens),
+            state::read(&counters.computed_prompt_tokens),
+        )
     }
 
     /// Stops accepting, lets open requests finish (hung ones are cut, others get a

@@ -15,9 +15,27 @@ use crate::policy::config::Config;
 use crate::policy::error::RouteError;
 use crate::policy::headers;
 use crate::policy::pins::{HeaderHints, Pins};
+use crate::policy::prefix::PromptPrefix;
 use crate::policy::registry::{Worker, WorkerId};
-use crate::policy::resolve::Resolver;
-use crate::policy::select::Choice;
+use crate::policy::resolve::{PrefillPlan, PromptFacts, Resolver, Route};
+use crate::policy::select::{Affinity, Choice};
+use crate::policy::turns::{LastTurn, Turn};
+
+/// A completion's prompt, for the choice of its workers.
+pub struct RequestPrompt<'b> {
+    pub raw: &'b [u8],
+    pub prefix: PromptPrefix,
+    /// The conversation's last turn through this gateway, when this prompt continues it.
+    pub last_turn: Option<LastTurn>,
+}
+
+impl RequestPrompt<'_> {
+    fn remembered(&self) -> Vec<WorkerId> {
+        self.last_turn
+            .map(|turn| turn.prefill.into_iter().chain([turn.decode]).collect())
+            .unwrap_or_default()
+    }
+}
 
 pub struct Env<H: Host> {
     pub host: H,
@@ -50,6 +68,12 @@ impl<H: Host> Env<H> {
         self.metrics.count_panics(&self.host, prefill, token);
     }
 
+    /// How a completion's route was decided: panic mode, placements, a skipped prefill hop.
+    pub fn count_route(&self, route: &Route) {
+        self.count_panics(route.prefill_panic, route.decode.panic);
+        self.metrics.count_route(&self.host, route);
+    }
+
     pub fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), RouteError> {
         self.host
             .set_request_header(name, value)
@@ -57,22 +81,37 @@ impl<H: Host> Env<H> {
     }
 
     /// Runs `resolve` with this request's resolver: health as all threads see it now, and
-    /// the session or least-loaded choice for unpinned hops.
+    /// the session, prefix-affinity or least-loaded choice for unpinned hops
+    /// (`docs/semantics.md` §5).
     pub fn with_resolver<T>(
         &self,
         hints: &HeaderHints,
+        prompt: Option<&RequestPrompt<'_>>,
         resolve: impl FnOnce(&Resolver<'_, Observed<'_>>) -> T,
     ) -> T {
         let turn = self.turns.get();
         self.turns.set(turn.wrapping_add(1));
         let outstanding = |worker: &Worker| shared::outstanding(&self.host, worker.id);
-        let choice = match &hints.session {
-            Some(key) => Choice::Session(key),
-            None => Choice::LeastLoaded {
+        let settings = &self.config.settings;
+        let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
+        let choice = match (&hints.session, prompt) {
+            (Some(key), _) => Choice::Session(key),
+            (None, Some(prompt)) => Choice::Prefix(Affinity {
+                depths: prompt.prefix.depths(settings.prefix_min_bytes),
+                remembered: &remembered,
+                busy: settings.busy(),
+                turn,
+                outstanding: &outstanding,
+            }),
+            (None, None) => Choice::LeastLoaded {
                 turn,
                 outstanding: &outstanding,
             },
         };
+        let facts = prompt.map_or_else(PromptFacts::default, |p| PromptFacts {
+            bytes: p.raw.len(),
+            last_turn: p.last_turn,
+        });
         let table = shared::health(&self.host);
         let availability = Observed {
             table: &table,
@@ -83,7 +122,61 @@ impl<H: Host> Env<H> {
             settings: &self.config.settings,
             availability,
             choice,
+            prompt: facts,
         })
+    }
+
+    /// A completion's prompt (`messages` or `prompt`, as the client wrote it) read for the
+    /// choice of workers: hashed unless both hops are pinned, and looked up in the turn
+    /// memory.
+    pub fn read_prompt<'b>(&self, raw: &'b [u8], pins: &Pins) -> Option<RequestPrompt<'b>> {
+        let settings = &self.config.settings;
+        let pinned = pins.prefill_worker_id.is_some()
+            && pins.decode_worker_id.or(pins.backend_instance_id).is_some();
+        if pinned || settings.prefix_affinity_bytes == 0 || raw.len() < settings.prefix_min_bytes {
+            return (!pinned).then(|| RequestPrompt {
+                raw,
+                prefix: PromptPrefix::unhashed(raw.len()),
+                last_turn: None,
+            });
+        }
+        let prefix = PromptPrefix::new(raw, settings.prefix_affinity_bytes);
+        let last_turn = settings.turn_memory_nanos().and_then(|memory| {
+            let now = self.host.now_nanos();
+            let (deepest, previous) = prefix.memory_keys(settings.prefix_min_bytes);
+            [deepest, previous].into_iter().flatten().find_map(|key| {
+                shared::turn(&self.host, Turn::slot(key))?.continued_by(key, raw, now, memory)
+            })
+        });
+        Some(RequestPrompt {
+            raw,
+            prefix,
+            last_turn,
+        })
+    }
+
+    /// Remembers which workers this request went to, for its conversation's next turn.
+    pub fn remember_turn(&self, prompt: Option<&RequestPrompt<'_>>, route: &Route) {
+        let settings = &self.config.settings;
+        let (Some(prompt), Some(_)) = (prompt, settings.turn_memory_nanos()) else {
+            return;
+        };
+        let prefill = match &route.prefill {
+            PrefillPlan::Pinned(target) => Some(target.worker.id),
+            PrefillPlan::Candidates(targets) => targets.first().map(|t| t.worker.id),
+            PrefillPlan::Skip | PrefillPlan::Local(_) => None,
+        };
+        let workers = (prefill, route.decode.target.worker.id);
+        let now = self.host.now_nanos();
+        if let Some(turn) = Turn::of(
+            &prompt.prefix,
+            prompt.raw,
+            settings.prefix_min_bytes,
+            workers,
+            now,
+        ) {
+            shared::remember_turn(&self.host, &turn);
+        }
     }
 
     pub fn count_pins(&self, pins: &Pins, hints: &HeaderHints) {

@@ -6,6 +6,8 @@ use proxy_wasm::types::MetricType;
 
 use super::host::Host;
 use crate::policy::error::RouteError;
+use crate::policy::resolve::{LocalPrefill, PrefillPlan, Route};
+use crate::policy::select::Placement;
 
 /// Every counter but the per-code error counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,16 @@ pub enum Counter {
     PanicDecode,
     RegistryRefreshed,
     RegistryRefreshFailed,
+    LocalShortPrompt,
+    LocalNextTurn,
+    Placed(Pool, Placement),
+}
+
+/// The pool a placement was made in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    Prefill,
+    Decode,
 }
 
 const COUNTERS: &[(Counter, &str)] = &[
@@ -63,7 +75,66 @@ const COUNTERS: &[(Counter, &str)] = &[
         Counter::RegistryRefreshFailed,
         "pinroute.registry.refresh_failed",
     ),
+    (
+        Counter::LocalShortPrompt,
+        "pinroute.prefill.local_short_prompt",
+    ),
+    (Counter::LocalNextTurn, "pinroute.prefill.local_next_turn"),
+    placed(
+        Pool::Prefill,
+        Placement::Load,
+        "pinroute.placement.prefill.load",
+    ),
+    placed(
+        Pool::Prefill,
+        Placement::Session,
+        "pinroute.placement.prefill.session",
+    ),
+    placed(
+        Pool::Prefill,
+        Placement::Remembered,
+        "pinroute.placement.prefill.remembered",
+    ),
+    placed(
+        Pool::Prefill,
+        Placement::Affinity,
+        "pinroute.placement.prefill.affinity",
+    ),
+    placed(
+        Pool::Prefill,
+        Placement::Spilled,
+        "pinroute.placement.prefill.spilled",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Load,
+        "pinroute.placement.decode.load",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Session,
+        "pinroute.placement.decode.session",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Remembered,
+        "pinroute.placement.decode.remembered",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Affinity,
+        "pinroute.placement.decode.affinity",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Spilled,
+        "pinroute.placement.decode.spilled",
+    ),
 ];
+
+const fn placed(pool: Pool, placement: Placement, name: &'static str) -> (Counter, &'static str) {
+    (Counter::Placed(pool, placement), name)
+}
 
 const PREFILL_LATENCY: &str = "pinroute.prefill.latency_ms";
 
@@ -110,6 +181,27 @@ impl Metrics {
             if panic {
                 self.count(host, counter);
             }
+        }
+    }
+
+    /// How an unpinned hop's worker was chosen, and a prefill hop skipped by choice
+    /// (`docs/semantics.md` §4, §5).
+    pub fn count_route(&self, host: &impl Host, route: &Route) {
+        let placements = [
+            (Pool::Prefill, route.prefill_placement),
+            (Pool::Decode, route.decode.placement),
+        ];
+        for (pool, placement) in placements {
+            if let Some(placement) = placement {
+                self.count(host, Counter::Placed(pool, placement));
+            }
+        }
+        match route.prefill {
+            PrefillPlan::Local(LocalPrefill::ShortPrompt) => {
+                self.count(host, Counter::LocalShortPrompt)
+            }
+            PrefillPlan::Local(LocalPrefill::NextTurn) => self.count(host, Counter::LocalNextTurn),
+            _ => {}
         }
     }
 

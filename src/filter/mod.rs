@@ -8,7 +8,7 @@
 //! | [`prefill`] | the prefill call: dispatch, retry, judging its answer |
 //! | [`response`] | the routed hop and its answer: typed errors, withheld decode refusals |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id |
-//! | [`shared`] | state all Envoy threads see: passive health, requests in flight |
+//! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory |
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |
 //! | [`metrics`] | the filter's stats |
 //!

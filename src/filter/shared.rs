@@ -8,6 +8,7 @@ use super::host::Host;
 
 use crate::policy::health::{Ejection, HealthTable, Recorded};
 use crate::policy::registry::WorkerId;
+use crate::policy::turns::Turn;
 
 /// Versioned with `HealthTable`'s encoding: a filter reloaded in a running Envoy never reads
 /// a table an older one wrote.
@@ -128,4 +129,23 @@ pub fn add_outstanding(host: &impl Host, worker: WorkerId, delta: i64) {
 
 fn decode_count(bytes: &[u8]) -> u64 {
     bytes.try_into().map_or(0, u64::from_le_bytes)
+}
+
+/// The turn memory (`docs/semantics.md` §5): one key per slot, the newest turn winning.
+const TURN_PREFIX: &str = "pinroute.turn.";
+
+/// The turn remembered in `slot`, if any.
+pub fn turn(host: &impl Host, slot: u64) -> Option<Turn> {
+    match host.shared_data(&format!("{TURN_PREFIX}{slot}")) {
+        Ok((Some(bytes), _)) => Turn::decode(&bytes),
+        _ => None,
+    }
+}
+
+/// Remembers `turn` in its slot, over whatever was there.
+pub fn remember_turn(host: &impl Host, turn: &Turn) {
+    let key = format!("{TURN_PREFIX}{}", Turn::slot(turn.key));
+    if let Err(status) = host.set_shared_data(&key, &turn.encode(), None) {
+        log::warn!("pinroute: cannot remember a turn: {status:?}");
+    }
 }

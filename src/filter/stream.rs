@@ -26,7 +26,7 @@ use crate::policy::pins::{self, HeaderHints};
 use crate::policy::registry::Deployment;
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
-use crate::policy::{headers, passthrough, steering};
+use crate::policy::{headers, passthrough, prefix, steering};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
@@ -91,7 +91,7 @@ impl<H: Host> Env<H> {
         }
         self.request_id = self.request_id(&headers)?;
         let Destination::Completion(path) = destination else {
-            let decode = self.with_resolver(&hints, |r| r.token_hop(&hints.pins))?;
+            let decode = self.with_resolver(&hints, None, |r| r.token_hop(&hints.pins))?;
             self.count_panics(false, decode.panic);
             let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
             if end_of_stream || !reads_body {
@@ -125,12 +125,17 @@ impl<H: Host> Env<H> {
             .clone()
             .or(pins::parse_nvext(&request)?);
         self.count_pins(&pins, &completion.hints);
-        let route = self.with_resolver(&completion.hints, |r| r.resolve(&pins))?;
-        self.count_panics(route.prefill_panic, route.decode.panic);
+        let raw_prompt = prefix::prompt_member(&request).map_or(&[][..], |p| p.get().as_bytes());
+        let prompt = self.read_prompt(raw_prompt, &pins);
+        let route = self.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
+        self.count_route(&route);
+        self.remember_turn(prompt.as_ref(), &route);
         let decode_body = DecodeBody::new(&request, &body);
         let candidates = match route.prefill {
-            PrefillPlan::Skip => {
-                if self.config.registry.deployment() == Deployment::Disaggregated {
+            PrefillPlan::Skip | PrefillPlan::Local(_) => {
+                if route.prefill == PrefillPlan::Skip
+                    && self.config.registry.deployment() == Deployment::Disaggregated
+                {
                     self.count(Counter::AggregatedFallback);
                 }
                 let held = HeldBody::edited(size, decode_body.finish(None));

@@ -9,7 +9,9 @@ use thiserror::Error;
 
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
+use super::prefix::{BLOCK_BYTES, MAX_WINDOW_BYTES};
 use super::registry::{Registry, WorkerId};
+use super::select::Busy;
 
 /// The plugin configuration: the registry plus the knobs an operator may turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +108,24 @@ pub struct Settings {
     /// The paths besides the completion paths that reach a worker (exact, or `/prefix/*`);
     /// any other answers 404 `unknown_path`.
     pub routed_paths: Vec<String>,
+    /// Prefix affinity: how many bytes of a prompt's beginning place an unpinned hop. 0 turns
+    /// it off (and the turn memory with it).
+    pub prefix_affinity_bytes: usize,
+    /// A shared beginning shorter than this is no reason to place requests together; shorter
+    /// prompts are placed by load alone.
+    pub prefix_min_bytes: usize,
+    /// Affinity skips a worker with more requests in flight than `affinity_busy_percent` %
+    /// of its pool's mean plus this many.
+    pub affinity_busy_excess: u64,
+    pub affinity_busy_percent: u64,
+    /// Skip the prefill hop of an unpinned prefill whose prompt is at most this many bytes
+    /// (the decode worker prefills it). 0: never.
+    pub local_prefill_max_bytes: usize,
+    /// Skip the prefill hop of an unpinned prefill when the decode worker served the
+    /// conversation's last turn and the prompt adds at most this many bytes to it. 0: never.
+    pub local_prefill_suffix_bytes: usize,
+    /// How long the turn memory trusts a served turn. 0 turns the memory off.
+    pub turn_memory_ms: u64,
 }
 
 impl Default for Settings {
@@ -122,6 +142,13 @@ impl Default for Settings {
             panic_threshold_percent: 50,
             registry: None,
             routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
+            prefix_affinity_bytes: 4096,
+            prefix_min_bytes: 1024,
+            affinity_busy_excess: 8,
+            affinity_busy_percent: 200,
+            local_prefill_max_bytes: 0,
+            local_prefill_suffix_bytes: 0,
+            turn_memory_ms: 30_000,
         }
     }
 }
@@ -129,6 +156,20 @@ impl Default for Settings {
 impl Settings {
     pub fn prefill_timeout(&self) -> Duration {
         Duration::from_millis(self.prefill_timeout_ms)
+    }
+
+    /// When a worker is too busy for prefix affinity.
+    pub fn busy(&self) -> Busy {
+        Busy {
+            excess: self.affinity_busy_excess,
+            percent: self.affinity_busy_percent,
+        }
+    }
+
+    /// How long a served turn is remembered, in nanoseconds; `None` with the memory off.
+    pub fn turn_memory_nanos(&self) -> Option<u64> {
+        let nanos = self.turn_memory_ms.saturating_mul(1_000_000);
+        (nanos > 0 && self.prefix_affinity_bytes > 0).then_some(nanos)
     }
 
     /// When failed connections take a worker out of service; `None` with passive health off.
@@ -182,6 +223,23 @@ impl Settings {
         if settings.panic_threshold_percent > 100 {
             return Err(ConfigError::Setting(
                 "panic_threshold_percent must be in 0..=100",
+            ));
+        }
+        if settings.prefix_affinity_bytes > MAX_WINDOW_BYTES {
+            return Err(ConfigError::Setting(
+                "prefix_affinity_bytes must be at most 16384",
+            ));
+        }
+        if settings.prefix_affinity_bytes > 0
+            && !(BLOCK_BYTES..=settings.prefix_affinity_bytes).contains(&settings.prefix_min_bytes)
+        {
+            return Err(ConfigError::Setting(
+                "prefix_min_bytes must be at least 256 and at most prefix_affinity_bytes",
+            ));
+        }
+        if settings.affinity_busy_percent < 100 {
+            return Err(ConfigError::Setting(
+                "affinity_busy_percent must be at least 100",
             ));
         }
         if settings.max_body_bytes == 0 {

@@ -8,9 +8,11 @@
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
 //! | §4 The two hops and how one fails | [`hop`] |
+//! | §4, §5 A prompt's beginning as block hashes | [`prefix`] |
+//! | §4, §5 The turn memory: a conversation's last turn | [`turns`] |
 //! | §4 The bodies of the two hops | [`rewrite`] |
 //! | §4, §6 Which worker answers are failures of the hop | [`answers`] |
-//! | §5 Session affinity, unpinned choice | [`select`] |
+//! | §5 Session and prefix affinity, unpinned choice | [`select`] |
 //! | §6 Errors and their answers | [`error`] |
 //! | §4, §7 Body fields a client may not send | [`steering`] |
 //! | §7 Headers a client may not send | [`headers`] |
@@ -28,11 +30,13 @@ pub mod json;
 pub mod passthrough;
 pub mod paths;
 pub mod pins;
+pub mod prefix;
 pub mod registry;
 pub mod resolve;
 pub mod rewrite;
 pub mod select;
 pub mod steering;
+pub mod turns;
 
 /// The attribute the core's unit tests are marked with (`use crate::policy::testing::test;`):
 /// libtest's `#[test]` natively and on wasm32-wasip1, wasm-bindgen-test's on

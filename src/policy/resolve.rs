@@ -12,7 +12,8 @@ use super::error::RouteError;
 use super::hop::Hop;
 use super::pins::Pins;
 use super::registry::{Deployment, Registry, Role, Worker, WorkerId};
-use super::select::{Choice, rank_candidates};
+use super::select::{Choice, Placement, rank_candidates};
+use super::turns::LastTurn;
 
 /// A worker chosen for a hop, with the rank to send it as `X-data-parallel-rank`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,9 +29,31 @@ pub struct Target {
 pub enum PrefillPlan {
     /// One hop: an aggregated deployment, or no healthy prefill worker (decode prefills).
     Skip,
+    /// One hop by choice (conditional disaggregation, `docs/semantics.md` §4): the prefill
+    /// hop would not pay off, the decode worker prefills.
+    Local(LocalPrefill),
     Pinned(Target),
     /// Unpinned: the workers to try in order, the first plus at most `prefill_retries` more.
     Candidates(Vec<Target>),
+}
+
+/// Why an unpinned prefill hop is skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalPrefill {
+    /// The prompt is at most `local_prefill_max_bytes`.
+    ShortPrompt,
+    /// The decode worker served the conversation's last turn, and the prompt adds at most
+    /// `local_prefill_suffix_bytes` to it.
+    NextTurn,
+}
+
+/// What the request's prompt tells the prefill plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptFacts {
+    /// Its length in bytes; 0 when there is none.
+    pub bytes: usize,
+    /// The conversation's last turn through this gateway, when the prompt continues it.
+    pub last_turn: Option<LastTurn>,
 }
 
 /// How many workers an unpinned decode hop may be offered: the first and those Envoy retries
@@ -47,6 +70,8 @@ pub struct TokenHop {
     /// Its pool was in panic (`docs/semantics.md` §5) and that decided the hop: unhealthy
     /// workers are among the candidates, or the pinned worker is unhealthy.
     pub panic: bool,
+    /// How the worker was chosen; `None` when pinned.
+    pub placement: Option<Placement>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,12 +80,16 @@ pub struct Route {
     pub decode: TokenHop,
     /// The prefill pool was in panic and that decided the prefill plan (as `TokenHop::panic`).
     pub prefill_panic: bool,
+    /// How the first prefill candidate was chosen; `None` unless the plan is `Candidates`.
+    pub prefill_placement: Option<Placement>,
 }
 
-/// A pool's workers for an unpinned hop, best first, and whether it was in panic.
+/// A pool's workers for an unpinned hop, best first, whether it was in panic, and how the
+/// first was chosen.
 struct Candidates {
     targets: Vec<Target>,
     panic: bool,
+    placement: Placement,
 }
 
 /// The inputs of one resolution.
@@ -69,19 +98,44 @@ pub struct Resolver<'a, A: Availability> {
     pub settings: &'a Settings,
     pub availability: A,
     pub choice: Choice<'a>,
+    pub prompt: PromptFacts,
 }
 
 impl<A: Availability> Resolver<'_, A> {
     /// Resolves each hop from its own pins only. Pins are exact: an unusable pin is an
     /// error, never silently replaced by another worker.
     pub fn resolve(&self, pins: &Pins) -> Result<Route, RouteError> {
-        let (prefill, prefill_panic) = self.prefill(pins)?;
+        let (prefill, prefill_panic, prefill_placement) = self.prefill(pins)?;
         let decode = self.token_hop(pins)?;
-        Ok(Route {
+        let route = Route {
             prefill,
             decode,
             prefill_panic,
+            prefill_placement,
+        };
+        Ok(match (&route.prefill, self.local_prefill(&route.decode)) {
+            (PrefillPlan::Candidates(_), Some(why)) => Route {
+                prefill: PrefillPlan::Local(why),
+                prefill_panic: false,
+                prefill_placement: None,
+                ..route
+            },
+            _ => route,
         })
+    }
+
+    /// Whether an unpinned prefill hop would not pay off (`docs/semantics.md` §4): a short
+    /// prompt, or the next turn of a conversation the decode worker just served.
+    fn local_prefill(&self, decode: &TokenHop) -> Option<LocalPrefill> {
+        let settings = self.settings;
+        let prompt = &self.prompt;
+        if prompt.bytes > 0 && prompt.bytes <= settings.local_prefill_max_bytes {
+            return Some(LocalPrefill::ShortPrompt);
+        }
+        let turn = prompt.last_turn?;
+        let suffix = u64::try_from(settings.local_prefill_suffix_bytes).unwrap_or(u64::MAX);
+        (turn.decode == decode.target.worker.id && turn.added_bytes <= suffix)
+            .then_some(LocalPrefill::NextTurn)
     }
 
     /// The token-generating hop alone: for paths that take no prefill hop (`/v1/models`, ...).
@@ -98,9 +152,14 @@ impl<A: Availability> Resolver<'_, A> {
                 target,
                 hop,
                 alternates: Vec::new(),
+                placement: None,
             });
         }
-        let Candidates { targets, panic } = self.candidates(role);
+        let Candidates {
+            targets,
+            panic,
+            placement,
+        } = self.candidates(role);
         let mut candidates = targets.into_iter().take(DECODE_ATTEMPTS);
         let target = candidates
             .next()
@@ -110,11 +169,13 @@ impl<A: Availability> Resolver<'_, A> {
             hop,
             alternates: candidates.map(|t| t.worker).collect(),
             panic,
+            placement: Some(placement),
         })
     }
 
-    /// The prefill plan, and whether the prefill pool's panic decided it.
-    fn prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool), RouteError> {
+    /// The prefill plan, whether the prefill pool's panic decided it, and how its first
+    /// candidate was chosen.
+    fn prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool, Option<Placement>), RouteError> {
         let pinned = self.pinned(
             Hop::Prefill,
             Role::Prefill,
@@ -123,20 +184,21 @@ impl<A: Availability> Resolver<'_, A> {
         )?;
         if let Some(target) = pinned {
             let panic = self.is_unhealthy(&target.worker);
-            return Ok((PrefillPlan::Pinned(target), panic));
+            return Ok((PrefillPlan::Pinned(target), panic, None));
         }
         if self.registry.deployment() == Deployment::Aggregated {
-            return Ok((PrefillPlan::Skip, false));
+            return Ok((PrefillPlan::Skip, false, None));
         }
         let Candidates {
             targets: mut candidates,
             panic,
+            placement,
         } = self.candidates(Role::Prefill);
         let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
         candidates.truncate(attempts.saturating_add(1));
         match (candidates.is_empty(), self.settings.aggregated_fallback) {
-            (false, _) => Ok((PrefillPlan::Candidates(candidates), panic)),
-            (true, true) => Ok((PrefillPlan::Skip, false)),
+            (false, _) => Ok((PrefillPlan::Candidates(candidates), panic, Some(placement))),
+            (true, true) => Ok((PrefillPlan::Skip, false, None)),
             (true, false) => Err(RouteError::NoWorkerAvailable {
                 hop: Hop::Prefill,
                 role: Role::Prefill,
@@ -207,10 +269,15 @@ impl<A: Availability> Resolver<'_, A> {
     fn candidates(&self, role: Role) -> Candidates {
         let (healthy, unhealthy) = self.serving(role);
         let panic = self.panics(healthy.len(), unhealthy.len());
-        let mut order = rank_candidates(healthy, self.choice);
+        let mut ranked = rank_candidates(healthy, self.choice);
         if panic {
-            order.extend(rank_candidates(unhealthy, self.choice));
+            let rest = rank_candidates(unhealthy, self.choice);
+            if ranked.order.is_empty() {
+                ranked.placement = rest.placement;
+            }
+            ranked.order.extend(rest.order);
         }
+        let (order, placement) = (ranked.order, ranked.placement);
         let targets = order
             .into_iter()
             .map(|worker| Target {
@@ -219,7 +286,11 @@ impl<A: Availability> Resolver<'_, A> {
                 pinned: false,
             })
             .collect();
-        Candidates { targets, panic }
+        Candidates {
+            targets,
+            panic,
+            placement,
+        }
     }
 
     /// The pool's non-draining workers: the healthy ones, and the unhealthy ones.

@@ -1,6 +1,6 @@
 //! Choosing a worker for a hop that is not pinned (`docs/semantics.md` §5).
 
-use super::registry::Worker;
+use super::registry::{Worker, WorkerId};
 
 /// How an unpinned hop picks among healthy workers.
 #[derive(Clone, Copy)]
@@ -16,26 +16,103 @@ pub enum Choice<'a> {
         turn: u64,
         outstanding: &'a dyn Fn(&Worker) -> u64,
     },
+    /// Prefix affinity, bounded by load (see [`Affinity`]).
+    Prefix(Affinity<'a>),
+}
+
+/// Where prefix affinity sends a request: to the worker that most likely holds its prompt's
+/// beginning, unless that worker is [`Busy`].
+#[derive(Clone, Copy)]
+pub struct Affinity<'a> {
+    /// Chained hashes of the prompt's blocks, shallowest first (`PromptPrefix::depths`).
+    /// Empty: the prompt is too short to place by, and the hop is least-loaded.
+    pub depths: &'a [u64],
+    /// Workers that served this conversation's last turn through this gateway: preferred
+    /// while not busy, they hold more of it than any hash can tell.
+    pub remembered: &'a [WorkerId],
+    pub busy: Busy,
+    pub turn: u64,
+    pub outstanding: &'a dyn Fn(&Worker) -> u64,
+}
+
+/// When a worker is too busy to be chosen for affinity: it has more requests in flight than
+/// `percent` % of its pool's mean plus `excess` (bounded-load hashing: no worker takes far
+/// more than its share for the sake of a prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    pub excess: u64,
+    pub percent: u64,
+}
+
+impl Busy {
+    /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
+    /// `total` in flight. With `percent` at least 100, the least loaded worker never is.
+    pub fn is_busy(&self, load: u64, total: u64, workers: usize) -> bool {
+        let workers = workers.max(1) as u128;
+        let scaled_load = u128::from(load) * 100 * workers;
+        let share = u128::from(self.percent).saturating_mul(u128::from(total));
+        let slack = u128::from(self.excess) * 100 * workers;
+        scaled_load > share.saturating_add(slack)
+    }
+}
+
+/// How the first worker of an unpinned hop was chosen (counted in the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// By load alone: no session and no prompt long enough to place by.
+    Load,
+    Session,
+    /// The worker that served the conversation's last turn.
+    Remembered,
+    /// The first worker the prompt's beginning hashes to.
+    Affinity,
+    /// A worker further down the prompt's hashes: those before it were busy.
+    Spilled,
+}
+
+/// A pool in order of preference, and how its first worker was chosen.
+pub struct Ranked<'w> {
+    pub order: Vec<&'w Worker>,
+    pub placement: Placement,
 }
 
 /// Orders `pool` by preference for this request: the first is tried, the rest are the
 /// fallbacks for retries, in order.
-pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Vec<&'w Worker> {
-    match choice {
+pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Ranked<'w> {
+    let placement = match choice {
         Choice::Session(key) => {
             pool.sort_by_cached_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)));
+            Placement::Session
         }
-        Choice::Turn(turn) => rotate(&mut pool, turn),
-        Choice::LeastLoaded { turn, outstanding } => {
+        Choice::Turn(turn) => {
             rotate(&mut pool, turn);
-            if let [first, second, ..] = pool.as_mut_slice()
-                && outstanding(second) < outstanding(first)
-            {
-                std::mem::swap(first, second);
-            }
+            Placement::Load
         }
+        Choice::LeastLoaded { turn, outstanding } => {
+            least_loaded(&mut pool, turn, outstanding);
+            Placement::Load
+        }
+        Choice::Prefix(affinity)
+            if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
+        {
+            least_loaded(&mut pool, affinity.turn, affinity.outstanding);
+            Placement::Load
+        }
+        Choice::Prefix(affinity) => by_affinity(&mut pool, &affinity),
+    };
+    Ranked {
+        order: pool,
+        placement,
     }
-    pool
+}
+
+fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -> u64) {
+    rotate(pool, turn);
+    if let [first, second, ..] = pool
+        && outstanding(second) < outstanding(first)
+    {
+        std::mem::swap(first, second);
+    }
 }
 
 /// Round-robin order: by id, starting at the `turn`-th worker.
@@ -47,10 +124,71 @@ fn rotate(pool: &mut [&Worker], turn: u64) {
     }
 }
 
+/// The first choice: a remembered worker that is not busy; else, depth by depth from the
+/// shallowest, the worker the depth's hash ranks first among those not yet found busy, until
+/// one is not busy; else the first worker not busy in the deepest hash's order (the least
+/// loaded one always qualifies). The rest follow in the deepest hash's order.
+fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
+    let loads: Vec<u64> = pool.iter().map(|w| (affinity.outstanding)(w)).collect();
+    let total = loads.iter().copied().fold(0u64, u64::saturating_add);
+    let busy: Vec<WorkerId> = pool
+        .iter()
+        .zip(&loads)
+        .filter(|(_, load)| affinity.busy.is_busy(**load, total, pool.len()))
+        .map(|(w, _)| w.id)
+        .collect();
+    let deepest = affinity.depths.last().copied().unwrap_or(0);
+    pool.sort_by_cached_key(|w| std::cmp::Reverse((prefix_weight(deepest, w), w.id)));
+    let remembered = pool
+        .iter()
+        .position(|w| affinity.remembered.contains(&w.id) && !busy.contains(&w.id));
+    let (chosen, placement) = match remembered {
+        Some(at) => (at, Placement::Remembered),
+        None => walk(pool, affinity.depths, &busy),
+    };
+    if chosen < pool.len() {
+        let first = pool.remove(chosen);
+        pool.insert(0, first);
+    }
+    placement
+}
+
+/// The index in `order` (the deepest hash's order) of the affinity walk's choice.
+fn walk(order: &[&Worker], depths: &[u64], busy: &[WorkerId]) -> (usize, Placement) {
+    let mut passed: Vec<WorkerId> = Vec::new();
+    for (depth, hash) in depths.iter().enumerate() {
+        let top = order
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !passed.contains(&w.id))
+            .max_by_key(|(_, w)| (prefix_weight(*hash, w), w.id));
+        let Some((at, worker)) = top else { break };
+        if !busy.contains(&worker.id) {
+            let placement = if depth == 0 {
+                Placement::Affinity
+            } else {
+                Placement::Spilled
+            };
+            return (at, placement);
+        }
+        passed.push(worker.id);
+    }
+    let at = order
+        .iter()
+        .position(|w| !busy.contains(&w.id))
+        .unwrap_or(0);
+    (at, Placement::Spilled)
+}
+
 /// A worker's weight for a session: a stable 64-bit hash of the key seeded by the worker id,
 /// the same on every platform and every Envoy replica.
 pub fn session_weight(key: &[u8], worker: &Worker) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, worker.id)
+}
+
+/// A worker's weight for one depth of a prompt's hashes, as stable as [`session_weight`].
+pub fn prefix_weight(hash: u64, worker: &Worker) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&hash.to_le_bytes(), worker.id)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ mod client;
 mod edge;
 mod errors;
 mod operations;
+mod prefix;
 #[path = "../common/reply.rs"]
 mod reply;
 mod routing;

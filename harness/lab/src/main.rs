@@ -18,8 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmark pinroute against the floor, Envoy alone and a Python proxy (docs/benchmarks.md).
-    Bench(commands::bench::Args),
+    /// Benchmark pinroute against the floor, Envoy alone, a Python proxy and vllm-router; or prefix-aware routing (docs/benchmarks.md).
+    Bench(Box<commands::bench::Args>),
     /// Soak: many requests with pins, sessions, streams and bad input while workers are killed (docs/soak.md).
     Soak(commands::soak::Args),
 }

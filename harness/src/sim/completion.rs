@@ -10,13 +10,15 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+use super::cache::PromptBlocks;
 use super::config::{Fault, SimRole};
+use super::engine::Engine;
 use super::kv::{KvEntry, fetch_remote_kv};
 use super::openai::{
     ApiError, Endpoint, Generation, GenerationRequest, KvRequest, RemotePrefill, sim_object,
 };
 use super::server::close_connection;
-use super::state::{RankSelection, SimState, bump, unix_seconds};
+use super::state::{InFlight, RankSelection, SimState, bump, unix_seconds};
 
 pub(crate) const WORKER_ID_HEADER: &str = "x-sim-worker-id";
 pub(crate) const DP_RANK_RESPONSE_HEADER: &str = "x-sim-dp-rank";
@@ -32,6 +34,7 @@ pub(crate) async fn handle_completion(
 ) -> Response {
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     state.record(endpoint.path(), headers, body.clone());
+    let in_flight = InFlight::start(state);
     let selection = state.select_rank(headers);
     if let Some(response) = apply_fault(state, selection.label()).await {
         return response;
@@ -47,7 +50,7 @@ pub(crate) async fn handle_completion(
         }
     };
     state.count_rank_request(rank);
-    match generate(state, endpoint, headers, &body, rank).await {
+    match generate(state, endpoint, headers, &body, rank, in_flight).await {
         Ok(response) => response,
         Err(error) => {
             log::debug!(
@@ -133,6 +136,7 @@ async fn generate(
     headers: &HeaderMap,
     body: &Value,
     rank: u32,
+    in_flight: InFlight,
 ) -> Result<Response, ApiError> {
     let request = GenerationRequest::parse(endpoint, body)?;
     let plan = plan_kv(state, &request, rank).await?;
@@ -140,17 +144,26 @@ async fn generate(
         Some(_) => Duration::ZERO,
         None => state.config.prefill_latency,
     };
-    let generation = build_generation(state, &request, headers, rank, plan);
+    let prompt = body.get(endpoint.prompt_field()).unwrap_or(&Value::Null);
+    let prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
+    let generation = build_generation(state, &request, headers, rank, plan, prefilled);
     bump(
         &state.counters.generated_tokens,
         u64::from(generation.tokens),
     );
     if request.stream {
-        Ok(stream_response(state, rank, generation, first_token_delay))
+        Ok(stream_response(
+            state,
+            rank,
+            generation,
+            first_token_delay,
+            in_flight,
+        ))
     } else {
         let latency =
             first_token_delay + state.config.token_latency.saturating_mul(generation.tokens);
         sleep_unless_zero(latency).await;
+        state.engine.stall().await;
         Ok(json_response(
             state,
             i64::from(rank),
@@ -158,6 +171,46 @@ async fn generate(
             &generation.full_response(),
         ))
     }
+}
+
+/// What a request's prompt cost this worker.
+#[derive(Debug, Clone, Copy, Default)]
+struct Prefilled {
+    /// Tokens found in the worker's prefix cache.
+    cached: u64,
+    /// Tokens the worker computed.
+    computed: u64,
+}
+
+/// The prompt's part of the request: loaded from a prefill worker (the KV arrives, nothing
+/// is computed), or prefilled here, the tokens its prefix cache lacks computed on the
+/// engine. Either way the worker's cache holds the prompt afterwards.
+async fn prefill(
+    state: &SimState,
+    prompt: &Value,
+    request: &GenerationRequest,
+    loaded: bool,
+) -> Prefilled {
+    let Some(cache) = &state.cache else {
+        return Prefilled::default();
+    };
+    let blocks = PromptBlocks::of(prompt);
+    if loaded {
+        cache.store(&blocks.hashes);
+        return Prefilled::default();
+    }
+    let cached =
+        PromptBlocks::tokens_in(cache.cached_blocks(&blocks.hashes)).min(request.prompt_tokens);
+    let computed = request.prompt_tokens - cached;
+    let work = state
+        .config
+        .prefill_per_token
+        .saturating_mul(u32::try_from(computed).unwrap_or(u32::MAX));
+    state.engine.compute(work).await;
+    cache.store(&blocks.hashes);
+    bump(&state.counters.cached_prompt_tokens, cached);
+    bump(&state.counters.computed_prompt_tokens, computed);
+    Prefilled { cached, computed }
 }
 
 async fn plan_kv(
@@ -312,8 +365,20 @@ fn build_generation(
     headers: &HeaderMap,
     rank: u32,
     plan: KvPlan,
+    prefilled: Prefilled,
 ) -> Generation {
     let role = state.config.role.as_str();
+    let mut sim = sim_object(
+        state.config.id,
+        role,
+        i64::from(rank),
+        plan.kv_from,
+        request.prompt_tokens,
+    );
+    if let (Some(sim), Some(_)) = (sim.as_object_mut(), &state.cache) {
+        sim.insert("cached_tokens".into(), prefilled.cached.into());
+        sim.insert("computed_tokens".into(), prefilled.computed.into());
+    }
     Generation {
         endpoint: request.endpoint,
         id: response_id(state, request.endpoint, headers),
@@ -322,13 +387,8 @@ fn build_generation(
         tokens: request.max_tokens,
         prompt_tokens: request.prompt_tokens,
         include_usage: request.include_usage,
-        sim: sim_object(
-            state.config.id,
-            role,
-            i64::from(rank),
-            plan.kv_from,
-            request.prompt_tokens,
-        ),
+        cached_tokens: prefilled.cached,
+        sim,
         kv_transfer_params: plan.response_params,
     }
 }
@@ -387,17 +447,35 @@ fn sse_events(
     events
 }
 
+/// The answer streamed: each token after its delay and after any prefill holding the
+/// engine; the request counts as in flight until its last chunk.
 fn stream_response(
     state: &SimState,
     rank: u32,
     generation: Generation,
     first_token_delay: Duration,
+    in_flight: InFlight,
 ) -> Response {
     let events = sse_events(&generation, first_token_delay, state.config.token_latency);
-    let stream = futures_util::stream::iter(events).then(|(delay, event)| async move {
-        sleep_unless_zero(delay).await;
-        Ok::<Bytes, Infallible>(Bytes::from(event))
+    let last = events.len().saturating_sub(1);
+    let engine: std::sync::Arc<Engine> = state.engine.clone();
+    let mut in_flight = Some(in_flight);
+    let events = events.into_iter().enumerate().map(move |(index, event)| {
+        (
+            event,
+            engine.clone(),
+            (index == last).then(|| in_flight.take()).flatten(),
+        )
     });
+    let stream =
+        futures_util::stream::iter(events).then(|((delay, event), engine, done)| async move {
+            sleep_unless_zero(delay).await;
+            if !delay.is_zero() {
+                engine.stall().await;
+            }
+            drop(done);
+            Ok::<Bytes, Infallible>(Bytes::from(event))
+        });
     let mut response = Response::new(Body::from_stream(stream));
     let headers = response.headers_mut();
     headers.insert(

@@ -67,6 +67,12 @@ pub struct SimConfig {
     /// The listener's accept backlog: connections the kernel completes before the server
     /// accepts them. A tiny one makes a burst of connections fail, as a busy server's does.
     pub backlog: u32,
+    /// Compute per prompt token the worker prefills itself (not found in its prefix cache):
+    /// prefills take turns on the worker's engine, and generation waits while one runs.
+    /// Zero: prefill costs no time.
+    pub prefill_per_token: Duration,
+    /// Blocks of 16 tokens the worker's prefix cache holds; 0: no cache.
+    pub cache_blocks: usize,
 }
 
 impl SimConfig {
@@ -85,7 +91,19 @@ impl SimConfig {
             token_latency: Self::DEFAULT_TOKEN_LATENCY,
             prefill_latency: Duration::ZERO,
             backlog: Self::DEFAULT_BACKLOG,
+            prefill_per_token: Duration::ZERO,
+            cache_blocks: 0,
         }
+    }
+
+    pub fn with_prefill_per_token(mut self, compute: Duration) -> Self {
+        self.prefill_per_token = compute;
+        self
+    }
+
+    pub fn with_cache_blocks(mut self, blocks: usize) -> Self {
+        self.cache_blocks = blocks;
+        self
     }
 
     pub fn with_dp_size(mut self, dp_size: u32) -> Self {

@@ -31,7 +31,7 @@ impl Endpoint {
         }
     }
 
-    fn prompt_field(self) -> &'static str {
+    pub(crate) fn prompt_field(self) -> &'static str {
         match self {
             Endpoint::Completions => "prompt",
             Endpoint::Chat => "messages",
@@ -376,6 +376,8 @@ pub(crate) struct Generation {
     pub(crate) tokens: u32,
     pub(crate) prompt_tokens: u64,
     pub(crate) include_usage: bool,
+    /// Prompt tokens found in the worker's prefix cache.
+    pub(crate) cached_tokens: u64,
     pub(crate) sim: Value,
     pub(crate) kv_transfer_params: Value,
 }
@@ -387,6 +389,7 @@ impl Generation {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 

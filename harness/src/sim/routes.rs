@@ -220,6 +220,20 @@ fn metrics_text(state: &SimState) -> String {
     );
     write_metric(
         &mut out,
+        "sim_prompt_tokens_cached_total",
+        "counter",
+        "Prompt tokens this worker prefilled that its prefix cache held.",
+        read(&counters.cached_prompt_tokens),
+    );
+    write_metric(
+        &mut out,
+        "sim_prompt_tokens_computed_total",
+        "counter",
+        "Prompt tokens this worker computed.",
+        read(&counters.computed_prompt_tokens),
+    );
+    write_metric(
+        &mut out,
         "sim_generated_tokens_total",
         "counter",
         "Tokens generated.",

@@ -2,13 +2,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::HeaderMap;
 use tokio::sync::watch;
 
+use super::cache::PrefixCache;
 use super::config::{Fault, RecordedRequest, SimConfig};
+use super::engine::Engine;
 use super::kv::KvStore;
 
 /// The header vLLM reads to pick a data-parallel engine.
@@ -50,6 +52,10 @@ pub(crate) struct Counters {
     pub(crate) kv_produced: AtomicU64,
     pub(crate) kv_loaded: AtomicU64,
     pub(crate) generated_tokens: AtomicU64,
+    /// Prompt tokens this worker prefilled that its prefix cache held.
+    pub(crate) cached_prompt_tokens: AtomicU64,
+    /// Prompt tokens this worker computed.
+    pub(crate) computed_prompt_tokens: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: u64) {
@@ -68,6 +74,10 @@ pub(crate) struct SimState {
     pub(crate) counters: Counters,
     pub(crate) rank_requests: Vec<AtomicU64>,
     pub(crate) http: reqwest::Client,
+    pub(crate) cache: Option<PrefixCache>,
+    pub(crate) engine: Arc<Engine>,
+    /// Completion requests being served (a stream until its last chunk).
+    pub(crate) in_flight: Arc<AtomicU64>,
     recorded: Mutex<Vec<RecordedRequest>>,
     fault: Mutex<Fault>,
     next_rank: AtomicU32,
@@ -93,7 +103,11 @@ impl SimState {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_micros() as u64)
             .unwrap_or(0);
+        let cache = (config.cache_blocks > 0).then(|| PrefixCache::new(config.cache_blocks));
         Ok(SimState {
+            cache,
+            engine: Arc::default(),
+            in_flight: Arc::default(),
             config,
             advertised: advertised_address(bound),
             kv: KvStore::new(),
@@ -185,6 +199,22 @@ impl SimState {
     pub(crate) async fn stopped(&self) {
         let mut shutdown = self.shutdown.clone();
         super::server::stop_requested(&mut shutdown).await;
+    }
+}
+
+/// Counts one completion request in flight until dropped.
+pub(crate) struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    pub(crate) fn start(state: &SimState) -> Self {
+        state.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(state.in_flight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

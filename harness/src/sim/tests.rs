@@ -759,3 +759,110 @@ async fn invalid_config_is_refused() {
     assert_eq!(SimRole::Aggregated.to_string(), "aggregated");
     assert!("leader".parse::<SimRole>().is_err());
 }
+
+async fn start_cached(id: u64, role: SimRole) -> SimWorker {
+    let config = SimConfig::new(id, role)
+        .with_token_latency(Duration::from_millis(1))
+        .with_cache_blocks(1000);
+    SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// `words` words of a system prompt, then the question.
+fn long_prompt(words: usize, question: &str) -> String {
+    format!("{} {question}", "rule ".repeat(words))
+}
+
+#[tokio::test]
+async fn a_prefix_cache_serves_the_shared_beginning_of_prompts() {
+    let prefill = start_cached(120, SimRole::Prefill).await;
+    let first = post(
+        &prefill,
+        "/v1/completions",
+        &[],
+        &prefill_hop(&long_prompt(100, "one")),
+    )
+    .await;
+    let sim = &first.json()["sim"];
+    assert_eq!(
+        (
+            sim["cached_tokens"].as_u64(),
+            sim["computed_tokens"].as_u64()
+        ),
+        (Some(0), Some(101))
+    );
+    let second = post(
+        &prefill,
+        "/v1/completions",
+        &[],
+        &prefill_hop(&long_prompt(100, "two")),
+    )
+    .await;
+    let body = second.json();
+    assert_eq!(
+        body["sim"]["cached_tokens"], 96,
+        "the six whole blocks of the shared rules"
+    );
+    assert_eq!(body["sim"]["computed_tokens"], 5);
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
+    assert_eq!(prefill.prompt_tokens(), (96, 106));
+    let metrics = get(&prefill, "/metrics").await.text;
+    assert_eq!(metric(&metrics, "sim_prompt_tokens_cached_total"), 96);
+    assert_eq!(metric(&metrics, "sim_prompt_tokens_computed_total"), 106);
+    let other = super::PromptBlocks::of(&json!(long_prompt(100, "three")));
+    assert_eq!(prefill.cached_blocks(&other), 6);
+    assert_eq!(prefill.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_decode_worker_caches_the_kv_it_loads_and_the_prompts_it_prefills() {
+    let prefill = start_cached(121, SimRole::Prefill).await;
+    let decode = start_cached(221, SimRole::Decode).await;
+    let history = long_prompt(60, "first");
+    let kv = prefill_kv(&prefill, &history).await;
+    let loaded = post(
+        &decode,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": history, "max_tokens": 2, "kv_transfer_params": kv}),
+    )
+    .await;
+    assert_eq!(
+        loaded.json()["sim"]["computed_tokens"],
+        0,
+        "the KV came from prefill"
+    );
+    assert_eq!(decode.prompt_tokens(), (0, 0));
+    let next_turn = format!("{history} answer then second question");
+    let local = post(
+        &decode,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": next_turn, "max_tokens": 2}),
+    )
+    .await;
+    let sim = &local.json()["sim"];
+    assert_eq!(sim["kv_from"], Value::Null);
+    assert_eq!(sim["cached_tokens"], 48, "the loaded prompt's whole blocks");
+    assert_eq!(sim["computed_tokens"], 61 + 4 - 48);
+    let uncached = start(222, SimRole::Decode, 1).await;
+    let plain = post(
+        &uncached,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": next_turn, "max_tokens": 2}),
+    )
+    .await;
+    let plain = plain.json();
+    assert_eq!(
+        plain["sim"].get("cached_tokens"),
+        None,
+        "no cache: not reported"
+    );
+    assert_eq!(plain["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        uncached.cached_blocks(&super::PromptBlocks::of(&json!(next_turn))),
+        0
+    );
+}

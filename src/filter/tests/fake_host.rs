@@ -95,13 +95,15 @@ impl FakeHost {
         std::mem::take(&mut self.state().sent)
     }
 
-    /// The value of the metric `name` (0 if never incremented).
+    /// The value of the metric `name` (0 if never incremented), summed over every
+    /// definition of it (each request of a test defines the metrics anew, as each Envoy
+    /// thread does).
     pub fn metric(&self, name: &str) -> u64 {
         let state = self.0.borrow();
-        let id = state.metric_names.iter().position(|n| n == name);
-        id.and_then(|id| state.metric_values.get(&(id as u32)))
-            .copied()
-            .unwrap_or(0)
+        let ids = state.metric_names.iter().enumerate();
+        ids.filter(|(_, n)| *n == name)
+            .filter_map(|(id, _)| state.metric_values.get(&(id as u32)))
+            .sum()
     }
 
     pub fn shared(&self, key: &str) -> Option<Vec<u8>> {

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod affinity;
 mod fake_host;
 mod intake;
 mod prefill;

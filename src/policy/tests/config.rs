@@ -77,6 +77,14 @@ fn invalid_settings_are_refused() {
             "panic_threshold_percent",
         ),
         (r#""panic_threshold_percent": -1"#, "invalid"),
+        (r#""prefix_affinity_bytes": 16385"#, "prefix_affinity_bytes"),
+        (r#""prefix_min_bytes": 255"#, "prefix_min_bytes"),
+        (
+            r#""prefix_affinity_bytes": 2048, "prefix_min_bytes": 4096"#,
+            "prefix_min_bytes",
+        ),
+        (r#""affinity_busy_percent": 99"#, "affinity_busy_percent"),
+        (r#""local_prefill_max_bytes": -1"#, "invalid"),
     ] {
         let message = refused(&format!("{{{base}, {setting}}}"));
         assert!(message.contains(why), "{setting}: {message}");
@@ -126,4 +134,50 @@ fn an_invalid_registry_source_is_refused() {
         let message = refused(&format!(r#"{{"registry": {source}}}"#));
         assert!(message.contains(why), "{source}: {message}");
     }
+}
+
+#[test]
+fn prefix_affinity_and_the_turn_memory_can_be_turned_off() {
+    let defaults = Settings::default();
+    assert_eq!(
+        defaults.busy(),
+        Busy {
+            excess: 8,
+            percent: 200
+        }
+    );
+    assert_eq!(defaults.turn_memory_nanos(), Some(30_000_000_000));
+    assert_eq!(
+        (
+            defaults.local_prefill_max_bytes,
+            defaults.local_prefill_suffix_bytes
+        ),
+        (0, 0),
+        "every unpinned request takes both hops unless asked"
+    );
+    let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+        "prefix_affinity_bytes": 0, "prefix_min_bytes": 1, "affinity_busy_excess": 0,
+        "affinity_busy_percent": 100, "local_prefill_max_bytes": 2048,
+        "local_prefill_suffix_bytes": 512, "turn_memory_ms": 5}"#;
+    let settings = Config::from_json(json.as_bytes()).unwrap().settings;
+    assert_eq!(settings.turn_memory_nanos(), None, "no hashes, no memory");
+    assert_eq!(
+        settings.busy(),
+        Busy {
+            excess: 0,
+            percent: 100
+        }
+    );
+    assert_eq!(
+        (
+            settings.local_prefill_max_bytes,
+            settings.local_prefill_suffix_bytes
+        ),
+        (2048, 512)
+    );
+    let no_memory = Settings {
+        turn_memory_ms: 0,
+        ..Settings::default()
+    };
+    assert_eq!(no_memory.turn_memory_nanos(), None);
 }

@@ -2,7 +2,10 @@
 
 use super::*;
 use crate::policy::availability::{RegistryOnly, Unavailability, pool_in_panic};
+use crate::policy::registry::Role;
+use crate::policy::select::Placement;
 use crate::policy::testing::test;
+use crate::policy::turns::LastTurn;
 
 /// Prefill 101 (dp 1), 102 (dp 2); decode 201 (dp 1), 202 (dp 2), 203 (draining).
 const DISAGGREGATED: &str = r#"{"workers": [
@@ -34,6 +37,7 @@ fn resolve_with(
         settings,
         availability: &RegistryOnly,
         choice,
+        prompt: PromptFacts::default(),
     }
     .resolve(pins)
 }
@@ -248,6 +252,7 @@ fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
         settings: &settings,
         availability: &RegistryOnly,
         choice: Choice::Turn(0),
+        prompt: PromptFacts::default(),
     };
     assert_eq!(
         resolver.resolve(&decode_pin(201)),
@@ -365,6 +370,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
         settings: &settings,
         availability: down,
         choice: Choice::Turn(0),
+        prompt: PromptFacts::default(),
     };
     let down = Down(101);
     let pins = Pins {
@@ -526,6 +532,7 @@ fn the_token_hop_alone_ignores_prefill_pins() {
         settings: &settings,
         availability: &RegistryOnly,
         choice: Choice::Turn(0),
+        prompt: PromptFacts::default(),
     };
     let pins = Pins {
         prefill_worker_id: Some(999),
@@ -592,6 +599,7 @@ fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, Route
         settings: &settings,
         availability: down,
         choice: Choice::Turn(0),
+        prompt: PromptFacts::default(),
     }
     .resolve(pins)
 }
@@ -698,4 +706,231 @@ fn route_target(id: WorkerId) -> Target {
         rank: Some(0),
         pinned: true,
     }
+}
+
+/// Prefill 101, 102, 103; decode 201, 202: room for affinity to choose.
+const WIDE: &str = r#"{"workers": [
+    {"id": 101, "role": "prefill", "address": "127.0.0.1:8101"},
+    {"id": 102, "role": "prefill", "address": "127.0.0.1:8102"},
+    {"id": 103, "role": "prefill", "address": "127.0.0.1:8103"},
+    {"id": 201, "role": "decode", "address": "127.0.0.1:8201"},
+    {"id": 202, "role": "decode", "address": "127.0.0.1:8202"}
+]}"#;
+
+fn idle(_: &Worker) -> u64 {
+    0
+}
+
+fn by_prefix<'a>(depths: &'a [u64], remembered: &'a [WorkerId]) -> Choice<'a> {
+    Choice::Prefix(crate::policy::select::Affinity {
+        depths,
+        remembered,
+        busy: Settings::default().busy(),
+        turn: 0,
+        outstanding: &idle,
+    })
+}
+
+fn resolve_prompt(
+    settings: &Settings,
+    choice: Choice<'_>,
+    prompt: PromptFacts,
+    pins: &Pins,
+) -> Route {
+    let registry = registry(WIDE);
+    Resolver {
+        registry: &registry,
+        settings,
+        availability: &RegistryOnly,
+        choice,
+        prompt,
+    }
+    .resolve(pins)
+    .unwrap()
+}
+
+fn last_turn(decode: WorkerId, added_bytes: u64) -> Option<LastTurn> {
+    Some(LastTurn {
+        prefill: Some(102),
+        decode,
+        added_bytes,
+    })
+}
+
+#[test]
+fn unpinned_hops_report_how_their_worker_was_chosen() {
+    let settings = Settings::default();
+    let route = resolve_prompt(
+        &settings,
+        by_prefix(&[5, 6], &[]),
+        PromptFacts::default(),
+        &Pins::default(),
+    );
+    assert_eq!(route.prefill_placement, Some(Placement::Affinity));
+    assert_eq!(route.decode.placement, Some(Placement::Affinity));
+    // 101 and 102 far busier than their share: the remembered 103 stands in for them.
+    let strict = Settings {
+        affinity_busy_excess: 0,
+        affinity_busy_percent: 100,
+        ..Settings::default()
+    };
+    let loads = |w: &Worker| if [101, 102].contains(&w.id) { 10 } else { 0 };
+    let pool = registry(WIDE);
+    let home = |hash: u64| {
+        pool.pool(Role::Prefill)
+            .max_by_key(|w| (crate::policy::select::prefix_weight(hash, w), w.id))
+            .unwrap()
+            .id
+    };
+    let hash = (0..).find(|h| home(*h) != 103).unwrap();
+    let depths = [hash];
+    let choice = Choice::Prefix(crate::policy::select::Affinity {
+        depths: &depths,
+        remembered: &[103],
+        busy: strict.busy(),
+        turn: 0,
+        outstanding: &loads,
+    });
+    let route = resolve_prompt(&strict, choice, PromptFacts::default(), &Pins::default());
+    assert_eq!(prefill_ids(&route)[0], 103);
+    assert_eq!(route.prefill_placement, Some(Placement::Remembered));
+    let pinned = Pins {
+        prefill_worker_id: Some(101),
+        ..decode_pin(201)
+    };
+    let route = resolve_prompt(
+        &settings,
+        by_prefix(&[5], &[]),
+        PromptFacts::default(),
+        &pinned,
+    );
+    assert_eq!(
+        (route.prefill_placement, route.decode.placement),
+        (None, None)
+    );
+    let route = resolve_prompt(
+        &settings,
+        Choice::Session(b"s"),
+        PromptFacts::default(),
+        &Pins::default(),
+    );
+    assert_eq!(route.decode.placement, Some(Placement::Session));
+}
+
+#[test]
+fn a_short_prompt_skips_an_unpinned_prefill_hop() {
+    let settings = Settings {
+        local_prefill_max_bytes: 2048,
+        ..Settings::default()
+    };
+    let short = PromptFacts {
+        bytes: 2048,
+        last_turn: None,
+    };
+    let route = resolve_prompt(&settings, Choice::Turn(0), short, &Pins::default());
+    assert_eq!(route.prefill, PrefillPlan::Local(LocalPrefill::ShortPrompt));
+    assert_eq!(route.prefill_placement, None);
+    let longer = PromptFacts {
+        bytes: 2049,
+        ..short
+    };
+    let route = resolve_prompt(&settings, Choice::Turn(0), longer, &Pins::default());
+    assert!(matches!(route.prefill, PrefillPlan::Candidates(_)));
+    let prefill_pin = Pins {
+        prefill_worker_id: Some(103),
+        ..Pins::default()
+    };
+    let route = resolve_prompt(&settings, Choice::Turn(0), short, &prefill_pin);
+    assert!(
+        matches!(route.prefill, PrefillPlan::Pinned(_)),
+        "a pinned prefill hop is always taken"
+    );
+    let off = Settings::default();
+    let route = resolve_prompt(&off, Choice::Turn(0), short, &Pins::default());
+    assert!(
+        matches!(route.prefill, PrefillPlan::Candidates(_)),
+        "off by default"
+    );
+    let none = PromptFacts::default();
+    let route = resolve_prompt(&settings, Choice::Turn(0), none, &Pins::default());
+    assert!(
+        matches!(route.prefill, PrefillPlan::Candidates(_)),
+        "no prompt, no skip"
+    );
+}
+
+#[test]
+fn the_next_turn_on_the_decode_worker_that_served_the_last_skips_prefill() {
+    let settings = Settings {
+        local_prefill_suffix_bytes: 1000,
+        ..Settings::default()
+    };
+    let facts = |decode, added| PromptFacts {
+        bytes: 50_000,
+        last_turn: last_turn(decode, added),
+    };
+    let pinned_201 = decode_pin(201);
+    let route = resolve_prompt(&settings, Choice::Turn(0), facts(201, 1000), &pinned_201);
+    assert_eq!(route.prefill, PrefillPlan::Local(LocalPrefill::NextTurn));
+    assert_eq!(route.decode.target.worker.id, 201);
+    for (facts, why) in [
+        (facts(201, 1001), "too much added"),
+        (facts(202, 10), "another decode worker served the last turn"),
+        (
+            PromptFacts {
+                bytes: 50_000,
+                last_turn: None,
+            },
+            "no last turn",
+        ),
+    ] {
+        let route = resolve_prompt(&settings, Choice::Turn(0), facts, &pinned_201);
+        assert!(matches!(route.prefill, PrefillPlan::Candidates(_)), "{why}");
+    }
+    let route = resolve_prompt(
+        &settings,
+        by_prefix(&[1], &[]),
+        facts(0, 10),
+        &Pins::default(),
+    );
+    let decode = route.decode.target.worker.id;
+    let route = resolve_prompt(
+        &settings,
+        by_prefix(&[1], &[decode]),
+        facts(decode, 10),
+        &Pins::default(),
+    );
+    assert_eq!(
+        (route.decode.target.worker.id, &route.prefill),
+        (decode, &PrefillPlan::Local(LocalPrefill::NextTurn)),
+        "the decode worker the prefix goes to served the last turn, and holds the conversation"
+    );
+    let off = Settings::default();
+    let route = resolve_prompt(&off, Choice::Turn(0), facts(201, 10), &pinned_201);
+    assert!(
+        matches!(route.prefill, PrefillPlan::Candidates(_)),
+        "off by default"
+    );
+}
+
+#[test]
+fn an_aggregated_deployment_is_never_local_by_choice() {
+    let settings = Settings {
+        local_prefill_max_bytes: usize::MAX,
+        ..Settings::default()
+    };
+    let registry = registry(AGGREGATED);
+    let route = Resolver {
+        registry: &registry,
+        settings: &settings,
+        availability: &RegistryOnly,
+        choice: Choice::Turn(0),
+        prompt: PromptFacts {
+            bytes: 10,
+            last_turn: None,
+        },
+    }
+    .resolve(&Pins::default())
+    .unwrap();
+    assert_eq!(route.prefill, PrefillPlan::Skip);
 }

@@ -16,6 +16,10 @@ fn workers(n: u64) -> Vec<Worker> {
         .collect()
 }
 
+fn rank<'w>(pool: Vec<&'w Worker>, choice: Choice<'_>) -> Vec<&'w Worker> {
+    rank_candidates(pool, choice).order
+}
+
 fn ids(ranked: &[&Worker]) -> Vec<u64> {
     ranked.iter().map(|w| w.id).collect()
 }
@@ -24,24 +28,21 @@ fn ids(ranked: &[&Worker]) -> Vec<u64> {
 fn turns_rotate_over_the_pool() {
     let pool = workers(3);
     let firsts: Vec<u64> = (0..6)
-        .map(|t| rank_candidates(pool.iter().collect(), Choice::Turn(t))[0].id)
+        .map(|t| rank(pool.iter().collect(), Choice::Turn(t))[0].id)
         .collect();
     assert_eq!(firsts, vec![100, 101, 102, 100, 101, 102]);
     assert_eq!(
-        ids(&rank_candidates(pool.iter().collect(), Choice::Turn(1))),
+        ids(&rank(pool.iter().collect(), Choice::Turn(1))),
         vec![101, 102, 100]
     );
-    assert!(rank_candidates(Vec::new(), Choice::Turn(5)).is_empty());
+    assert!(rank(Vec::new(), Choice::Turn(5)).is_empty());
 }
 
 #[test]
 fn a_session_always_gets_the_same_order_whatever_the_pool_order() {
     let pool = workers(5);
-    let forward = ids(&rank_candidates(
-        pool.iter().collect(),
-        Choice::Session(b"chat-42"),
-    ));
-    let backward = ids(&rank_candidates(
+    let forward = ids(&rank(pool.iter().collect(), Choice::Session(b"chat-42")));
+    let backward = ids(&rank(
         pool.iter().rev().collect(),
         Choice::Session(b"chat-42"),
     ));
@@ -55,9 +56,9 @@ fn removing_a_worker_moves_only_its_sessions() {
     let removed = 102;
     for i in 0..500 {
         let key = format!("session-{i}");
-        let before = rank_candidates(pool.iter().collect(), Choice::Session(key.as_bytes()))[0].id;
+        let before = rank(pool.iter().collect(), Choice::Session(key.as_bytes()))[0].id;
         let smaller: Vec<&Worker> = pool.iter().filter(|w| w.id != removed).collect();
-        let after = rank_candidates(smaller, Choice::Session(key.as_bytes()))[0].id;
+        let after = rank(smaller, Choice::Session(key.as_bytes()))[0].id;
         if before != removed {
             assert_eq!(before, after, "{key} moved although its worker stayed");
         }
@@ -70,7 +71,7 @@ fn sessions_spread_over_the_pool() {
     let mut counts = [0u32; 4];
     for i in 0..4000 {
         let key = format!("s{i}");
-        let first = rank_candidates(pool.iter().collect(), Choice::Session(key.as_bytes()))[0].id;
+        let first = rank(pool.iter().collect(), Choice::Session(key.as_bytes()))[0].id;
         counts[usize::try_from(first - 100).unwrap()] += 1;
     }
     assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
@@ -95,7 +96,7 @@ fn the_less_loaded_of_the_next_two_goes_first() {
     let pool = workers(3);
     let loads = |w: &Worker| if w.id == 100 { 5 } else { 1 };
     let order = |turn| {
-        ids(&rank_candidates(
+        ids(&rank(
             pool.iter().collect(),
             Choice::LeastLoaded {
                 turn,
@@ -117,7 +118,7 @@ fn the_less_loaded_of_the_next_two_goes_first() {
     );
     let one = workers(1);
     assert_eq!(
-        ids(&rank_candidates(
+        ids(&rank(
             one.iter().collect(),
             Choice::LeastLoaded {
                 turn: 7,
@@ -125,5 +126,191 @@ fn the_less_loaded_of_the_next_two_goes_first() {
             }
         )),
         vec![100]
+    );
+}
+
+const BUSY: Busy = Busy {
+    excess: 2,
+    percent: 150,
+};
+
+/// The prefix-affinity ranking of `pool` for these depths, loads and remembered workers.
+fn affinity(
+    pool: &[Worker],
+    depths: &[u64],
+    remembered: &[WorkerId],
+    loads: &dyn Fn(&Worker) -> u64,
+) -> (Vec<u64>, Placement) {
+    let ranked = rank_candidates(
+        pool.iter().collect(),
+        Choice::Prefix(Affinity {
+            depths,
+            remembered,
+            busy: BUSY,
+            turn: 0,
+            outstanding: loads,
+        }),
+    );
+    (ids(&ranked.order), ranked.placement)
+}
+
+fn idle(_: &Worker) -> u64 {
+    0
+}
+
+/// The worker `hash` weighs highest, among `pool` less `skipped`.
+fn top(pool: &[Worker], hash: u64, skipped: &[u64]) -> u64 {
+    pool.iter()
+        .filter(|w| !skipped.contains(&w.id))
+        .max_by_key(|w| (prefix_weight(hash, w), w.id))
+        .unwrap()
+        .id
+}
+
+#[test]
+fn a_busy_worker_is_one_far_above_its_share() {
+    // 150 % of the mean plus 2: four workers with 40 in flight have a mean of 10.
+    assert!(
+        !BUSY.is_busy(17, 40, 4),
+        "at 150 % of the mean plus the excess"
+    );
+    assert!(BUSY.is_busy(18, 40, 4));
+    assert!(!BUSY.is_busy(2, 2, 4), "within the excess of an idle pool");
+    assert!(BUSY.is_busy(4, 4, 4));
+    assert!(!BUSY.is_busy(7, 7, 1), "a pool of one is never busy");
+    for (load, total, workers) in [(0, 0, 3), (5, 21, 4), (u64::MAX, u64::MAX, 2)] {
+        let least_possible = total / workers as u64;
+        assert!(
+            !BUSY.is_busy(least_possible.min(load), total, workers),
+            "a worker at or below the mean is never busy"
+        );
+    }
+    assert!(
+        !Busy {
+            excess: u64::MAX,
+            percent: u64::MAX
+        }
+        .is_busy(u64::MAX, u64::MAX, 9)
+    );
+}
+
+#[test]
+fn the_same_prefix_goes_to_the_same_worker_whatever_the_pool_order() {
+    let pool = workers(5);
+    let depths = [11, 22, 33];
+    let (order, placement) = affinity(&pool, &depths, &[], &idle);
+    assert_eq!(placement, Placement::Affinity);
+    assert_eq!(
+        order[0],
+        top(&pool, 11, &[]),
+        "the shallowest depth decides"
+    );
+    let reversed: Vec<Worker> = pool.iter().rev().cloned().collect();
+    assert_eq!(affinity(&reversed, &depths, &[], &idle).0, order);
+    let deeper = [11, 22, 33, 44, 55];
+    assert_eq!(
+        affinity(&pool, &deeper, &[], &idle).0[0],
+        order[0],
+        "a longer prompt with the same beginning goes along"
+    );
+}
+
+#[test]
+fn prefixes_spread_over_the_pool() {
+    let pool = workers(4);
+    let mut counts = [0u32; 4];
+    for hash in 0..4000u64 {
+        let first = affinity(
+            &pool,
+            &[hash.wrapping_mul(0x9e37_79b9_7f4a_7c15)],
+            &[],
+            &idle,
+        )
+        .0[0];
+        counts[usize::try_from(first - 100).unwrap()] += 1;
+    }
+    assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
+}
+
+#[test]
+fn a_busy_worker_passes_its_prefix_down_the_depths() {
+    let pool = workers(4);
+    let depths = [7, 8, 9];
+    let home = top(&pool, 7, &[]);
+    let second = top(&pool, 8, &[home]);
+    let busy_home = |w: &Worker| if w.id == home { 8 } else { 1 };
+    let (order, placement) = affinity(&pool, &depths, &[], &busy_home);
+    assert_eq!((order[0], placement), (second, Placement::Spilled));
+    let third = top(&pool, 9, &[home, second]);
+    let both_busy = |w: &Worker| if [home, second].contains(&w.id) { 9 } else { 0 };
+    assert_eq!(affinity(&pool, &depths, &[], &both_busy).0[0], third);
+    let (order, placement) = affinity(&pool, &[7], &[], &busy_home);
+    assert_eq!(
+        (order[0], placement),
+        (top(&pool, 7, &[home]), Placement::Spilled),
+        "past the last depth, the first worker that is not busy in the deepest order"
+    );
+    let mild = |w: &Worker| if w.id == home { 3 } else { 1 };
+    assert_eq!(
+        affinity(&pool, &depths, &[], &mild).0[0],
+        home,
+        "a little busier is not busy"
+    );
+}
+
+#[test]
+fn a_remembered_worker_goes_first_unless_busy() {
+    let pool = workers(4);
+    let depths = [7, 8];
+    let home = top(&pool, 7, &[]);
+    let other = pool.iter().map(|w| w.id).find(|id| *id != home).unwrap();
+    assert_eq!(
+        affinity(&pool, &depths, &[999, other], &idle),
+        (
+            affinity(&pool, &depths, &[999, other], &idle).0,
+            Placement::Remembered
+        )
+    );
+    assert_eq!(affinity(&pool, &depths, &[other], &idle).0[0], other);
+    let busy_other = |w: &Worker| if w.id == other { 9 } else { 0 };
+    assert_eq!(
+        affinity(&pool, &depths, &[other], &busy_other),
+        (
+            affinity(&pool, &depths, &[], &busy_other).0,
+            Placement::Affinity
+        ),
+        "a busy remembered worker is passed over"
+    );
+}
+
+#[test]
+fn without_depths_affinity_is_least_loaded() {
+    let pool = workers(3);
+    let loads = |w: &Worker| if w.id == 100 { 5 } else { 1 };
+    let (order, placement) = affinity(&pool, &[], &[], &loads);
+    assert_eq!(placement, Placement::Load);
+    assert_eq!(order, vec![101, 100, 102]);
+}
+
+#[test]
+fn the_order_is_every_worker_once() {
+    let pool = workers(6);
+    let loads = |w: &Worker| w.id % 4;
+    for depths in [&[1u64][..], &[1, 2, 3, 4, 5, 6, 7, 8]] {
+        for remembered in [&[][..], &[104u64][..]] {
+            let (mut order, _) = affinity(&pool, depths, remembered, &loads);
+            order.sort_unstable();
+            assert_eq!(order, (100..106).collect::<Vec<u64>>());
+        }
+    }
+    assert!(affinity(&[], &[1], &[], &idle).0.is_empty());
+}
+
+#[test]
+fn the_prefix_weight_is_a_fixed_function() {
+    let worker = &workers(1)[0];
+    assert_eq!(
+        prefix_weight(42, worker),
+        xxhash_rust::xxh3::xxh3_64_with_seed(&42u64.to_le_bytes(), 100)
     );
 }

@@ -131,7 +131,7 @@ async fn contenders(
     Ok(contenders)
 }
 
-fn progress_bar(runs: u64) -> ProgressBar {
+pub(crate) fn progress_bar(runs: u64) -> ProgressBar {
     let bar = ProgressBar::new(runs);
     let style =
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}")

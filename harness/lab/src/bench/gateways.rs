@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::python::PythonProxy;
 use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
+use super::vllm_router::{Policy, VllmRouter};
 use pinroute_harness::envoy::{
     BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy,
     MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, render_bootstrap,
@@ -35,15 +36,20 @@ pub enum Scenario {
     Pinroute,
     /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
     Python,
+    /// One request to vllm-router (`--vllm-pd-disaggregation`, its default `cache_aware`
+    /// policy), which sends both hops.
+    #[serde(rename = "vllm-router")]
+    VllmRouter,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
         Scenario::Pinroute,
         Scenario::Python,
+        Scenario::VllmRouter,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +59,7 @@ impl Scenario {
             Scenario::EnvoyTwoHops => "envoy-2hop",
             Scenario::Pinroute => "pinroute",
             Scenario::Python => "python",
+            Scenario::VllmRouter => "vllm-router",
         }
     }
 
@@ -60,7 +67,7 @@ impl Scenario {
     pub fn runs_envoy(self) -> bool {
         match self {
             Scenario::Envoy | Scenario::EnvoyTwoHops | Scenario::Pinroute => true,
-            Scenario::Floor | Scenario::Python => false,
+            Scenario::Floor | Scenario::Python | Scenario::VllmRouter => false,
         }
     }
 
@@ -73,6 +80,7 @@ impl Scenario {
             }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
+            Scenario::VllmRouter => "vllm-router 0.1.17, P/D mode, cache_aware (its default)",
         }
     }
 }
@@ -91,7 +99,7 @@ impl FromStr for Scenario {
             .into_iter()
             .find(|s| s.as_str() == text.trim().to_ascii_lowercase())
             .with_context(|| {
-                format!("unknown scenario {text:?}: expected floor, envoy, envoy-2hop, pinroute or python")
+                format!("unknown scenario {text:?}: expected floor, envoy, envoy-2hop, pinroute, python or vllm-router")
             })
     }
 }
@@ -100,6 +108,7 @@ impl FromStr for Scenario {
 pub enum Gateway {
     Envoy(Envoy),
     Python(PythonProxy),
+    VllmRouter(VllmRouter),
 }
 
 impl Gateway {
@@ -107,6 +116,7 @@ impl Gateway {
         match self {
             Gateway::Envoy(envoy) => envoy.pid(),
             Gateway::Python(proxy) => proxy.pid(),
+            Gateway::VllmRouter(router) => router.pid(),
         }
     }
 
@@ -114,6 +124,7 @@ impl Gateway {
         match self {
             Gateway::Envoy(envoy) => envoy.listen(),
             Gateway::Python(proxy) => proxy.address(),
+            Gateway::VllmRouter(router) => router.address(),
         }
     }
 }
@@ -124,6 +135,7 @@ pub struct GatewayInputs<'a> {
     pub envoy_binary: &'a Path,
     pub wasm: &'a Path,
     pub python: Option<&'a Path>,
+    pub vllm_router: Option<&'a Path>,
     pub repo_root: &'a Path,
     pub work_dir: &'a Path,
 }
@@ -155,6 +167,15 @@ pub async fn start_gateway(
             };
             let proxy = PythonProxy::start(python, inputs.repo_root, &inputs.sims, &dir).await?;
             Some(Gateway::Python(proxy))
+        }
+        Scenario::VllmRouter => {
+            let Some(binary) = inputs.vllm_router else {
+                bail!("the vllm-router scenario needs its venv")
+            };
+            let (prefill, decode) = ([inputs.sims.prefill], [inputs.sims.decode]);
+            let router =
+                VllmRouter::start(binary, &prefill, &decode, Policy::CacheAware, &dir).await?;
+            Some(Gateway::VllmRouter(router))
         }
     })
 }
@@ -240,6 +261,10 @@ mod tests {
         assert_eq!(
             "envoy-2hop".parse::<Scenario>().unwrap(),
             Scenario::EnvoyTwoHops
+        );
+        assert_eq!(
+            "vllm-router".parse::<Scenario>().unwrap(),
+            Scenario::VllmRouter
         );
         assert!("nginx".parse::<Scenario>().is_err());
     }

@@ -2,9 +2,9 @@
 //! alternatives, on one machine, in one run.
 //!
 //! End to end ([`e2e`]): one prefill and one decode sim worker in a child process
-//! ([`sims`]), and four ways to send the two hops of a streamed completion ([`Scenario`]):
+//! ([`sims`]), and the ways to send the two hops of a streamed completion ([`Scenario`]):
 //! the load generator itself (the floor), Envoy without the filter on the decode hop,
-//! Envoy with pinroute, and a Python FastAPI + httpx proxy. Each scenario runs at every
+//! Envoy with pinroute, a Python FastAPI + httpx proxy, and vllm-router ([`vllm_router`]). Each scenario runs at every
 //! prompt size and concurrency with the closed-loop generator of [`crate::load`]; CPU
 //! time and peak memory of every process come from `/proc` ([`procfs`]).
 //!
@@ -14,16 +14,19 @@
 //! Results: a table on stdout ([`table`]), `bench.json` and `bench.md`, SVG plots
 //! ([`plot`]), and the targets checked ([`results`]).
 
+pub mod child;
 pub mod e2e;
 pub mod gateways;
 pub mod micro;
 pub mod plot;
+pub mod prefix;
 pub mod procfs;
 pub mod prompt;
 pub mod python;
 pub mod results;
 pub mod sims;
 pub mod table;
+pub mod vllm_router;
 pub mod wasmtime_runner;
 pub mod workload;
 
@@ -109,6 +112,11 @@ async fn end_to_end(
     } else {
         None
     };
+    let vllm_router = if e2e.scenarios.contains(&Scenario::VllmRouter) {
+        Some(vllm_router::router_binary(root)?)
+    } else {
+        None
+    };
     let work_dir = root.join(".cache/bench");
     std::fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating {}", work_dir.display()))?;
@@ -119,6 +127,7 @@ async fn end_to_end(
         envoy_binary: envoy.as_deref().unwrap_or(&none),
         wasm: wasm.as_deref().unwrap_or(&none),
         python: python.as_deref(),
+        vllm_router: vllm_router.as_deref(),
         repo_root: root,
         work_dir: &work_dir,
     };

@@ -18,18 +18,19 @@ const FONT: (&str, u32) = ("sans-serif", 16);
 const SMALLEST_PLOTTED: f64 = 0.01;
 
 /// A named series of (x, y) points; x is an index into its panel's `x_ticks`.
-struct Line {
-    scenario: Scenario,
-    points: Vec<(f64, f64)>,
+pub(crate) struct Line {
+    pub label: String,
+    pub color: RGBColor,
+    pub points: Vec<(f64, f64)>,
 }
 
 /// A panel: title, axis names, the x values (evenly spaced), lines.
-struct Panel {
-    title: String,
-    x_desc: &'static str,
-    x_ticks: Vec<String>,
-    y_desc: &'static str,
-    lines: Vec<Line>,
+pub(crate) struct Panel {
+    pub title: String,
+    pub x_desc: &'static str,
+    pub x_ticks: Vec<String>,
+    pub y_desc: &'static str,
+    pub lines: Vec<Line>,
 }
 
 /// Writes every plot into `dir` and returns the files written.
@@ -37,12 +38,12 @@ pub fn write_plots(results: &BenchResults, dir: &Path) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     for size in &results.meta.sizes {
         let path = dir.join(format!("concurrency-{}.svg", short_size(*size)));
-        if draw_pair(&path, &concurrency_panels(results, *size))? {
+        if draw_panels(&path, &concurrency_panels(results, *size))? {
             written.push(path);
         }
     }
     let path = dir.join("prompt-size.svg");
-    if draw_pair(&path, &size_panels(results))? {
+    if draw_panels(&path, &size_panels(results))? {
         written.push(path);
     }
     Ok(written)
@@ -65,8 +66,9 @@ fn scenarios(results: &BenchResults) -> Vec<Scenario> {
 
 fn concurrency_panels(results: &BenchResults, size: usize) -> [Panel; 2] {
     let concurrencies = &results.meta.concurrencies;
-    let line = |scenario, value: fn(&RunResult) -> f64| Line {
-        scenario,
+    let line = |scenario: Scenario, value: fn(&RunResult) -> f64| Line {
+        label: scenario.as_str().to_string(),
+        color: color(scenario),
         points: runs_of(results, scenario, |r| r.size == size)
             .filter_map(|r| Some((index_of(concurrencies, r.concurrency)?, value(r))))
             .collect(),
@@ -100,14 +102,16 @@ fn concurrency_panels(results: &BenchResults, size: usize) -> [Panel; 2] {
 fn size_panels(results: &BenchResults) -> [Panel; 2] {
     let sizes = &results.meta.sizes;
     let at_target = |r: &RunResult| r.concurrency == TARGET_CONCURRENCY;
-    let ttfb = |scenario| Line {
-        scenario,
+    let ttfb = |scenario: Scenario| Line {
+        label: scenario.as_str().to_string(),
+        color: color(scenario),
         points: runs_of(results, scenario, at_target)
             .filter_map(|r| Some((index_of(sizes, r.size)?, r.ttfb.p50_ms)))
             .collect(),
     };
-    let added = |scenario| Line {
-        scenario,
+    let added = |scenario: Scenario| Line {
+        label: scenario.as_str().to_string(),
+        color: color(scenario),
         points: runs_of(results, scenario, at_target)
             .filter_map(|r| Some((index_of(sizes, r.size)?, r.vs_floor?.added_ttfb_p50_ms)))
             .collect(),
@@ -150,18 +154,19 @@ fn runs_of<'a>(
         .filter(move |r| r.scenario == scenario && keep(r))
 }
 
-/// Draws two panels side by side; `false` (and no file) when there is nothing to draw.
-fn draw_pair(path: &Path, panels: &[Panel; 2]) -> Result<bool> {
+/// Draws panels side by side; `false` (and no file) when there is nothing to draw.
+pub(crate) fn draw_panels(path: &Path, panels: &[Panel]) -> Result<bool> {
     if panels
         .iter()
         .all(|p| p.lines.iter().all(|l| l.points.is_empty()))
     {
         return Ok(false);
     }
-    let root = SVGBackend::new(path, (PANEL.0 * 2, PANEL.1)).into_drawing_area();
+    let width = PANEL.0 * u32::try_from(panels.len()).unwrap_or(1);
+    let root = SVGBackend::new(path, (width, PANEL.1)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let (left, right) = root.split_horizontally(PANEL.0);
-    for (area, panel) in [left, right].iter().zip(panels) {
+    let areas = root.split_evenly((1, panels.len().max(1)));
+    for (area, panel) in areas.iter().zip(panels) {
         draw_panel(area, panel)?;
     }
     root.present().map_err(plot_error)?;
@@ -220,7 +225,7 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, LogCoord<f64>>>;
 
 fn draw_line(chart: &mut Chart<'_, '_>, line: &Line) -> Result<()> {
-    let color = color(line.scenario);
+    let color = line.color;
     let points: Vec<(f64, f64)> = line
         .points
         .iter()
@@ -229,7 +234,7 @@ fn draw_line(chart: &mut Chart<'_, '_>, line: &Line) -> Result<()> {
     chart
         .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
         .map_err(plot_error)?
-        .label(line.scenario.as_str())
+        .label(line.label.as_str())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
     chart
         .draw_series(
@@ -263,13 +268,14 @@ fn compact(value: f64) -> String {
     }
 }
 
-fn color(scenario: Scenario) -> RGBColor {
+pub(crate) fn color(scenario: Scenario) -> RGBColor {
     match scenario {
         Scenario::Floor => RGBColor(40, 40, 40),
         Scenario::Envoy => RGBColor(31, 119, 180),
         Scenario::EnvoyTwoHops => RGBColor(148, 103, 189),
         Scenario::Pinroute => RGBColor(214, 39, 40),
         Scenario::Python => RGBColor(44, 160, 44),
+        Scenario::VllmRouter => RGBColor(255, 127, 14),
     }
 }
 

@@ -5,10 +5,11 @@ use std::fs::{self, File};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
+use super::child::{stop, wait_until_serving};
 use super::sims::SimAddresses;
 use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
 
@@ -18,7 +19,6 @@ const PROXY_SCRIPT: &str = "harness/lab/python/disagg_proxy.py";
 /// Written into the venv once the requirements are installed: a copy of them.
 const STAMP: &str = "bench-requirements.installed";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
-const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The venv's python, with the requirements installed (creating the venv on first use).
 pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
@@ -86,50 +86,20 @@ impl PythonProxy {
     }
 
     async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()?;
         let url = format!("http://{}/health", self.address);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("the Python proxy exited ({status}): {}", tail(log_path));
-            }
-            if http
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        bail!(
-            "the Python proxy did not answer {url} within {READY_TIMEOUT:?}: {}",
-            tail(log_path)
+        wait_until_serving(
+            &mut self.child,
+            &url,
+            READY_TIMEOUT,
+            "the Python proxy",
+            log_path,
         )
+        .await
     }
-}
-
-fn tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .get(lines.len().saturating_sub(20)..)
-        .unwrap_or_default()
-        .join("\n")
 }
 
 impl Drop for PythonProxy {
     fn drop(&mut self) {
-        let pid = self.child.id();
-        if let Err(e) = self.child.kill() {
-            log::debug!("stopping the Python proxy {pid}: {e}");
-        }
-        if let Err(e) = self.child.wait() {
-            log::warn!("reaping the Python proxy {pid}: {e}");
-        }
+        stop(&mut self.child, "the Python proxy");
     }
 }

@@ -50,7 +50,7 @@ pub fn render(results: &BenchResults, style: Style) -> String {
     out
 }
 
-fn title_mark(style: Style) -> &'static str {
+pub(crate) fn title_mark(style: Style) -> &'static str {
     match style {
         Style::Text => "== ",
         Style::Markdown => "#### ",
@@ -142,7 +142,7 @@ fn run_row(run: &RunResult) -> Vec<String> {
     ]
 }
 
-fn ms(value: f64) -> String {
+pub(crate) fn ms(value: f64) -> String {
     if value >= 100.0 {
         format!("{value:.0}")
     } else {
@@ -212,7 +212,7 @@ fn micros(ns: f64) -> String {
     }
 }
 
-fn targets(checks: &[TargetCheck], style: Style) -> String {
+pub(crate) fn targets(checks: &[TargetCheck], style: Style) -> String {
     let mut out = String::new();
     for check in checks {
         let verdict = match check.met {
@@ -233,7 +233,7 @@ fn targets(checks: &[TargetCheck], style: Style) -> String {
 }
 
 /// Columns padded to their widest cell (text), or a Markdown table.
-fn grid(header: &[String], rows: &[Vec<String>], style: Style) -> String {
+pub(crate) fn grid(header: &[String], rows: &[Vec<String>], style: Style) -> String {
     match style {
         Style::Text => text_grid(header, rows),
         Style::Markdown => markdown_grid(header, rows),

@@ -97,7 +97,7 @@ impl Route {
                 proxy,
                 pinned: true,
             },
-            (Scenario::Python, Some(proxy)) => Route::Proxy {
+            (Scenario::Python | Scenario::VllmRouter, Some(proxy)) => Route::Proxy {
                 proxy,
                 pinned: false,
             },
@@ -227,7 +227,17 @@ const PINS: [(&str, &str); 2] = [
 ];
 
 fn post(request_id: &str, body: ChunkedBody, extra: &[(&str, &str)]) -> Request<ChunkedBody> {
-    let mut builder = Request::post(PATH)
+    post_to(PATH, request_id, body, extra)
+}
+
+/// A JSON `POST` to `path` with these extra headers.
+pub(crate) fn post_to(
+    path: &str,
+    request_id: &str,
+    body: ChunkedBody,
+    extra: &[(&str, &str)],
+) -> Request<ChunkedBody> {
+    let mut builder = Request::post(path)
         .header("host", "bench")
         .header("content-type", "application/json")
         .header("content-length", body.len())
@@ -263,7 +273,7 @@ fn kv_transfer_params(prefill: &Exchange) -> Result<String, String> {
     }
 }
 
-fn stream_problem(exchange: &Exchange) -> Option<String> {
+pub(crate) fn stream_problem(exchange: &Exchange) -> Option<String> {
     if !exchange.status.is_success() {
         let body = String::from_utf8_lossy(&exchange.body);
         return Some(format!(

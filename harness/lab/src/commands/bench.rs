@@ -1,5 +1,6 @@
-//! `bench`: the end-to-end benchmark (floor, Envoy alone, Envoy + pinroute, Python proxy)
-//! and the policy core's micro-benchmark; see `docs/benchmarks.md`.
+//! `bench`: the end-to-end benchmark (floor, Envoy alone, Envoy + pinroute, Python proxy,
+//! vllm-router) and the policy core's micro-benchmark; with `--workload prefix`, the
+//! prefix-aware routing benchmark instead; see `docs/benchmarks.md`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,15 +8,31 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use pinroute_harness::envoy::repo_root;
 use pinroute_lab::bench::e2e::E2eOptions;
+use pinroute_lab::bench::prefix::fleet::FleetSpec;
+use pinroute_lab::bench::prefix::report as prefix_report;
+use pinroute_lab::bench::prefix::traffic::Traffic;
+use pinroute_lab::bench::prefix::{Chooser, PrefixOptions, run_prefix_bench};
 use pinroute_lab::bench::{
     BenchOptions, Scenario, read_results, run_bench, sims, table, write_outputs,
 };
+use serde_json::json;
 
 const FULL_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
 const FULL_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
 const QUICK_SIZES: [usize; 1] = [1024];
 const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
+const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
+
+/// What `bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// What the gateway costs: one completion per prompt size and concurrency.
+    Size,
+    /// How each gateway places requests that share long prompt beginnings.
+    Prefix,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,7 +40,8 @@ pub struct Args {
     /// a short micro-benchmark. Explicit options below still apply.
     #[arg(long)]
     quick: bool,
-    /// Scenarios to run, comma-separated: floor, envoy, envoy-2hop, pinroute, python.
+    /// Scenarios to run, comma-separated: floor, envoy, envoy-2hop, pinroute, python,
+    /// vllm-router.
     #[arg(long, value_delimiter = ',', value_parser = parse_scenario)]
     scenarios: Option<Vec<Scenario>>,
     /// Prompt sizes (client body bytes), comma-separated: 1k, 32k, 256k, or a number.
@@ -62,6 +80,43 @@ pub struct Args {
     /// Internal: serve the benchmark's sim workers until stdin closes.
     #[arg(long, hide = true)]
     serve_sims: bool,
+    /// `size` (the default): the cost table; `prefix`: prefix-aware routing, side by side
+    /// with round robin, sessions, vllm-router and an oracle (its own options below).
+    #[arg(long, value_enum, default_value = "size")]
+    workload: Workload,
+    /// Prefix workload: traffics, comma-separated: system-prompts, conversations.
+    #[arg(long, value_delimiter = ',', value_parser = parse_traffic)]
+    traffic: Option<Vec<Traffic>>,
+    /// Prefix workload: choosers, comma-separated: round-robin, pinroute-load,
+    /// pinroute-session, pinroute-prefix, pinroute-prefix-local, vllm-router, oracle.
+    #[arg(long, value_delimiter = ',', value_parser = parse_chooser)]
+    choosers: Option<Vec<Chooser>>,
+    /// Prefix workload: prefill sim workers.
+    #[arg(long, default_value_t = 4)]
+    prefill_workers: u64,
+    /// Prefix workload: decode sim workers.
+    #[arg(long, default_value_t = 2)]
+    decode_workers: u64,
+    /// Prefix workload: blocks of 16 tokens in each worker's prefix cache.
+    #[arg(long, default_value_t = 1024)]
+    cache_blocks: usize,
+    /// Prefix workload: prefill compute per uncached prompt token.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 20)]
+    prefill_us_per_token: u64,
+    /// Prefix workload: `local_prefill_max_bytes` of pinroute-prefix-local.
+    #[arg(long, default_value_t = 1024)]
+    local_prefill_max_bytes: usize,
+    /// Prefix workload: `local_prefill_suffix_bytes` of pinroute-prefix-local.
+    #[arg(long, default_value_t = 2048)]
+    local_prefill_suffix_bytes: usize,
+    /// Prefix workload: filter settings (JSON) for every pinroute gateway, to try others
+    /// than the defaults.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    pinroute_settings: String,
+    /// Prefix workload: seconds of each replica-agreement run, one per traffic and
+    /// concurrency (0: none).
+    #[arg(long, value_name = "SECONDS", default_value_t = 6.0)]
+    agreement_seconds: f64,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -72,6 +127,9 @@ pub async fn run(args: &Args) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| repo_root().join("target/bench"));
+    if args.workload == Workload::Prefix {
+        return prefix(args, out_dir).await;
+    }
     let results = match &args.from_json {
         Some(path) => {
             let results = read_results(path)?;
@@ -129,6 +187,70 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         quick: args.quick,
         out_dir,
     })
+}
+
+async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
+    let (concurrencies, duration, warmup, agreement) = if args.quick {
+        (QUICK_PREFIX_CONCURRENCY.to_vec(), 2.0, 1.0, 2.0)
+    } else {
+        (
+            PREFIX_CONCURRENCY.to_vec(),
+            6.0,
+            2.0,
+            args.agreement_seconds,
+        )
+    };
+    let options = PrefixOptions {
+        traffics: args
+            .traffic
+            .clone()
+            .unwrap_or_else(|| Traffic::ALL.to_vec()),
+        concurrencies: args.concurrency.clone().unwrap_or(concurrencies),
+        choosers: args
+            .choosers
+            .clone()
+            .unwrap_or_else(|| Chooser::ALL.to_vec()),
+        warmup: seconds(args.warmup.unwrap_or(warmup))?,
+        duration: seconds(args.duration.unwrap_or(duration))?,
+        max_tokens: args.max_tokens,
+        fleet: FleetSpec {
+            prefill_workers: args.prefill_workers,
+            decode_workers: args.decode_workers,
+            cache_blocks: args.cache_blocks,
+            prefill_us_per_token: args.prefill_us_per_token,
+            token_latency_us: args.token_latency_us,
+        },
+        local_settings: json!({
+            "local_prefill_max_bytes": args.local_prefill_max_bytes,
+            "local_prefill_suffix_bytes": args.local_prefill_suffix_bytes,
+        }),
+        pinroute_settings: serde_json::from_str(&args.pinroute_settings)
+            .map_err(|e| anyhow::anyhow!("--pinroute-settings: {e}"))?,
+        agreement: seconds(agreement)?,
+        request_timeout: REQUEST_TIMEOUT,
+        out_dir,
+    };
+    if options.concurrencies.contains(&0) {
+        bail!("--concurrency must be at least 1");
+    }
+    let results = run_prefix_bench(&options).await?;
+    println!("{}", prefix_report::render(&results, table::Style::Text));
+    let failed: u64 = results.runs.iter().map(|r| r.unexpected).sum();
+    if failed > 0 {
+        bail!("{failed} requests failed their check (see the errors column and prefix.json)");
+    }
+    Ok(())
+}
+
+fn parse_traffic(text: &str) -> Result<Traffic, String> {
+    text.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+fn parse_chooser(text: &str) -> Result<Chooser, String> {
+    Chooser::ALL
+        .into_iter()
+        .find(|c| c.as_str() == text.trim())
+        .ok_or_else(|| format!("unknown chooser {text:?}"))
 }
 
 fn seconds(value: f64) -> Result<Duration> {

@@ -1,0 +1,447 @@
+//! `pinroute-lab bench --workload prefix`: how well each gateway places requests that share
+//! long prompt beginnings, on the same sim workers with a prefix cache ([`fleet`]), for the
+//! traffic of [`traffic`]: prefix-cache hit rate, time to first token and throughput, side
+//! by side with round robin, sessions, vllm-router's `cache_aware` and an oracle; and how
+//! often two pinroute replicas agree ([`report`] has the targets).
+
+pub mod fleet;
+pub mod report;
+pub mod traffic;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::e2e::progress_bar;
+use super::procfs;
+use super::vllm_router::{Policy, VllmRouter, router_binary};
+use crate::load::{LoadReport, LoadSpec, Stop, run_load};
+use fleet::{Fleet, FleetSpec};
+use pinroute_harness::envoy::{
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
+};
+use report::{PrefixResults, PrefixRun, ReplicaAgreement, check_targets};
+use traffic::{PrefixTraffic, Target, Traffic};
+
+/// A way of choosing the workers, compared in the prefix benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Chooser {
+    /// vllm-router `--policy round_robin`.
+    RoundRobin,
+    /// pinroute with prefix affinity off: load alone, as before it.
+    PinrouteLoad,
+    /// pinroute, each user's (or conversation's) session id in `x-dynamo-session-id`.
+    PinrouteSession,
+    /// pinroute, prefix affinity, every request taking both hops.
+    PinroutePrefix,
+    /// pinroute, prefix affinity and conditional disaggregation.
+    PinrouteLocal,
+    /// vllm-router `--policy cache_aware` (its default).
+    VllmRouter,
+    /// Both workers pinned: the prefill worker holding the longest prefix, the decode
+    /// worker with the fewest requests.
+    Oracle,
+}
+
+impl Chooser {
+    pub const ALL: [Chooser; 7] = [
+        Chooser::RoundRobin,
+        Chooser::PinrouteLoad,
+        Chooser::PinrouteSession,
+        Chooser::PinroutePrefix,
+        Chooser::PinrouteLocal,
+        Chooser::VllmRouter,
+        Chooser::Oracle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Chooser::RoundRobin => "round-robin",
+            Chooser::PinrouteLoad => "pinroute-load",
+            Chooser::PinrouteSession => "pinroute-session",
+            Chooser::PinroutePrefix => "pinroute-prefix",
+            Chooser::PinrouteLocal => "pinroute-prefix-local",
+            Chooser::VllmRouter => "vllm-router",
+            Chooser::Oracle => "oracle",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Chooser::RoundRobin => "vllm-router 0.1.17 --policy round_robin",
+            Chooser::PinrouteLoad => {
+                "pinroute, prefix affinity off (prefix_affinity_bytes: 0): least loaded of two"
+            }
+            Chooser::PinrouteSession => {
+                "pinroute, x-dynamo-session-id per user (system prompts) or conversation"
+            }
+            Chooser::PinroutePrefix => "pinroute, prefix affinity, conditional disaggregation off",
+            Chooser::PinrouteLocal => "pinroute, prefix affinity and conditional disaggregation",
+            Chooser::VllmRouter => "vllm-router 0.1.17 --policy cache_aware (its default)",
+            Chooser::Oracle => {
+                "pinned by an oracle that sees every cache: the longest cached prefix"
+            }
+        }
+    }
+
+    /// The pinroute gateway it goes through, if any.
+    fn pinroute(self) -> Option<Variant> {
+        match self {
+            Chooser::PinrouteLoad => Some(Variant::Load),
+            Chooser::PinrouteSession | Chooser::PinroutePrefix | Chooser::Oracle => {
+                Some(Variant::Prefix)
+            }
+            Chooser::PinrouteLocal => Some(Variant::Local),
+            Chooser::RoundRobin | Chooser::VllmRouter => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Chooser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The pinroute configurations the choosers need: one Envoy each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Load,
+    Prefix,
+    Local,
+}
+
+/// Everything `bench --workload prefix` can be asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixOptions {
+    pub traffics: Vec<Traffic>,
+    pub concurrencies: Vec<usize>,
+    pub choosers: Vec<Chooser>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub max_tokens: u32,
+    pub fleet: FleetSpec,
+    /// The conditional-disaggregation settings of `pinroute-prefix-local`.
+    pub local_settings: Value,
+    /// Filter settings given to every pinroute gateway (before each one's own).
+    pub pinroute_settings: Value,
+    /// Length of each replica-agreement run (one per traffic and concurrency).
+    pub agreement: Duration,
+    pub request_timeout: Duration,
+    pub out_dir: PathBuf,
+}
+
+/// Runs it, writes `prefix.json`, `prefix.md` and the plots, and returns the results.
+pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> {
+    let load_before = procfs::load_average()?;
+    let root = repo_root();
+    let work_dir = root.join(".cache/bench/prefix");
+    std::fs::create_dir_all(&work_dir)
+        .with_context(|| format!("creating {}", work_dir.display()))?;
+    let fleet = Arc::new(Fleet::start(&options.fleet).await?);
+    let gateways = Gateways::start(options, &fleet, &root, &work_dir).await?;
+    let mut runs = Vec::new();
+    let total = options.traffics.len() * options.concurrencies.len() * options.choosers.len();
+    let progress = progress_bar(total as u64);
+    let mut salt = unix_seconds();
+    for traffic in &options.traffics {
+        for concurrency in &options.concurrencies {
+            for chooser in &options.choosers {
+                progress.set_message(format!("{traffic} c={concurrency} {chooser}"));
+                salt += 1;
+                let target = gateways.target(*chooser, &fleet)?;
+                let workload = PrefixTraffic::new(*traffic, target, salt, options.max_tokens);
+                let envoy = chooser.pinroute().and_then(|v| gateways.envoy(v));
+                let run = measure(&fleet, Arc::new(workload), options, *concurrency, envoy).await?;
+                let run = PrefixRun::new(*traffic, *chooser, *concurrency, run);
+                progress.suspend(|| eprintln!("{}", run.one_line()));
+                runs.push(run);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let agreement =
+        replica_agreement(options, &gateways, &fleet, &root, &work_dir, &mut salt).await?;
+    let mut results = PrefixResults {
+        meta: report::Meta {
+            unix_time: unix_seconds(),
+            cpus: procfs::cpus(),
+            load_average_before: load_before,
+            traffics: options
+                .traffics
+                .iter()
+                .map(|t| (t.as_str().to_string(), t.describe()))
+                .collect(),
+            choosers: options.choosers.clone(),
+            concurrencies: options.concurrencies.clone(),
+            warmup_s: options.warmup.as_secs_f64(),
+            duration_s: options.duration.as_secs_f64(),
+            max_tokens: options.max_tokens,
+            fleet: options.fleet,
+            local_settings: options.local_settings.clone(),
+            pinroute_settings: options.pinroute_settings.clone(),
+            vllm_router: super::vllm_router::VERSION.to_string(),
+        },
+        runs,
+        agreement,
+        targets: Vec::new(),
+    };
+    results.targets = check_targets(&results);
+    report::write_outputs(&results, &options.out_dir)?;
+    Ok(results)
+}
+
+/// The gateways of the run, each started once.
+struct Gateways {
+    envoys: Vec<(Variant, Envoy, String)>,
+    round_robin: Option<VllmRouter>,
+    cache_aware: Option<VllmRouter>,
+}
+
+impl Gateways {
+    async fn start(
+        options: &PrefixOptions,
+        fleet: &Fleet,
+        root: &Path,
+        work_dir: &Path,
+    ) -> Result<Gateways> {
+        let choosers = &options.choosers;
+        let mut variants: Vec<Variant> = choosers.iter().filter_map(|c| c.pinroute()).collect();
+        variants.dedup();
+        let mut envoys = Vec::new();
+        if !variants.is_empty() {
+            let wasm = pinroute_harness::wasm::build_filter()?;
+            let binary = envoy_binary(root)?;
+            for variant in [Variant::Load, Variant::Prefix, Variant::Local] {
+                if !variants.contains(&variant) {
+                    continue;
+                }
+                let mut settings = options.pinroute_settings.clone();
+                merge(
+                    &mut settings,
+                    &variant_settings(variant, &options.local_settings),
+                );
+                let yaml = bootstrap(fleet, &settings, &wasm)?;
+                let dir = work_dir.join(format!("envoy-{variant:?}").to_lowercase());
+                std::fs::create_dir_all(&dir)?;
+                envoys.push((variant, Envoy::start(&binary, &yaml, &dir).await?, yaml));
+            }
+        }
+        let wants = |chooser| choosers.contains(&chooser);
+        let router = |policy| async move {
+            let binary = router_binary(root)?;
+            let (prefill, decode) = (fleet.prefill_addresses(), fleet.decode_addresses());
+            VllmRouter::start(&binary, &prefill, &decode, policy, work_dir).await
+        };
+        let round_robin = match wants(Chooser::RoundRobin) {
+            true => Some(router(Policy::RoundRobin).await?),
+            false => None,
+        };
+        let cache_aware = match wants(Chooser::VllmRouter) {
+            true => Some(router(Policy::CacheAware).await?),
+            false => None,
+        };
+        Ok(Gateways {
+            envoys,
+            round_robin,
+            cache_aware,
+        })
+    }
+
+    fn envoy(&self, variant: Variant) -> Option<&Envoy> {
+        self.envoys
+            .iter()
+            .find(|(v, _, _)| *v == variant)
+            .map(|(_, envoy, _)| envoy)
+    }
+
+    fn target(&self, chooser: Chooser, fleet: &Arc<Fleet>) -> Result<Target> {
+        let missing = || anyhow::anyhow!("the {chooser} gateway is not running");
+        let unpinned = |gateway, session| Target::Unpinned { gateway, session };
+        Ok(match chooser {
+            Chooser::RoundRobin => unpinned(
+                self.round_robin.as_ref().ok_or_else(missing)?.address(),
+                false,
+            ),
+            Chooser::VllmRouter => unpinned(
+                self.cache_aware.as_ref().ok_or_else(missing)?.address(),
+                false,
+            ),
+            Chooser::Oracle => Target::Oracle {
+                gateway: self.envoy(Variant::Prefix).ok_or_else(missing)?.listen(),
+                fleet: fleet.clone(),
+            },
+            other => {
+                let variant = other.pinroute().ok_or_else(missing)?;
+                let envoy = self.envoy(variant).ok_or_else(missing)?;
+                unpinned(envoy.listen(), other == Chooser::PinrouteSession)
+            }
+        })
+    }
+}
+
+fn variant_settings(variant: Variant, local: &Value) -> Value {
+    match variant {
+        Variant::Load => json!({"prefix_affinity_bytes": 0}),
+        Variant::Prefix => json!({"local_prefill_max_bytes": 0, "local_prefill_suffix_bytes": 0}),
+        Variant::Local => local.clone(),
+    }
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    if let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) {
+        into.extend(from.clone());
+    }
+}
+
+fn bootstrap(fleet: &Fleet, settings: &Value, wasm: &Path) -> Result<String> {
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    render_bootstrap(&BootstrapOptions {
+        listen: any,
+        admin: any,
+        wasm: wasm.to_path_buf(),
+        plugin_config: fleet.plugin_config(settings).to_string(),
+        route_timeout: DEFAULT_ROUTE_TIMEOUT,
+        edge: pinroute_harness::envoy::EdgeOptions::default(),
+    })
+}
+
+/// What one run measured.
+pub struct Measured {
+    pub report: LoadReport,
+    pub hit_rate: f64,
+    /// pinroute's counters over the measured period (`wasmcustom.pinroute.` left out), when
+    /// the chooser is pinroute.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// One closed-loop run on cold caches, with the fleet's cache counters and pinroute's own
+/// read at the edges of the measured period.
+async fn measure(
+    fleet: &Arc<Fleet>,
+    workload: Arc<PrefixTraffic>,
+    options: &PrefixOptions,
+    concurrency: usize,
+    envoy: Option<&Envoy>,
+) -> Result<Measured> {
+    fleet.clear_caches();
+    let spec = LoadSpec {
+        concurrency,
+        stop: Stop::Duration(options.duration),
+        warmup: options.warmup,
+        request_timeout: options.request_timeout,
+    };
+    let from = Instant::now() + options.warmup;
+    let until = from + options.duration;
+    let edges = async {
+        tokio::time::sleep_until(from).await;
+        let first = (fleet.prefilled(), counters(envoy).await?);
+        tokio::time::sleep_until(until).await;
+        let last = (fleet.prefilled(), counters(envoy).await?);
+        Ok::<_, anyhow::Error>((first, last))
+    };
+    let (report, edges) = tokio::join!(run_load(workload, &spec), edges);
+    let ((first, before), (last, after)) = edges?;
+    let counters = after
+        .into_iter()
+        .map(|(name, value)| {
+            let earlier = before.get(&name).copied().unwrap_or(0);
+            (name, value.saturating_sub(earlier))
+        })
+        .collect();
+    Ok(Measured {
+        report,
+        hit_rate: last.hit_rate_since(&first),
+        counters,
+    })
+}
+
+/// Every counter of the pinroute filter in `envoy` (none without one).
+async fn counters(envoy: Option<&Envoy>) -> Result<BTreeMap<String, u64>> {
+    let Some(envoy) = envoy else {
+        return Ok(BTreeMap::new());
+    };
+    let stats = envoy.admin_get("/stats?filter=wasmcustom.pinroute").await?;
+    Ok(stats
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            let name = name.strip_prefix("wasmcustom.pinroute.")?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect())
+}
+
+/// Two replicas of `pinroute-prefix` with no shared state, every request sent to both.
+async fn replica_agreement(
+    options: &PrefixOptions,
+    gateways: &Gateways,
+    fleet: &Arc<Fleet>,
+    root: &Path,
+    work_dir: &Path,
+    salt: &mut u64,
+) -> Result<Vec<ReplicaAgreement>> {
+    let Some((_, first, yaml)) = gateways
+        .envoys
+        .iter()
+        .find(|(v, _, _)| *v == Variant::Prefix)
+    else {
+        return Ok(Vec::new());
+    };
+    let dir = work_dir.join("envoy-replica");
+    std::fs::create_dir_all(&dir)?;
+    let second = Envoy::start(&envoy_binary(root)?, yaml, &dir).await?;
+    let duration = options.agreement;
+    if duration.is_zero() {
+        return Ok(Vec::new());
+    }
+    let mut agreements = Vec::new();
+    let runs = options
+        .traffics
+        .iter()
+        .flat_map(|t| options.concurrencies.iter().map(move |c| (t, *c)));
+    for (traffic, concurrency) in runs {
+        *salt += 1;
+        fleet.clear_caches();
+        let target = Target::Pair {
+            first: first.listen(),
+            second: second.listen(),
+        };
+        let workload = Arc::new(PrefixTraffic::new(
+            *traffic,
+            target,
+            *salt,
+            options.max_tokens,
+        ));
+        let spec = LoadSpec {
+            concurrency,
+            stop: Stop::Duration(duration),
+            warmup: Duration::ZERO,
+            request_timeout: options.request_timeout,
+        };
+        run_load(workload.clone(), &spec).await;
+        let agreement = &workload.agreement;
+        agreements.push(ReplicaAgreement {
+            traffic: traffic.as_str().to_string(),
+            concurrency,
+            pairs: agreement.pairs.load(Ordering::Relaxed),
+            agreed: agreement.agreed.load(Ordering::Relaxed),
+        });
+    }
+    Ok(agreements)
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,138 @@
+//! vllm-router (`pip install vllm-router`, a Rust proxy shipped in a wheel) in its own venv,
+//! `.cache/vllm-router-venv`, run in prefill/decode mode in front of the sim workers.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::child::{stop, wait_until_serving};
+use pinroute_harness::stack::refusing_address;
+use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
+
+pub const VENV_DIR: &str = ".cache/vllm-router-venv";
+/// The release measured (`docs/benchmarks.md`).
+pub const VERSION: &str = "0.1.17";
+const STAMP: &str = "vllm-router.installed";
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The venv's `vllm-router`, installed on first use.
+pub fn router_binary(repo_root: &Path) -> Result<PathBuf> {
+    let venv = repo_root.join(VENV_DIR);
+    let binary = venv.join("bin/vllm-router");
+    let stamp = venv.join(STAMP);
+    if binary.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == VERSION) {
+        return Ok(binary);
+    }
+    let _lock = lock_file(&venv)?;
+    let python = venv.join("bin/python");
+    if !python.is_file() {
+        eprintln!("pinroute-lab: python3 -m venv {}", venv.display());
+        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    eprintln!(
+        "pinroute-lab: pip install vllm-router=={VERSION} into {}",
+        venv.display()
+    );
+    run_visibly(pip_install(&python).arg(format!("vllm-router=={VERSION}")))?;
+    fs::write(&stamp, VERSION).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(binary)
+}
+
+/// vllm-router's selection policy for both pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Its default: an approximate radix tree of request text per worker, shortest queue
+    /// when the load is out of balance.
+    CacheAware,
+    RoundRobin,
+}
+
+impl Policy {
+    fn as_arg(self) -> &'static str {
+        match self {
+            Policy::CacheAware => "cache_aware",
+            Policy::RoundRobin => "round_robin",
+        }
+    }
+}
+
+/// A running vllm-router; killed when dropped.
+pub struct VllmRouter {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl VllmRouter {
+    /// Starts it in prefill/decode mode over these workers and waits until it serves.
+    pub async fn start(
+        binary: &Path,
+        prefill: &[SocketAddr],
+        decode: &[SocketAddr],
+        policy: Policy,
+        work_dir: &Path,
+    ) -> Result<Self> {
+        let address = refusing_address()?;
+        let metrics = refusing_address()?;
+        let log_path = work_dir.join(format!("vllm-router-{}.log", policy.as_arg()));
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let mut command = Command::new(binary);
+        command.arg("--vllm-pd-disaggregation");
+        for worker in prefill {
+            command.args(["--prefill", &format!("http://{worker}")]);
+        }
+        for worker in decode {
+            command.args(["--decode", &format!("http://{worker}")]);
+        }
+        command
+            .args(["--policy", policy.as_arg()])
+            .args(["--host", &address.ip().to_string()])
+            .args(["--port", &address.port().to_string()])
+            .args(["--prometheus-port", &metrics.port().to_string()])
+            .args(["--worker-startup-check-interval", "1"])
+            .args(["--worker-startup-timeout-secs", "60"])
+            .args(["--health-check-interval-secs", "5"])
+            .arg("--disable-circuit-breaker")
+            // `warning` does not parse (and falls back to a log line per request).
+            .args(["--log-level", "error"]);
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("sharing the vllm-router log")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut router = VllmRouter { child, address };
+        router.wait_ready(&log_path).await?;
+        Ok(router)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
+        let url = format!("http://{}/health", self.address);
+        wait_until_serving(
+            &mut self.child,
+            &url,
+            READY_TIMEOUT,
+            "vllm-router",
+            log_path,
+        )
+        .await
+    }
+}
+
+impl Drop for VllmRouter {
+    fn drop(&mut self) {
+        stop(&mut self.child, "vllm-router");
+    }
+}
