@@ -1,7 +1,7 @@
 //! What every phase of a request works with: the host, the configuration, the thread's
 //! counters, and the request's id.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::types::Action;
@@ -46,6 +46,8 @@ pub struct Env<H: Host> {
     /// The request's `x-request-id`, for the prefill hop and the logs (known once the
     /// headers are read).
     pub request_id: String,
+    /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
+    load_changes: RefCell<Vec<(WorkerId, i64)>>,
 }
 
 impl<H: Host> Env<H> {
@@ -56,6 +58,20 @@ impl<H: Host> Env<H> {
             turns,
             metrics,
             request_id: String::new(),
+            load_changes: RefCell::default(),
+        }
+    }
+
+    /// A hop to `worker` started (+1) or ended (-1); counted by [`Env::flush_load`].
+    pub fn count_outstanding(&self, worker: WorkerId, delta: i64) {
+        self.load_changes.borrow_mut().push((worker, delta));
+    }
+
+    /// Counts the hops this callback started and ended, for every thread.
+    pub fn flush_load(&self) {
+        let changes = self.load_changes.take();
+        if !changes.is_empty() {
+            shared::add_outstanding(&self.host, &changes);
         }
     }
 
@@ -91,7 +107,12 @@ impl<H: Host> Env<H> {
     ) -> T {
         let turn = self.turns.get();
         self.turns.set(turn.wrapping_add(1));
-        let outstanding = |worker: &Worker| shared::outstanding(&self.host, worker.id);
+        let loads = OnceCell::new();
+        let outstanding = |worker: &Worker| {
+            loads
+                .get_or_init(|| shared::loads(&self.host))
+                .outstanding(worker.id)
+        };
         let settings = &self.config.settings;
         let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
         let choice = match (&hints.session, prompt) {

@@ -7,6 +7,7 @@ use proxy_wasm::types::Status;
 use super::host::Host;
 
 use crate::policy::health::{Ejection, HealthTable, Recorded};
+use crate::policy::load::LoadTable;
 use crate::policy::registry::WorkerId;
 use crate::policy::turns::Turn;
 
@@ -25,8 +26,10 @@ thread_local! {
 
 /// Creates the shared entries if absent, so that every later update is a compare-and-swap.
 pub fn initialize(host: &impl Host) {
-    if let Ok((None, _)) = host.shared_data(HEALTH_KEY) {
-        let _ = host.set_shared_data(HEALTH_KEY, &[], None);
+    for key in [HEALTH_KEY, LOAD_KEY] {
+        if let Ok((None, None)) = host.shared_data(key) {
+            let _ = host.set_shared_data(key, &[], None);
+        }
     }
 }
 
@@ -98,37 +101,54 @@ fn update_health<R>(
     None
 }
 
-const LOAD_PREFIX: &str = "pinroute.load.";
+/// Versioned with `LoadTable`'s encoding, like the health table.
+const LOAD_KEY: &str = "pinroute.load.v2";
 
-/// Requests in flight to `worker`, counted by every thread.
-pub fn outstanding(host: &impl Host, worker: WorkerId) -> u64 {
-    match host.shared_data(&format!("{LOAD_PREFIX}{worker}")) {
-        Ok((Some(bytes), _)) => decode_count(&bytes),
-        _ => 0,
+thread_local! {
+    /// The load table as this VM last read it, with its compare-and-swap value: the next
+    /// change tries that first, so that a read for choosing workers and the count of the
+    /// chosen one cost one read and one write.
+    static LOAD_SEEN: RefCell<Option<(LoadTable, u32)>> = const { RefCell::new(None) };
+}
+
+/// Requests in flight to every worker, counted by every thread.
+pub fn loads(host: &impl Host) -> LoadTable {
+    match host.shared_data(LOAD_KEY) {
+        Ok((bytes, Some(cas))) => {
+            let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
+            LOAD_SEEN.with(|seen| seen.replace(Some((table.clone(), cas))));
+            table
+        }
+        _ => LoadTable::default(),
     }
 }
 
-/// Adds `delta` (+1 when a hop starts, -1 when it ends) to `worker`'s outstanding count.
-pub fn add_outstanding(host: &impl Host, worker: WorkerId, delta: i64) {
-    let key = format!("{LOAD_PREFIX}{worker}");
+/// Applies `changes` (+1 when a hop starts, -1 when it ends, per worker) to the counts in
+/// one write.
+pub fn add_outstanding(host: &impl Host, changes: &[(WorkerId, i64)]) {
+    let mut seen = LOAD_SEEN.with(|seen| seen.take());
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_data(&key).unwrap_or((None, None));
-        let count = bytes
-            .map_or(0, |b| decode_count(&b))
-            .saturating_add_signed(delta);
-        match host.set_shared_data(&key, &count.to_le_bytes(), cas.or(Some(0))) {
+        let (mut table, cas) = match seen.take() {
+            Some(seen) => seen,
+            None => {
+                let (bytes, cas) = host.shared_data(LOAD_KEY).unwrap_or((None, None));
+                let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
+                (table, cas.unwrap_or(0))
+            }
+        };
+        for (worker, delta) in changes {
+            table.add(*worker, *delta);
+        }
+        match host.set_shared_data(LOAD_KEY, &table.encode(), Some(cas)) {
             Ok(()) => return,
             Err(Status::CasMismatch) => continue,
             Err(status) => {
-                log::error!("pinroute: cannot count requests to worker {worker}: {status:?}");
+                log::error!("pinroute: cannot count requests in flight: {status:?}");
                 return;
             }
         }
     }
-}
-
-fn decode_count(bytes: &[u8]) -> u64 {
-    bytes.try_into().map_or(0, u64::from_le_bytes)
+    log::warn!("pinroute: requests in flight not counted: shared data kept changing");
 }
 
 /// The turn memory (`docs/semantics.md` §5): one key per slot, the newest turn winning.

@@ -72,6 +72,7 @@ impl<H: Host> Stream<H> {
         let phase = std::mem::replace(&mut self.phase, Phase::Answered);
         let (next, action) = step(&mut self.env, phase).unwrap_or_else(|e| self.env.answer(&e));
         self.phase = next;
+        self.env.flush_load();
         action
     }
 }
@@ -247,7 +248,7 @@ impl<H: Host> HttpContext for Stream<H> {
             Phase::Routed(routed) => routed.worker(),
             _ => return,
         };
-        shared::add_outstanding(&self.env.host, worker, -1);
+        shared::add_outstanding(&self.env.host, &[(worker, -1)]);
     }
 }
 

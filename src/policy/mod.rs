@@ -7,6 +7,7 @@
 //! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
+//! | §5 Requests in flight per worker | [`load`] |
 //! | §4 The two hops and how one fails | [`hop`] |
 //! | §4, §5 A prompt's beginning as block hashes | [`prefix`] |
 //! | §4, §5 The turn memory: a conversation's last turn | [`turns`] |
@@ -27,6 +28,7 @@ pub mod headers;
 pub mod health;
 pub mod hop;
 pub mod json;
+pub mod load;
 pub mod passthrough;
 pub mod paths;
 pub mod pins;

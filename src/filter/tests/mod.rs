@@ -128,9 +128,8 @@ impl Request {
     }
 
     fn outstanding(&self, worker: u64) -> u64 {
-        let key = format!("pinroute.load.{worker}");
-        let bytes = self.host.shared(&key).unwrap_or_default();
-        bytes.try_into().map_or(0, u64::from_le_bytes)
+        let bytes = self.host.shared("pinroute.load.v2").unwrap_or_default();
+        crate::policy::load::LoadTable::decode(&bytes).outstanding(worker)
     }
 
     fn end(&mut self) {
