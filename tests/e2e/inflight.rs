@@ -173,9 +173,19 @@ const FIGURE_PROMPT_BYTES: usize = 256 * 1024;
 /// Long enough for a whole burst to arrive while the first of it is still in its prefill.
 const FIGURE_PREFILL: Duration = Duration::from_secs(5);
 
+/// Two slow prefill workers, so that every request waiting for its prefill still has a
+/// retry left and holds its prefill body in the VM (the worst case of `docs/security.md`).
+fn figure_spec(limit: u64) -> StackSpec {
+    let mut spec = slow_prefill(FIGURE_PREFILL, limit);
+    spec.workers
+        .push(worker(102, SimRole::Prefill, 1).with_prefill_latency(FIGURE_PREFILL));
+    spec.worker_ports.push(0);
+    spec
+}
+
 /// One row: a burst of `count` concurrent 256 KB completions with `limit`.
 async fn figure_row(count: usize, limit: u64) -> String {
-    let deployment = start(slow_prefill(FIGURE_PREFILL, limit)).await;
+    let deployment = start(figure_spec(limit)).await;
     let client = client(Duration::from_secs(120));
     let before = Memory::read(&deployment).await;
     let sending = {
@@ -246,7 +256,61 @@ async fn memory_per_request_in_flight() {
         }
     }
     println!(
-        "Envoy's memory (MiB), 2 worker threads, 256 KB prompts, 5 s prefill:\n{}",
+        "Envoy's memory (MiB), 2 worker threads, 256 KB prompts, 2 prefill workers taking 5 s:\n{}",
         rows.join("\n")
     );
+}
+
+/// Envoy's CPU time so far (user + system), in seconds, from `/proc/<pid>/stat`.
+fn envoy_cpu_seconds(deployment: &Deployment) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", deployment.envoy.pid())).unwrap();
+    let (_, after_name) = stat.rsplit_once(')').unwrap();
+    let fields: Vec<u64> = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    (fields[0] + fields[1]) as f64 / 100.0
+}
+
+/// What the limit's shared count costs: Envoy's CPU per request for small completions from
+/// 64 closed-loop clients, with the limit off and on. Run with
+/// `cargo test -p pinroute-tests --test e2e inflight::in_flight_limit_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn in_flight_limit_cost() {
+    const CLIENTS: usize = 64;
+    const PER_CLIENT: usize = 100;
+    for round in 0..2 {
+        for limit in [0, pinroute::policy::config::DEFAULT_MAX_REQUESTS_IN_FLIGHT] {
+            let deployment = start(slow_prefill(Duration::ZERO, limit)).await;
+            let client = client(Duration::from_secs(30));
+            let body = body(1024);
+            let (cpu, started) = (envoy_cpu_seconds(&deployment), std::time::Instant::now());
+            let mut clients = JoinSet::new();
+            for _ in 0..CLIENTS {
+                let (client, url, body) = (
+                    client.clone(),
+                    deployment.url("/v1/completions"),
+                    body.clone(),
+                );
+                clients.spawn(async move {
+                    for _ in 0..PER_CLIENT {
+                        post(client.clone(), url.clone(), body.clone())
+                            .await
+                            .unwrap()
+                            .assert_ok("served");
+                    }
+                });
+            }
+            clients.join_all().await;
+            let requests = (CLIENTS * PER_CLIENT) as f64;
+            let cpu_us = (envoy_cpu_seconds(&deployment) - cpu) / requests * 1e6;
+            let rate = requests / started.elapsed().as_secs_f64();
+            println!(
+                "round {round}, limit {limit}: {rate:.0} requests/s, Envoy CPU {cpu_us:.0} µs per request"
+            );
+        }
+    }
 }
