@@ -103,9 +103,17 @@ async fn clients_that_leave_during_their_prefill_give_their_slots_back() {
         assert!(reply.is_err_and(|e| e.is_timeout()), "the client left");
     }
     let gone = "http.pinroute.downstream_cx_destroy_remote_active_rq";
-    while stat(&deployment, gone).await < 4 {
+    for _ in 0..500 {
+        if stat(&deployment, gone).await >= 4 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(
+        stat(&deployment, gone).await,
+        4,
+        "Envoy saw the clients leave"
+    );
 
     let client = client(Duration::from_secs(30));
     for reply in burst(&deployment, &client, 4, &body(1024)).await {
@@ -239,7 +247,7 @@ async fn figure_row(count: usize, limit: u64) -> String {
 /// completions wait, with and without the in-flight limit, and after them. Run with
 /// `cargo test -p pinroute-tests --test e2e inflight::memory_per_request_in_flight -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (about two minutes), not a test"]
+#[ignore = "a measurement (about 80 s), not a test"]
 async fn memory_per_request_in_flight() {
     let limits: Vec<u64> = std::env::var("PINROUTE_FIGURE_LIMITS")
         .map(|v| v.split(',').map(|l| l.trim().parse().unwrap()).collect())
