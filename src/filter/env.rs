@@ -8,7 +8,7 @@ use proxy_wasm::types::Action;
 
 use super::host::Host;
 use super::metrics::{Counter, Metrics};
-use super::shared;
+use super::shared::{self, Slots};
 use super::stream::{Phase, host_failure};
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
@@ -48,10 +48,20 @@ pub struct Env<H: Host> {
     pub request_id: String,
     /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
     load_changes: RefCell<Vec<(WorkerId, i64)>>,
+    /// This VM's requests in flight, for the in-flight limit.
+    pub slots: Rc<Slots>,
+    /// Whether this request holds one of them (given back once, when its stream ends).
+    pub holds_slot: bool,
 }
 
 impl<H: Host> Env<H> {
-    pub fn new(host: H, config: Rc<Config>, turns: Rc<Cell<u64>>, metrics: Rc<Metrics>) -> Self {
+    pub fn new(
+        host: H,
+        config: Rc<Config>,
+        turns: Rc<Cell<u64>>,
+        metrics: Rc<Metrics>,
+        slots: Rc<Slots>,
+    ) -> Self {
         Self {
             host,
             config,
@@ -59,6 +69,28 @@ impl<H: Host> Env<H> {
             metrics,
             request_id: String::new(),
             load_changes: RefCell::default(),
+            slots,
+            holds_slot: false,
+        }
+    }
+
+    /// Takes a slot of the in-flight limit for this request (`docs/semantics.md` §1), or
+    /// refuses it before its body is buffered.
+    pub fn take_slot(&mut self) -> Result<(), RouteError> {
+        let Some(limit) = self.config.settings.in_flight_limit() else {
+            return Ok(());
+        };
+        if !self.slots.take(&self.host, limit) {
+            return Err(RouteError::Overloaded { limit });
+        }
+        self.holds_slot = true;
+        Ok(())
+    }
+
+    /// Gives the request's slot back, if it holds one; the stream is over.
+    pub fn release_slot(&mut self) {
+        if std::mem::take(&mut self.holds_slot) {
+            self.slots.release(&self.host);
         }
     }
 

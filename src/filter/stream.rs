@@ -104,6 +104,7 @@ impl<H: Host> Env<H> {
             return Err(RouteError::InvalidBody("the body is empty".into()));
         }
         let forwarded = forwarded_headers(&headers, upstream_header);
+        self.take_slot()?;
         self.set_request_header("content-length", None)?;
         let completion = Completion {
             hints,
@@ -240,9 +241,11 @@ impl<H: Host> HttpContext for Stream<H> {
         }
     }
 
-    /// The stream is over: its hops no longer count as outstanding, and nothing more is
-    /// done for it (a late prefill answer included).
+    /// The stream is over, however it ended (answered, failed, the client gone): its hops no
+    /// longer count as outstanding, its in-flight slot is free, and nothing more is done for
+    /// it (a late prefill answer included).
     fn on_log(&mut self) {
+        self.env.release_slot();
         let worker = match std::mem::replace(&mut self.phase, Phase::Answered) {
             Phase::Prefill(prefill) => prefill.current.worker.id,
             Phase::Routed(routed) => routed.worker(),

@@ -15,6 +15,7 @@ mod burst;
 mod client;
 mod edge;
 mod errors;
+mod inflight;
 mod operations;
 mod prefix;
 #[path = "../common/reply.rs"]
