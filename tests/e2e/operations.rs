@@ -11,7 +11,7 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use crate::client::{Reply, complete, prompt};
-use crate::{Deployment, start, wasm, worker};
+use crate::{Deployment, start, stat, wasm, worker};
 
 /// Sends `request` until `accept` holds for its reply (or fails after 10 s).
 async fn eventually<F, Fut>(what: &str, request: F, accept: impl Fn(&Reply) -> bool) -> Reply
@@ -118,10 +118,6 @@ async fn a_live_registry_adds_and_removes_workers_while_traffic_runs() {
         failures.is_empty(),
         "requests failed during registry changes: {failures:?}"
     );
-}
-
-async fn stat(deployment: &Deployment, name: &str) -> u64 {
-    deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
 }
 
 #[tokio::test]
