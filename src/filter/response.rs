@@ -175,6 +175,8 @@ impl Routed {
         if matches!(self.answer, Answer::Retrying) {
             return Action::Pause;
         }
+        // Answered: the kept request is no longer needed.
+        self.retry = None;
         if end_of_stream && let Answer::Replaced(error) = &self.answer {
             // No body will come to be replaced: the error is answered whole instead.
             env.send_error(error);
@@ -194,7 +196,10 @@ impl Routed {
         let worker = self.served_decode_worker(env);
         host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = host.response_status().unwrap_or(0);
-        let details = host.response_code_details();
+        // Only a failed hop needs to know why: the property costs a host call.
+        let details = (status >= 500)
+            .then(|| host.response_code_details())
+            .flatten();
         let failure = answers::decode_failure(status, details.as_deref());
         let error = match self.outcome(env, worker, status, failure) {
             Outcome::Passed => return Ok(Answer::AsItIs),
@@ -309,6 +314,7 @@ impl Routed {
                 env.send_error(&error);
             }
         }
+        self.retry = None;
         self.answer = Answer::AsItIs;
     }
 
