@@ -7,6 +7,7 @@
 //! | [`intake`] | what the client sent: admitted paths, methods and sizes, request id, forwarded headers, whole body |
 //! | [`prefill`] | the prefill call: dispatch, retry, judging its answer |
 //! | [`response`] | the routed hop and its answer: typed errors, withheld decode refusals |
+//! | [`decode_retry`] | the filter's own retry of a refused decode hop Envoy cannot retry |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id |
 //! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory |
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |
@@ -15,6 +16,7 @@
 //! Host calls are made only in the phases where Envoy allows them; the SDK panics on an
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
+mod decode_retry;
 mod env;
 mod host;
 mod intake;

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use super::env::Env;
-use super::host::Host;
+use super::host::{Headers, Host};
 use super::intake::header_text;
 use super::metrics::Counter;
-use super::response::{HeldBody, ServedPrefill};
+use super::response::{HeldBody, RoutedBody, ServedPrefill};
 use super::stream::{Completion, Phase};
 use crate::policy::answers::{self, PrefillAnswer};
 use crate::policy::error::RouteError;
@@ -64,22 +64,20 @@ impl Prefilling {
     }
 }
 
-/// A finished prefill call's answer: its status (none without a response), content type
-/// and body.
-struct CallAnswer {
-    status: Option<u16>,
-    content_type: Option<String>,
-    body: Vec<u8>,
+/// A finished call's answer: its status (none without a response), headers and body.
+pub(super) struct CallAnswer {
+    pub status: Option<u16>,
+    pub headers: Headers,
+    pub body: Vec<u8>,
 }
 
 impl CallAnswer {
-    fn read(host: &impl Host, body_size: usize) -> Self {
+    pub fn read(host: &impl Host, body_size: usize) -> Self {
         let headers = host.call_response_headers().unwrap_or_default();
-        let text = |name| Some(header_text(&headers, name)).filter(|v| !v.is_empty());
         Self {
-            status: text(":status").and_then(|s| s.parse().ok()),
-            content_type: text("content-type").map(str::to_string),
+            status: header_text(&headers, ":status").parse().ok(),
             body: host.call_response_body(body_size).unwrap_or_default(),
+            headers,
         }
     }
 }
@@ -160,7 +158,7 @@ impl<H: Host> Env<H> {
                     worker,
                     kv_transfer_params,
                 };
-                self.route(prefill.decode, Some(held), Some(served))
+                self.route(prefill.decode, RoutedBody::Held(held), Some(served))
             }
             PrefillAnswer::Refused(status) => {
                 self.record_success(worker);
@@ -178,7 +176,9 @@ impl<H: Host> Env<H> {
         );
         self.count(Counter::PrefillRefused);
         let worker = worker.to_string();
-        let content_type = call.content_type.as_deref().unwrap_or("application/json");
+        let content_type = Some(header_text(&call.headers, "content-type"))
+            .filter(|v| !v.is_empty())
+            .unwrap_or("application/json");
         let headers = [
             ("content-type", content_type),
             (headers::PREFILL_WORKER_HEADER, worker.as_str()),
@@ -236,6 +236,6 @@ impl<H: Host> Env<H> {
         self.count(Counter::AggregatedFallback);
         let prefill = *prefill;
         let held = HeldBody::edited(prefill.held_body_size, prefill.decode_body.finish(None));
-        self.route(prefill.decode, Some(held), None)
+        self.route(prefill.decode, RoutedBody::Held(held), None)
     }
 }

@@ -5,16 +5,31 @@
 use proxy_wasm::types::{Action, Status};
 use serde_json::value::RawValue;
 
+use super::decode_retry::DecodeRetry;
 use super::env::Env;
 use super::host::Host;
 use super::metrics::Counter;
+use super::prefill::CallAnswer;
 use super::stream::Phase;
 use crate::policy::answers;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
+use crate::policy::hop::HopFailure;
 use crate::policy::registry::WorkerId;
 use crate::policy::resolve::TokenHop;
 use crate::policy::rewrite::BodyEdit;
+
+/// The request body as the routed hop sends it.
+pub(super) enum RoutedBody {
+    /// The request has none.
+    Empty,
+    /// Read whole by the filter, and sent as the client wrote it: this many bytes.
+    Read(usize),
+    /// A completion's body, held whole and edited as the hop needs.
+    Held(HeldBody),
+    /// Streamed on unread: the hop cannot be sent again.
+    Unread,
+}
 
 /// The request body Envoy holds, and the edit the routed hop needs made to it.
 pub(super) struct HeldBody {
@@ -41,6 +56,8 @@ pub(super) struct Routed {
     /// Whether Envoy may retry the hop on the alternates (`x-pinroute-pool` was set).
     pooled: bool,
     prefill: Option<ServedPrefill>,
+    /// The request as routed, when only the filter can retry it (`docs/semantics.md` §4).
+    retry: Option<DecodeRetry>,
     answer: Answer,
 }
 
@@ -51,6 +68,18 @@ enum Answer {
     AsItIs,
     /// Replaced by this typed error.
     Replaced(RouteError),
+    /// Envoy's answer to a refused connection, held while the filter sends the request to
+    /// the next candidate; that call's answer replaces it.
+    Retrying,
+}
+
+/// What a worker's answer to the hop means.
+enum Outcome {
+    /// The client's to read.
+    Passed,
+    Failed(RouteError),
+    /// The request went on to the next candidate.
+    Retrying,
 }
 
 impl<H: Host> Env<H> {
@@ -59,7 +88,7 @@ impl<H: Host> Env<H> {
     pub(super) fn route(
         &self,
         decode: TokenHop,
-        held: Option<HeldBody>,
+        body: RoutedBody,
         prefill: Option<ServedPrefill>,
     ) -> Result<Phase, RouteError> {
         let target = &decode.target;
@@ -74,19 +103,17 @@ impl<H: Host> Env<H> {
         if let Some(rank) = target.rank {
             self.set_request_header(DP_RANK_HEADER, Some(&rank.to_string()))?;
         }
-        if let Some(held) = held {
-            if let Some(edit) = &held.edit {
-                let edited = self
-                    .host
-                    .edit_request_body(edit.replaced, edit.with.as_bytes());
-                edited.map_err(super::stream::host_failure)?;
-            }
-            let length = held
-                .edit
-                .as_ref()
-                .map_or(held.size, |e| e.edited_len(held.size));
-            self.set_request_header("content-length", Some(&length.to_string()))?;
-        }
+        let body_len = match body {
+            RoutedBody::Held(held) => Some(self.edit_held_body(&held)?),
+            RoutedBody::Read(size) => Some(size),
+            RoutedBody::Empty => Some(0),
+            RoutedBody::Unread => None,
+        };
+        // Envoy retries pool members itself; the filter retries the others.
+        let retry = match body_len {
+            Some(len) if pool.is_none() && is_retried(&decode) => Some(self.keep_for_retry(len)?),
+            _ => None,
+        };
         log::debug!(
             "pinroute: request {} {} on worker {}",
             self.request_id,
@@ -99,10 +126,33 @@ impl<H: Host> Env<H> {
             decode,
             pooled: pool.is_some(),
             prefill,
+            retry,
             answer: Answer::Awaited,
         };
         Ok(Phase::Routed(Box::new(routed)))
     }
+
+    /// Makes the held body's edit and announces its length; that length.
+    fn edit_held_body(&self, held: &HeldBody) -> Result<usize, RouteError> {
+        if let Some(edit) = &held.edit {
+            let edited = self
+                .host
+                .edit_request_body(edit.replaced, edit.with.as_bytes());
+            edited.map_err(super::stream::host_failure)?;
+        }
+        let length = held
+            .edit
+            .as_ref()
+            .map_or(held.size, |e| e.edited_len(held.size));
+        self.set_request_header("content-length", Some(&length.to_string()))?;
+        Ok(length)
+    }
+}
+
+/// Whether a refused connection of this hop may go on to another worker: unpinned, with
+/// candidates left.
+fn is_retried(decode: &TokenHop) -> bool {
+    !decode.target.pinned && !decode.alternates.is_empty()
 }
 
 impl Routed {
@@ -122,6 +172,11 @@ impl Routed {
             );
             Answer::AsItIs
         });
+        if matches!(self.answer, Answer::Retrying) {
+            return Action::Pause;
+        }
+        // Answered: the kept request is no longer needed.
+        self.retry = None;
         if end_of_stream && let Answer::Replaced(error) = &self.answer {
             // No body will come to be replaced: the error is answered whole instead.
             env.send_error(error);
@@ -132,7 +187,7 @@ impl Routed {
     }
 
     /// Names the served workers, and decides what the worker's answer becomes.
-    fn judge<H: Host>(&self, env: &Env<H>) -> Result<Answer, Status> {
+    fn judge<H: Host>(&mut self, env: &Env<H>) -> Result<Answer, Status> {
         let host = &env.host;
         if let Some(prefill) = &self.prefill {
             let worker = prefill.worker.to_string();
@@ -141,11 +196,15 @@ impl Routed {
         let worker = self.served_decode_worker(env);
         host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
         let status = host.response_status().unwrap_or(0);
-        if status < 500 {
-            env.record_success(worker);
-        }
-        let Some(error) = self.failure(env, worker, status) else {
-            return Ok(Answer::AsItIs);
+        // Only a failed hop needs to know why: the property costs a host call.
+        let details = (status >= 500)
+            .then(|| host.response_code_details())
+            .flatten();
+        let failure = answers::decode_failure(status, details.as_deref());
+        let error = match self.outcome(env, worker, status, failure) {
+            Outcome::Passed => return Ok(Answer::AsItIs),
+            Outcome::Retrying => return Ok(Answer::Retrying),
+            Outcome::Failed(error) => error,
         };
         log::warn!("pinroute: request {}: {error}", env.request_id);
         env.metrics.count_error(host, &error);
@@ -156,29 +215,40 @@ impl Routed {
         Ok(Answer::Replaced(error))
     }
 
-    /// The typed error a worker's answer becomes, if any: a failed hop (5xx), or a 4xx to a
-    /// hop that carried the prefill's `kv_transfer_params`. vLLM's validation errors echo
-    /// the request, so that 4xx could show a client the prefill's host, port and ids, or
-    /// confirm a guess of them; its body is withheld whatever it says.
-    fn failure<H: Host>(&self, env: &Env<H>, worker: WorkerId, status: u16) -> Option<RouteError> {
-        let carried_kv = self
-            .prefill
-            .as_ref()
-            .is_some_and(|p| p.kv_transfer_params.is_some());
-        if (400..=499).contains(&status) && carried_kv {
-            return Some(RouteError::DecodeRefused { worker, status });
-        }
-        if status < 500 {
-            return None;
-        }
-        let details = env.host.response_code_details();
-        let failure = answers::decode_failure(status, details.as_deref())?;
+    /// What `worker`'s answer (`status`, and the failure of the hop it is, if any) means, with
+    /// the worker's health updated: a failed hop (a refused connection that cannot go on to
+    /// another candidate, a 5xx), or a 4xx to a hop that carried the prefill's
+    /// `kv_transfer_params`, is a typed error. vLLM's validation errors echo the request, so
+    /// that 4xx could show a client the prefill's host, port and ids, or confirm a guess of
+    /// them; its body is withheld whatever it says.
+    fn outcome<H: Host>(
+        &mut self,
+        env: &Env<H>,
+        worker: WorkerId,
+        status: u16,
+        failure: Option<HopFailure>,
+    ) -> Outcome {
+        let Some(failure) = failure else {
+            env.record_success(worker);
+            let carried_kv = self
+                .prefill
+                .as_ref()
+                .is_some_and(|p| p.kv_transfer_params.is_some());
+            if (400..=499).contains(&status) && carried_kv {
+                return Outcome::Failed(RouteError::DecodeRefused { worker, status });
+            }
+            return Outcome::Passed;
+        };
         if answers::takes_worker_out(&failure) {
             env.record_connect_failure(worker);
         }
+        // A connection never made: nothing reached the worker, so another may serve it.
+        if failure == HopFailure::Connect && self.retry_next(env) {
+            return Outcome::Retrying;
+        }
         env.count(Counter::DecodeFailed);
         let hop = self.decode.hop;
-        Some(if self.decode.target.pinned {
+        Outcome::Failed(if self.decode.target.pinned {
             RouteError::PinnedWorkerFailed {
                 hop,
                 worker,
@@ -191,6 +261,69 @@ impl Routed {
                 failure,
             }
         })
+    }
+
+    /// Sends the kept request to the next candidate, if the filter retries this hop and one
+    /// is left; the hop then counts against that worker.
+    fn retry_next<H: Host>(&mut self, env: &Env<H>) -> bool {
+        let Some(retry) = &mut self.retry else {
+            return false;
+        };
+        let Some(next) = self.decode.alternates.first() else {
+            return false;
+        };
+        let Some(token) = env.dispatch_decode(retry, next) else {
+            return false;
+        };
+        retry.token = Some(token);
+        let next = self.decode.alternates.remove(0);
+        log::info!(
+            "pinroute: request {}: decode worker {} refused the connection, sent to worker {}",
+            env.request_id,
+            self.decode.target.worker.id,
+            next.id
+        );
+        env.count(Counter::DecodeRetried);
+        env.count_outstanding(self.decode.target.worker.id, -1);
+        env.count_outstanding(next.id, 1);
+        self.decode.target.worker = next;
+        true
+    }
+
+    /// Whether the filter's retry with this token is what the request waits for.
+    pub fn awaits(&self, token: u32) -> bool {
+        self.retry.as_ref().and_then(|r| r.token) == Some(token)
+    }
+
+    /// The retried hop's answer: on to the next candidate after another refused connection,
+    /// else the client's answer in place of Envoy's — the worker's, whole, or a typed error.
+    pub fn on_retry_answer<H: Host>(&mut self, env: &Env<H>, body_size: usize) {
+        if let Some(retry) = &mut self.retry {
+            retry.token = None;
+        }
+        let call = CallAnswer::read(&env.host, body_size);
+        let worker = self.worker();
+        let failure = answers::decode_call_failure(call.status, &call.body);
+        let status = call.status.unwrap_or(0);
+        match self.outcome(env, worker, status, failure) {
+            Outcome::Retrying => return,
+            Outcome::Passed => env.relay(&call, status, &self.served(worker)),
+            Outcome::Failed(error) => {
+                log::warn!("pinroute: request {}: {error}", env.request_id);
+                env.metrics.count_error(&env.host, &error);
+                env.send_error(&error);
+            }
+        }
+        self.retry = None;
+        self.answer = Answer::AsItIs;
+    }
+
+    /// The response headers naming the workers that served.
+    fn served(&self, decode: WorkerId) -> Vec<(&'static str, String)> {
+        let prefill = self.prefill.as_ref().map(|p| p.worker);
+        let prefill = prefill.map(|w| (headers::PREFILL_WORKER_HEADER, w.to_string()));
+        let decode = (headers::DECODE_WORKER_HEADER, decode.to_string());
+        prefill.into_iter().chain([decode]).collect()
     }
 
     /// The worker Envoy's last attempt went to: the first candidate, or an alternate after
@@ -219,8 +352,10 @@ impl Routed {
     }
 
     pub fn on_response_body<H: Host>(&mut self, env: &Env<H>, size: usize, end: bool) -> Action {
-        let Answer::Replaced(error) = &self.answer else {
-            return Action::Continue;
+        let error = match &self.answer {
+            Answer::Replaced(error) => error,
+            Answer::Retrying => return Action::Pause,
+            Answer::Awaited | Answer::AsItIs => return Action::Continue,
         };
         if !end {
             return Action::Pause;

@@ -2,7 +2,7 @@
 //! phases own what they need. Every callback takes the current phase and returns the next.
 //!
 //! ```text
-//! Headers ─┬─ completion path ──► CompletionBody ──► Prefill ──► Routed
+//! Headers ─┬─ completion path ──► CompletionBody ──► Prefill ──► Routed (─► its retries)
 //!          │                             └────────────────────────┘ (no prefill hop)
 //!          ├─ other path, JSON body ──► PassthroughBody ──► Routed
 //!          └─ other path ──► Routed
@@ -17,7 +17,7 @@ use super::host::Host;
 use super::intake::{forwarded_headers, header_text};
 use super::metrics::Counter;
 use super::prefill::Prefilling;
-use super::response::{HeldBody, Routed};
+use super::response::{HeldBody, Routed, RoutedBody};
 use super::shared;
 use crate::policy::error::RouteError;
 use crate::policy::json::JsonObject;
@@ -96,7 +96,12 @@ impl<H: Host> Env<H> {
             self.count_panics(false, decode.panic);
             let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
             if end_of_stream || !reads_body {
-                return Ok((self.route(decode, None, None)?, Action::Continue));
+                let body = if end_of_stream {
+                    RoutedBody::Empty
+                } else {
+                    RoutedBody::Unread
+                };
+                return Ok((self.route(decode, body, None)?, Action::Continue));
             }
             return Ok((Phase::PassthroughBody(decode), Action::Pause));
         };
@@ -142,7 +147,7 @@ impl<H: Host> Env<H> {
                 }
                 let held = HeldBody::edited(size, decode_body.finish(None));
                 return Ok((
-                    self.route(route.decode, Some(held), None)?,
+                    self.route(route.decode, RoutedBody::Held(held), None)?,
                     Action::Continue,
                 ));
             }
@@ -167,7 +172,8 @@ impl<H: Host> Env<H> {
             return Ok((Phase::PassthroughBody(decode), Action::Pause));
         };
         passthrough::check_body(&body)?;
-        Ok((self.route(decode, None, None)?, Action::Continue))
+        let body = RoutedBody::Read(body.len());
+        Ok((self.route(decode, body, None)?, Action::Continue))
     }
 
     fn on_call_answer(&mut self, phase: Phase, token: u32, body_size: usize) -> Step {
@@ -183,6 +189,10 @@ impl<H: Host> Env<H> {
                     );
                 }
                 Ok((next, Action::Continue))
+            }
+            Phase::Routed(mut routed) if routed.awaits(token) => {
+                routed.on_retry_answer(self, body_size);
+                Ok((Phase::Routed(routed), Action::Continue))
             }
             other => Ok((other, Action::Continue)),
         }
@@ -228,10 +238,13 @@ impl<H: Host> HttpContext for Stream<H> {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        match &mut self.phase {
+        let action = match &mut self.phase {
             Phase::Routed(routed) => routed.on_response_headers(&self.env, end_of_stream),
             _ => Action::Continue,
-        }
+        };
+        // A retried hop moved the request to another worker.
+        self.env.flush_load();
+        action
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {

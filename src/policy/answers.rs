@@ -20,8 +20,7 @@ pub enum PrefillAnswer {
 }
 
 /// Judges a prefill call's answer: its `:status` (none when the call got no response) and
-/// body. Envoy answers a refused connection with 503 `upstream connect error ...` and a
-/// timeout with 504.
+/// body.
 pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
     match status {
         None => PrefillAnswer::Failed(HopFailure::Connect),
@@ -30,11 +29,29 @@ pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
             Err(failure) => PrefillAnswer::Failed(failure),
         },
         Some(status @ 400..=499) => PrefillAnswer::Refused(status),
-        Some(504) => PrefillAnswer::Failed(HopFailure::Timeout),
-        Some(503) if body.starts_with(b"upstream connect error") => {
-            PrefillAnswer::Failed(envoy_reset(body))
-        }
-        Some(status) => PrefillAnswer::Failed(HopFailure::Status(status)),
+        _ => PrefillAnswer::Failed(call_failure(status, body)),
+    }
+}
+
+/// How a decode hop the filter sent itself (a retry, `docs/semantics.md` §4) failed, if it
+/// did: no response, Envoy's own 503 or 504, or the worker's 5xx. Anything else is the
+/// client's answer.
+pub fn decode_call_failure(status: Option<u16>, body: &[u8]) -> Option<HopFailure> {
+    match status {
+        Some(status) if status < 500 => None,
+        _ => Some(call_failure(status, body)),
+    }
+}
+
+/// How a call the filter sent itself failed, from an answer that is no success: Envoy answers
+/// a connection it could not make with 503 `upstream connect error ...` and a timeout with
+/// 504.
+fn call_failure(status: Option<u16>, body: &[u8]) -> HopFailure {
+    match status {
+        None => HopFailure::Connect,
+        Some(504) => HopFailure::Timeout,
+        Some(503) if body.starts_with(b"upstream connect error") => envoy_reset(body),
+        Some(status) => HopFailure::Status(status),
     }
 }
 

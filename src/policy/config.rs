@@ -13,6 +13,11 @@ use super::prefix::{BLOCK_BYTES, MAX_WINDOW_BYTES};
 use super::registry::{Registry, WorkerId};
 use super::select::Busy;
 
+/// The Envoy cluster of the decode (or aggregated) hop: ORIGINAL_DST, steered by
+/// `upstream_header`. The routes send the routed hop there; the filter's own decode retries
+/// are dispatched to it.
+pub const DECODE_CLUSTER: &str = "pinroute_decode";
+
 /// The plugin configuration: the registry plus the knobs an operator may turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -89,6 +94,9 @@ pub struct Settings {
     /// ORIGINAL_DST `http_header_name`).
     pub upstream_header: String,
     pub prefill_timeout_ms: u64,
+    /// Timeout of a decode hop the filter sends itself: the retry of a worker Envoy cannot
+    /// retry (`docs/semantics.md` §4). The routed hop has the route's timeout.
+    pub decode_timeout_ms: u64,
     /// How many other prefill workers an unpinned request tries after the first fails.
     pub prefill_retries: u32,
     /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
@@ -137,6 +145,7 @@ impl Default for Settings {
             prefill_cluster: "pinroute_prefill".into(),
             upstream_header: "x-pinroute-upstream".into(),
             prefill_timeout_ms: 30_000,
+            decode_timeout_ms: 300_000,
             prefill_retries: 1,
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
@@ -168,6 +177,10 @@ impl Settings {
 
     pub fn prefill_timeout(&self) -> Duration {
         Duration::from_millis(self.prefill_timeout_ms)
+    }
+
+    pub fn decode_timeout(&self) -> Duration {
+        Duration::from_millis(self.decode_timeout_ms)
     }
 
     /// When a worker is too busy for prefix affinity.
@@ -225,6 +238,11 @@ impl Settings {
         if settings.prefill_timeout_ms == 0 || settings.prefill_timeout_ms > u64::from(u32::MAX) {
             return Err(ConfigError::Setting(
                 "prefill_timeout_ms must be in 1..=4294967295",
+            ));
+        }
+        if settings.decode_timeout_ms == 0 || settings.decode_timeout_ms > u64::from(u32::MAX) {
+            return Err(ConfigError::Setting(
+                "decode_timeout_ms must be in 1..=4294967295",
             ));
         }
         if settings.eject_after_failures == 0 {

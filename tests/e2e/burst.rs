@@ -13,7 +13,7 @@ use pinroute_harness::stack::StackSpec;
 use tokio::task::JoinSet;
 
 use crate::client::{complete, prompt};
-use crate::{Deployment, start, wasm, worker};
+use crate::{Deployment, start, stat, wasm, worker};
 
 /// Concurrent requests of the burst.
 const BURST: usize = 1024;
@@ -169,11 +169,6 @@ async fn a_burst_the_decode_worker_cannot_all_accept_finds_a_worker_and_leaves_n
         "every request after the burst is served: {:?}",
         after.0
     );
-}
-
-/// An Envoy counter (0 when not defined yet).
-async fn stat(deployment: &Deployment, name: &str) -> u64 {
-    deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
 }
 
 /// Unpinned completions sent one after the other, by status.

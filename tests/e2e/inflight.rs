@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::task::JoinSet;
 
 use crate::client::Reply;
-use crate::{Deployment, start, wasm, worker};
+use crate::{Deployment, start, stat, wasm, worker};
 
 /// One prefill worker that takes `prefill` per request, one decode worker, and the filter's
 /// `max_requests_in_flight` at `limit` (0: off).
@@ -125,10 +125,6 @@ async fn clients_that_leave_during_their_prefill_give_their_slots_back() {
         stat(&deployment, "wasmcustom.pinroute.errors.overloaded").await,
         0
     );
-}
-
-async fn stat(deployment: &Deployment, name: &str) -> u64 {
-    deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
 }
 
 /// Envoy's memory at one moment: resident (`/proc`), and tcmalloc's `allocated` and

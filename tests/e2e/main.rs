@@ -61,6 +61,11 @@ pub async fn start(spec: StackSpec) -> Deployment {
     Deployment { stack, _dir: dir }
 }
 
+/// An Envoy counter (0 when not defined yet).
+pub async fn stat(deployment: &Deployment, name: &str) -> u64 {
+    deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
+}
+
 pub fn worker(id: u64, role: SimRole, dp_size: u32) -> SimConfig {
     SimConfig::new(id, role).with_dp_size(dp_size)
 }

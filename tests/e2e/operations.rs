@@ -1,4 +1,5 @@
-//! Operating it: a live registry, session affinity across replicas.
+//! Operating it: a live registry (and the retry of its workers' refused connections),
+//! session affinity across replicas.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -6,10 +7,11 @@ use std::time::{Duration, Instant};
 use pinroute_harness::sim::SimRole;
 use pinroute_harness::stack::StackSpec;
 use reqwest::StatusCode;
+use serde_json::json;
 use tempfile::TempDir;
 
 use crate::client::{Reply, complete, prompt};
-use crate::{Deployment, start, wasm, worker};
+use crate::{Deployment, start, stat, wasm, worker};
 
 /// Sends `request` until `accept` holds for its reply (or fails after 10 s).
 async fn eventually<F, Fut>(what: &str, request: F, accept: impl Fn(&Reply) -> bool) -> Reply
@@ -116,6 +118,80 @@ async fn a_live_registry_adds_and_removes_workers_while_traffic_runs() {
         failures.is_empty(),
         "requests failed during registry changes: {failures:?}"
     );
+}
+
+#[tokio::test]
+async fn a_refused_decode_worker_known_only_from_the_live_registry_is_retried_on_the_next() {
+    let workers = vec![
+        worker(101, SimRole::Prefill, 1),
+        worker(201, SimRole::Decode, 1),
+    ];
+    let mut spec = StackSpec::new(workers, wasm());
+    spec.live_registry = Some(Duration::from_millis(200));
+    // Every refusal is retried and counted; none takes its worker out during the test.
+    spec.settings = json!({ "eject_after_failures": 1000 });
+    let mut deployment = start(spec).await;
+    // 202 and 203 are in no static list: the pool cluster does not list them.
+    let mut entries = deployment.entries(&[101]);
+    for id in [202, 203] {
+        let added = deployment.stack.add_worker(worker(id, SimRole::Decode, 1));
+        entries.push(added.await.unwrap());
+    }
+    deployment.registry.as_ref().unwrap().set_workers(&entries);
+    let deployment_ref: &Deployment = &deployment;
+    let pinned_203 = move || async move {
+        let pin = [("x-dynamo-worker-instance-id", "203")];
+        complete(deployment_ref, &pin, &prompt()).await
+    };
+    eventually("the live registry is adopted", pinned_203, |r| {
+        r.status == 200
+    })
+    .await;
+    // Every Envoy thread adopts it within half a second.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    deployment.stack.kill_worker(202).await.unwrap();
+    for stream in [false, true] {
+        let mut body = prompt();
+        body["stream"] = json!(stream);
+        for _ in 0..10 {
+            let reply = complete(&deployment, &[], &body).await;
+            reply.assert_ok("an unpinned request");
+            assert_eq!(reply.worker("decode"), Some(203), "{}", reply.text);
+            assert_eq!(reply.worker("prefill"), Some(101));
+            let content_type = reply.header("content-type").unwrap();
+            if stream {
+                assert!(
+                    content_type.starts_with("text/event-stream"),
+                    "{content_type}"
+                );
+                assert!(
+                    reply.text.trim_end().ends_with("data: [DONE]"),
+                    "{}",
+                    reply.text
+                );
+            } else {
+                assert!(
+                    content_type.starts_with("application/json"),
+                    "{content_type}"
+                );
+                assert!(
+                    reply.json()["choices"][0]["text"].is_string(),
+                    "{}",
+                    reply.text
+                );
+            }
+        }
+    }
+    let retried = stat(&deployment, "wasmcustom.pinroute.decode.retried").await;
+    let refused = stat(&deployment, "wasmcustom.pinroute.workers.connect_failed").await;
+    assert!(retried >= 1, "202 was chosen first at least once");
+    assert_eq!(retried, refused, "each refusal went on to 203");
+
+    deployment.stack.kill_worker(203).await.unwrap();
+    complete(&deployment, &[], &prompt())
+        .await
+        .error(502, "upstream_failed");
 }
 
 /// The workers each session lands on through one gateway.

@@ -13,7 +13,7 @@ use super::edge::{self, EdgeOptions};
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
 /// The cluster the routed (decode or aggregated) request goes to.
-pub const DECODE_CLUSTER: &str = "pinroute_decode";
+pub use pinroute::policy::config::DECODE_CLUSTER;
 /// LLM generations are long: the default route (and stream idle) timeout.
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A worker that does not accept a connection in this long is down.

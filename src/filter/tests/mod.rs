@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 mod affinity;
+mod decode_retry;
 mod fake_host;
 mod inflight;
 mod intake;
@@ -61,7 +62,18 @@ impl Request {
 
     /// A request on `host` in the VM whose requests in flight are `slots`.
     fn on_vm(host: FakeHost, slots: Rc<Slots>, config: &str, headers: &[(&str, &str)]) -> Self {
-        let config = Rc::new(Config::from_json(config.as_bytes()).unwrap());
+        let config = Config::from_json(config.as_bytes()).unwrap();
+        Self::with_config(host, slots, config, headers)
+    }
+
+    /// A request on `host` in the VM whose requests in flight are `slots`, under `config`.
+    fn with_config(
+        host: FakeHost,
+        slots: Rc<Slots>,
+        config: Config,
+        headers: &[(&str, &str)],
+    ) -> Self {
+        let config = Rc::new(config);
         let metrics = Rc::new(Metrics::define(&host));
         let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics, slots);
         host.state().request_headers = headers

@@ -119,3 +119,24 @@ fn only_a_failed_connection_takes_a_worker_out() {
         assert!(!takes_worker_out(&failure), "{failure}");
     }
 }
+
+#[test]
+fn a_decode_call_fails_as_a_prefill_call_does_but_passes_anything_below_500() {
+    for status in [200, 302, 400, 429] {
+        assert_eq!(decode_call_failure(Some(status), b"{}"), None, "{status}");
+    }
+    assert_eq!(decode_call_failure(None, b""), Some(HopFailure::Connect));
+    let refused = b"upstream connect error or disconnect/reset before headers. reset reason: connection failure";
+    assert_eq!(
+        decode_call_failure(Some(503), refused),
+        Some(HopFailure::Connect)
+    );
+    assert_eq!(
+        decode_call_failure(Some(504), b""),
+        Some(HopFailure::Timeout)
+    );
+    assert_eq!(
+        decode_call_failure(Some(500), b"engine error"),
+        Some(HopFailure::Status(500))
+    );
+}

@@ -19,11 +19,13 @@ fn settings_default_and_can_be_set() {
     let config = Config::from_json(DISAGGREGATED.as_bytes()).unwrap();
     assert_eq!(config.settings, Settings::default());
     assert_eq!(config.settings.prefill_timeout(), Duration::from_secs(30));
+    assert_eq!(config.settings.decode_timeout(), Duration::from_secs(300));
     let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
-        "prefill_timeout_ms": 500, "prefill_retries": 3, "aggregated_fallback": false,
+        "prefill_timeout_ms": 500, "decode_timeout_ms": 700, "prefill_retries": 3, "aggregated_fallback": false,
         "max_body_bytes": 1024, "upstream_header": "x-my-upstream", "prefill_cluster": "p"}"#;
     let settings = Config::from_json(json.as_bytes()).unwrap().settings;
     assert_eq!(settings.prefill_timeout(), Duration::from_millis(500));
+    assert_eq!(settings.decode_timeout(), Duration::from_millis(700));
     assert_eq!(settings.prefill_retries, 3);
     assert!(!settings.aggregated_fallback);
     assert_eq!(settings.max_body_bytes, 1024);
@@ -65,6 +67,7 @@ fn invalid_settings_are_refused() {
     let base = r#""workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}]"#;
     for (setting, why) in [
         (r#""prefill_timeout_ms": 0"#, "prefill_timeout_ms"),
+        (r#""decode_timeout_ms": 0"#, "decode_timeout_ms"),
         (r#""max_body_bytes": 0"#, "max_body_bytes"),
         (r#""upstream_header": "X-Upper""#, "upstream_header"),
         (r#""upstream_header": """#, "upstream_header"),

@@ -1,0 +1,117 @@
+//! The filter's own retry of a decode hop (`docs/semantics.md` §4): an unpinned hop whose
+//! worker refused the connection, when Envoy cannot retry it because the pool cluster does
+//! not list the worker (one known only from the live registry). The filter keeps the request
+//! it routed, sends it to the next candidate through the decode cluster, and answers the
+//! client with that answer, whole.
+
+use super::env::Env;
+use super::host::{Headers, Host};
+use super::intake::forwarded_headers;
+use super::prefill::CallAnswer;
+use super::stream::host_failure;
+use crate::policy::config::DECODE_CLUSTER;
+use crate::policy::error::RouteError;
+use crate::policy::headers::INTERNAL_PREFIX;
+use crate::policy::registry::Worker;
+
+/// The routed request, kept to send it again.
+pub(super) struct DecodeRetry {
+    /// Its headers as routed, but for the steering and hop-by-hop ones.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// The call in flight, if one is.
+    pub token: Option<u32>,
+}
+
+/// The request headers a call carries besides the forwarded ones.
+const CALL_HEADERS: &[&str] = &[
+    ":method",
+    ":path",
+    ":authority",
+    "content-type",
+    "x-request-id",
+];
+
+/// Answer headers not relayed: Envoy frames the answer anew.
+const NOT_RELAYED: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+];
+
+impl<H: Host> Env<H> {
+    /// The request as it is routed, with the `body_len` bytes of body Envoy holds.
+    pub(super) fn keep_for_retry(&self, body_len: usize) -> Result<DecodeRetry, RouteError> {
+        let routed = self.host.request_headers().map_err(host_failure)?;
+        let mut headers: Vec<(String, String)> = routed
+            .iter()
+            .filter(|(name, _)| CALL_HEADERS.contains(&name.as_str()))
+            .filter_map(|(name, value)| {
+                Some((name.clone(), String::from_utf8(value.clone()).ok()?))
+            })
+            .collect();
+        headers.extend(forwarded_headers(
+            &routed,
+            &self.config.settings.upstream_header,
+        ));
+        let body = match body_len {
+            0 => Vec::new(),
+            len => self.host.request_body(len).map_err(host_failure)?,
+        };
+        Ok(DecodeRetry {
+            headers,
+            body,
+            token: None,
+        })
+    }
+
+    /// Sends the kept request to `worker` through the decode cluster; the call's token.
+    pub(super) fn dispatch_decode(&self, retry: &DecodeRetry, worker: &Worker) -> Option<u32> {
+        let settings = &self.config.settings;
+        let address = worker.address.to_string();
+        let mut headers: Vec<(&str, &str)> = retry
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        headers.push((&settings.upstream_header, &address));
+        let body = (!retry.body.is_empty()).then_some(retry.body.as_slice());
+        let dispatched =
+            self.host
+                .dispatch(DECODE_CLUSTER, &headers, body, settings.decode_timeout());
+        dispatched
+            .map_err(|status| {
+                log::error!(
+                    "pinroute: cannot dispatch to cluster {DECODE_CLUSTER:?}: {status:?}; is it in the Envoy configuration?"
+                );
+            })
+            .ok()
+    }
+
+    /// Answers the client with a retried hop's answer, naming the workers that served.
+    pub(super) fn relay(&self, call: &CallAnswer, status: u16, served: &[(&str, String)]) {
+        let mut headers: Vec<(&str, &str)> = relayed(&call.headers).collect();
+        headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
+        if let Err(status) = self.host.send_response(status, &headers, &call.body) {
+            log::error!(
+                "pinroute: could not answer {} with its retried hop's answer: {status:?}",
+                self.request_id
+            );
+        }
+    }
+}
+
+/// The worker's answer headers the client gets: never one that speaks for the filter.
+fn relayed(headers: &Headers) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !name.starts_with(':')
+                && !name.starts_with(INTERNAL_PREFIX)
+                && !NOT_RELAYED.contains(&name.as_str())
+        })
+        .filter_map(|(name, value)| Some((name.as_str(), std::str::from_utf8(value).ok()?)))
+}
