@@ -94,13 +94,15 @@ impl Dispatcher {
     }
 
     fn register_callout(&self, token_id: u32) {
+        // pinroute: a duplicate is a stale entry whose id the host reused (its call was
+        // cancelled unanswered); the new call replaces it instead of trapping the VM.
         if self
             .callouts
             .borrow_mut()
             .insert(token_id, self.active_id.get())
             .is_some()
         {
-            panic!("duplicate token_id")
+            trace!("register_callout: token_id {} reused, stale entry replaced", token_id);
         }
     }
 
@@ -236,11 +238,21 @@ impl Dispatcher {
     }
 
     fn on_delete(&self, context_id: u32) {
+        // pinroute: the host cancels a deleted context's calls without answering them, so
+        // their entries would never be removed.
+        self.forget_callouts(context_id);
         if !(self.http_streams.borrow_mut().remove(&context_id).is_some()
             || self.streams.borrow_mut().remove(&context_id).is_some()
             || self.roots.borrow_mut().remove(&context_id).is_some())
         {
             panic!("invalid context_id")
+        }
+    }
+
+    // pinroute: drops the pending HTTP and gRPC calls of `context_id`.
+    fn forget_callouts(&self, context_id: u32) {
+        for calls in [&self.callouts, &self.grpc_callouts, &self.grpc_streams] {
+            calls.borrow_mut().retain(|_, owner| *owner != context_id);
         }
     }
 
@@ -406,11 +418,14 @@ impl Dispatcher {
         body_size: usize,
         num_trailers: usize,
     ) {
-        let context_id = self
-            .callouts
-            .borrow_mut()
-            .remove(&token_id)
-            .expect("invalid token_id");
+        // pinroute: a token no longer known (its context was deleted) is ignored.
+        let context_id = match self.callouts.borrow_mut().remove(&token_id) {
+            Some(context_id) => context_id,
+            None => {
+                trace!("on_http_call_response: unknown token_id {}", token_id);
+                return;
+            }
+        };
 
         if let Some(http_stream) = self.http_streams.borrow_mut().get_mut(&context_id) {
             self.active_id.set(context_id);
