@@ -148,6 +148,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        self.metrics.report_memory(&Envoy);
         let config = self.config.clone()?;
         let env = Env::new(Envoy, config, self.turns.clone(), self.metrics.clone());
         Some(Box::new(Stream::new(env)))

@@ -12,6 +12,7 @@
 
 mod flow;
 mod robustness;
+mod sdk;
 
 use std::path::PathBuf;
 
