@@ -26,16 +26,19 @@ const DEFAULT_CLIENTS: u64 = 200_000;
 const CONCURRENCY: u64 = 128;
 /// The prefill worker that never answers, and the one that serves the normal requests.
 const HOLDING: u64 = 101;
+const SERVING: u64 = 102;
 /// Normal requests sent at once after the warm-up and at the end.
 const SERVED: usize = 16;
-const SERVING: u64 = 102;
-/// Envoy keeps an abandoned call open until it times out, then answers it to the VM: a short
-/// timeout bounds the calls open at once (the prefill cluster's circuit breakers).
-const PREFILL_TIMEOUT_MS: u64 = 1000;
+/// Envoy keeps an abandoned call, and its connection, open until it times out, then answers
+/// it to the VM: a short timeout keeps the calls open at once (the request rate times this)
+/// well below the prefill cluster's circuit breakers (4096 connections), which would
+/// otherwise hold new hops back.
+const PREFILL_TIMEOUT_MS: u64 = 250;
 const PREFILL_TIMEOUTS: &str = "cluster.pinroute_prefill.upstream_rq_timeout";
 const PREFILL_CALLS_OPEN: &str = "cluster.pinroute_prefill.upstream_rq_active";
-/// A client whose prefill hop did not reach the worker by then fails the test.
-const HOP_DEADLINE: Duration = Duration::from_secs(30);
+/// A client whose prefill hop did not reach the worker by then counts as lost (and fails
+/// the test); Envoy must also end every abandoned call within this time after the load.
+const HOP_DEADLINE: Duration = Duration::from_secs(10);
 const MEMORY_GAUGE: &str = "wasmcustom.pinroute.vm.memory_bytes";
 /// Envoy stats that move when a wasm VM fails (`docs/soak.md`, "Beyond the statuses").
 const VM_FAILURE_STATS: [&str; 5] = [
