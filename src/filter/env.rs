@@ -1,14 +1,14 @@
 //! What every phase of a request works with: the host, the configuration, the thread's
 //! counters, and the request's id.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::types::Action;
 
 use super::host::Host;
 use super::metrics::{Counter, Metrics};
-use super::shared;
+use super::shared::{self, Slots};
 use super::stream::{Phase, host_failure};
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
@@ -46,16 +46,64 @@ pub struct Env<H: Host> {
     /// The request's `x-request-id`, for the prefill hop and the logs (known once the
     /// headers are read).
     pub request_id: String,
+    /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
+    load_changes: RefCell<Vec<(WorkerId, i64)>>,
+    /// This VM's requests in flight, for the in-flight limit.
+    pub slots: Rc<Slots>,
+    /// Whether this request holds one of them (given back once, when its stream ends).
+    pub holds_slot: bool,
 }
 
 impl<H: Host> Env<H> {
-    pub fn new(host: H, config: Rc<Config>, turns: Rc<Cell<u64>>, metrics: Rc<Metrics>) -> Self {
+    pub fn new(
+        host: H,
+        config: Rc<Config>,
+        turns: Rc<Cell<u64>>,
+        metrics: Rc<Metrics>,
+        slots: Rc<Slots>,
+    ) -> Self {
         Self {
             host,
             config,
             turns,
             metrics,
             request_id: String::new(),
+            load_changes: RefCell::default(),
+            slots,
+            holds_slot: false,
+        }
+    }
+
+    /// Takes a slot of the in-flight limit for this request (`docs/semantics.md` §1), or
+    /// refuses it before its body is buffered.
+    pub fn take_slot(&mut self) -> Result<(), RouteError> {
+        let Some(limit) = self.config.settings.in_flight_limit() else {
+            return Ok(());
+        };
+        if !self.slots.take(&self.host, limit) {
+            return Err(RouteError::Overloaded { limit });
+        }
+        self.holds_slot = true;
+        Ok(())
+    }
+
+    /// Gives the request's slot back, if it holds one; the stream is over.
+    pub fn release_slot(&mut self) {
+        if std::mem::take(&mut self.holds_slot) {
+            self.slots.release(&self.host);
+        }
+    }
+
+    /// A hop to `worker` started (+1) or ended (-1); counted by [`Env::flush_load`].
+    pub fn count_outstanding(&self, worker: WorkerId, delta: i64) {
+        self.load_changes.borrow_mut().push((worker, delta));
+    }
+
+    /// Counts the hops this callback started and ended, for every thread.
+    pub fn flush_load(&self) {
+        let changes = self.load_changes.take();
+        if !changes.is_empty() {
+            shared::add_outstanding(&self.host, &changes);
         }
     }
 
@@ -91,7 +139,12 @@ impl<H: Host> Env<H> {
     ) -> T {
         let turn = self.turns.get();
         self.turns.set(turn.wrapping_add(1));
-        let outstanding = |worker: &Worker| shared::outstanding(&self.host, worker.id);
+        let loads = OnceCell::new();
+        let outstanding = |worker: &Worker| {
+            loads
+                .get_or_init(|| shared::loads(&self.host))
+                .outstanding(worker.id)
+        };
         let settings = &self.config.settings;
         let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
         let choice = match (&hints.session, prompt) {

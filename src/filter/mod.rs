@@ -40,6 +40,11 @@ use host::Envoy;
 use metrics::{Counter, Metrics};
 use stream::Stream;
 
+/// The root's timer: the live registry's adoption, and this VM's in-flight count published
+/// (well within [`crate::policy::inflight::STALE_NANOS`], after which a silent VM's count is
+/// forgotten).
+const TICK_PERIOD: std::time::Duration = live_registry::ADOPT_PERIOD;
+
 proxy_wasm::main! {{
     host::start(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
@@ -55,6 +60,8 @@ struct Root {
     registry_version: Option<u32>,
     /// The registry fetch this thread has in flight.
     fetch: Option<u32>,
+    /// This VM's requests in flight (`docs/semantics.md` §1).
+    slots: Rc<shared::Slots>,
 }
 
 impl Root {
@@ -115,20 +122,22 @@ impl RootContext for Root {
                 ""
             }
         );
-        if config.settings.registry.is_some()
-            && let Err(status) = host::set_tick_period(live_registry::ADOPT_PERIOD)
-        {
-            log::error!("pinroute: cannot start the registry refresh timer: {status:?}");
+        let ticks =
+            config.settings.registry.is_some() || config.settings.in_flight_limit().is_some();
+        if ticks && let Err(status) = host::set_tick_period(TICK_PERIOD) {
+            log::error!("pinroute: cannot start the timer: {status:?}");
             return false;
         }
         self.config = Some(Rc::new(config));
         self.registry_version = None;
         self.metrics = Rc::new(Metrics::define(&Envoy));
         shared::initialize(&Envoy);
+        self.slots.join(&Envoy);
         true
     }
 
     fn on_tick(&mut self) {
+        self.slots.publish(&Envoy);
         let Some(source) = self
             .config
             .as_ref()
@@ -150,7 +159,13 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         self.metrics.report_memory(&Envoy);
         let config = self.config.clone()?;
-        let env = Env::new(Envoy, config, self.turns.clone(), self.metrics.clone());
+        let env = Env::new(
+            Envoy,
+            config,
+            self.turns.clone(),
+            self.metrics.clone(),
+            self.slots.clone(),
+        );
         Some(Box::new(Stream::new(env)))
     }
 

@@ -8,7 +8,6 @@ use super::host::Host;
 use super::intake::header_text;
 use super::metrics::Counter;
 use super::response::{HeldBody, ServedPrefill};
-use super::shared;
 use super::stream::{Completion, Phase};
 use crate::policy::answers::{self, PrefillAnswer};
 use crate::policy::error::RouteError;
@@ -129,7 +128,7 @@ impl<H: Host> Env<H> {
             "pinroute: request {} prefill on worker {worker}",
             self.request_id
         );
-        shared::add_outstanding(&self.host, worker, 1);
+        self.count_outstanding(worker, 1);
         if prefill.remaining.is_empty() {
             // No retry can need it: Envoy holds its own copy of what was sent.
             prefill.body = String::new();
@@ -145,7 +144,7 @@ impl<H: Host> Env<H> {
         body_size: usize,
     ) -> Result<Phase, RouteError> {
         let worker = prefill.current.worker.id;
-        shared::add_outstanding(&self.host, worker, -1);
+        self.count_outstanding(worker, -1);
         let elapsed = self.host.now_nanos().saturating_sub(prefill.dispatched_at);
         self.metrics
             .record_prefill_latency(&self.host, Duration::from_nanos(elapsed));

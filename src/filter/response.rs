@@ -8,7 +8,6 @@ use serde_json::value::RawValue;
 use super::env::Env;
 use super::host::Host;
 use super::metrics::Counter;
-use super::shared;
 use super::stream::Phase;
 use crate::policy::answers;
 use crate::policy::error::RouteError;
@@ -95,7 +94,7 @@ impl<H: Host> Env<H> {
             target.worker.id
         );
         self.count(Counter::DecodeRouted);
-        shared::add_outstanding(&self.host, target.worker.id, 1);
+        self.count_outstanding(target.worker.id, 1);
         let routed = Routed {
             decode,
             pooled: pool.is_some(),
@@ -168,6 +167,9 @@ impl Routed {
             .is_some_and(|p| p.kv_transfer_params.is_some());
         if (400..=499).contains(&status) && carried_kv {
             return Some(RouteError::DecodeRefused { worker, status });
+        }
+        if status < 500 {
+            return None;
         }
         let details = env.host.response_code_details();
         let failure = answers::decode_failure(status, details.as_deref())?;

@@ -1,12 +1,14 @@
 //! State every Envoy worker thread sees alike, in proxy-wasm shared data (one map per VM id).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use proxy_wasm::types::Status;
 
 use super::host::Host;
 
 use crate::policy::health::{Ejection, HealthTable, Recorded};
+use crate::policy::inflight::{self, InFlightTable};
+use crate::policy::load::LoadTable;
 use crate::policy::registry::WorkerId;
 use crate::policy::turns::Turn;
 
@@ -25,8 +27,10 @@ thread_local! {
 
 /// Creates the shared entries if absent, so that every later update is a compare-and-swap.
 pub fn initialize(host: &impl Host) {
-    if let Ok((None, _)) = host.shared_data(HEALTH_KEY) {
-        let _ = host.set_shared_data(HEALTH_KEY, &[], None);
+    for key in [HEALTH_KEY, LOAD_KEY, IN_FLIGHT_KEY] {
+        if let Ok((None, None)) = host.shared_data(key) {
+            let _ = host.set_shared_data(key, &[], None);
+        }
     }
 }
 
@@ -78,57 +82,99 @@ fn update_health<R>(
     worker: WorkerId,
     change: impl Fn(&mut HealthTable) -> R,
 ) -> Option<R> {
-    for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_data(HEALTH_KEY).unwrap_or((None, None));
-        let mut table = bytes.map(|b| HealthTable::decode(&b)).unwrap_or_default();
+    let updated = rewrite(host, HEALTH_KEY, |bytes| {
+        let mut table = bytes.map(HealthTable::decode).unwrap_or_default();
         let result = change(&mut table);
-        match host.set_shared_data(HEALTH_KEY, &table.encode(), cas) {
-            Ok(()) => {
-                SEEN.with(|seen| seen.replace(table));
-                return Some(result);
-            }
-            Err(Status::CasMismatch) => continue,
-            Err(status) => {
-                log::error!("pinroute: cannot record the health of worker {worker}: {status:?}");
-                return None;
-            }
+        Ok((table.encode(), (result, table)))
+    });
+    match updated {
+        Ok((result, table)) => {
+            SEEN.with(|seen| seen.replace(table));
+            Some(result)
+        }
+        Err(Status::CasMismatch) => {
+            log::warn!(
+                "pinroute: health of worker {worker} not recorded: shared data kept changing"
+            );
+            None
+        }
+        Err(status) => {
+            log::error!("pinroute: cannot record the health of worker {worker}: {status:?}");
+            None
         }
     }
-    log::warn!("pinroute: health of worker {worker} not recorded: shared data kept changing");
-    None
 }
 
-const LOAD_PREFIX: &str = "pinroute.load.";
+/// Rewrites `key` by compare-and-swap: `change` gets its value and returns the new one with
+/// a result, or `Err(result)` to leave it as it is. `CasMismatch` when it kept changing.
+fn rewrite<R>(
+    host: &impl Host,
+    key: &str,
+    change: impl Fn(Option<&[u8]>) -> Result<(Vec<u8>, R), R>,
+) -> Result<R, Status> {
+    for _ in 0..CAS_ATTEMPTS {
+        let (bytes, cas) = host.shared_data(key).unwrap_or((None, None));
+        let (value, result) = match change(bytes.as_deref()) {
+            Ok(changed) => changed,
+            Err(unchanged) => return Ok(unchanged),
+        };
+        match host.set_shared_data(key, &value, cas.or(Some(0))) {
+            Ok(()) => return Ok(result),
+            Err(Status::CasMismatch) => continue,
+            Err(status) => return Err(status),
+        }
+    }
+    Err(Status::CasMismatch)
+}
 
-/// Requests in flight to `worker`, counted by every thread.
-pub fn outstanding(host: &impl Host, worker: WorkerId) -> u64 {
-    match host.shared_data(&format!("{LOAD_PREFIX}{worker}")) {
-        Ok((Some(bytes), _)) => decode_count(&bytes),
-        _ => 0,
+/// Versioned with `LoadTable`'s encoding, like the health table.
+const LOAD_KEY: &str = "pinroute.load.v2";
+
+thread_local! {
+    /// The load table as this VM last read it, with its compare-and-swap value: the next
+    /// change tries that first, so that a read for choosing workers and the count of the
+    /// chosen one cost one read and one write.
+    static LOAD_SEEN: RefCell<Option<(LoadTable, u32)>> = const { RefCell::new(None) };
+}
+
+/// Requests in flight to every worker, counted by every thread.
+pub fn loads(host: &impl Host) -> LoadTable {
+    match host.shared_data(LOAD_KEY) {
+        Ok((bytes, Some(cas))) => {
+            let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
+            LOAD_SEEN.with(|seen| seen.replace(Some((table.clone(), cas))));
+            table
+        }
+        _ => LoadTable::default(),
     }
 }
 
-/// Adds `delta` (+1 when a hop starts, -1 when it ends) to `worker`'s outstanding count.
-pub fn add_outstanding(host: &impl Host, worker: WorkerId, delta: i64) {
-    let key = format!("{LOAD_PREFIX}{worker}");
+/// Applies `changes` (+1 when a hop starts, -1 when it ends, per worker) to the counts in
+/// one write.
+pub fn add_outstanding(host: &impl Host, changes: &[(WorkerId, i64)]) {
+    let mut seen = LOAD_SEEN.with(|seen| seen.take());
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_data(&key).unwrap_or((None, None));
-        let count = bytes
-            .map_or(0, |b| decode_count(&b))
-            .saturating_add_signed(delta);
-        match host.set_shared_data(&key, &count.to_le_bytes(), cas.or(Some(0))) {
+        let (mut table, cas) = match seen.take() {
+            Some(seen) => seen,
+            None => {
+                let (bytes, cas) = host.shared_data(LOAD_KEY).unwrap_or((None, None));
+                let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
+                (table, cas.unwrap_or(0))
+            }
+        };
+        for (worker, delta) in changes {
+            table.add(*worker, *delta);
+        }
+        match host.set_shared_data(LOAD_KEY, &table.encode(), Some(cas)) {
             Ok(()) => return,
             Err(Status::CasMismatch) => continue,
             Err(status) => {
-                log::error!("pinroute: cannot count requests to worker {worker}: {status:?}");
+                log::error!("pinroute: cannot count requests in flight: {status:?}");
                 return;
             }
         }
     }
-}
-
-fn decode_count(bytes: &[u8]) -> u64 {
-    bytes.try_into().map_or(0, u64::from_le_bytes)
+    log::warn!("pinroute: requests in flight not counted: shared data kept changing");
 }
 
 /// The turn memory (`docs/semantics.md` §5): one key per slot, the newest turn winning.
@@ -147,5 +193,80 @@ pub fn remember_turn(host: &impl Host, turn: &Turn) {
     let key = format!("{TURN_PREFIX}{}", Turn::slot(turn.key));
     if let Err(status) = host.set_shared_data(&key, &turn.encode(), None) {
         log::warn!("pinroute: cannot remember a turn: {status:?}");
+    }
+}
+
+/// The in-flight limit's table (`docs/semantics.md` §1): every VM's requests in flight.
+const IN_FLIGHT_KEY: &str = "pinroute.inflight.v1";
+
+/// This VM's requests in flight and its name in the shared table (0 until it joined).
+#[derive(Debug, Default)]
+pub struct Slots {
+    vm: Cell<u64>,
+    held: Cell<u64>,
+}
+
+impl Slots {
+    /// Names this VM in the shared table; until then (or if that fails) it publishes nothing
+    /// and admits every request.
+    pub fn join(&self, host: &impl Host) {
+        let now = host.now_nanos();
+        match rewrite(host, IN_FLIGHT_KEY, |bytes| {
+            let mut table = bytes.map(InFlightTable::decode).unwrap_or_default();
+            let vm = table.join(now);
+            Ok((table.encode(), vm))
+        }) {
+            Ok(vm) => self.vm.set(vm),
+            Err(status) => log::error!("pinroute: cannot join the in-flight table: {status:?}"),
+        }
+    }
+
+    /// Takes a slot for a new request if all VMs together hold fewer than `limit`; false when
+    /// they do not. A table that keeps changing admits the request: it is counted here, and
+    /// published with the next change.
+    pub fn take(&self, host: &impl Host, limit: u64) -> bool {
+        let (vm, own, now) = (self.vm.get(), self.held.get(), host.now_nanos());
+        if vm == 0 {
+            self.held.set(own + 1);
+            return true;
+        }
+        let taken = rewrite(host, IN_FLIGHT_KEY, |bytes| {
+            let mut table = bytes.map(InFlightTable::decode).unwrap_or_default();
+            if !inflight::admits(limit, table.others(vm, now), own) {
+                return Err(false);
+            }
+            table.publish(vm, own + 1, now);
+            Ok((table.encode(), true))
+        });
+        if let Err(status) = taken {
+            log::warn!("pinroute: in-flight count not published: {status:?}");
+        }
+        let admitted = taken.unwrap_or(true);
+        if admitted {
+            self.held.set(own + 1);
+        }
+        admitted
+    }
+
+    /// Gives back a slot `take` gave.
+    pub fn release(&self, host: &impl Host) {
+        self.held.set(self.held.get().saturating_sub(1));
+        self.publish(host);
+    }
+
+    /// Publishes this VM's count, which also says it is alive (every tick).
+    pub fn publish(&self, host: &impl Host) {
+        let (vm, held, now) = (self.vm.get(), self.held.get(), host.now_nanos());
+        if vm == 0 {
+            return;
+        }
+        let published = rewrite(host, IN_FLIGHT_KEY, |bytes| {
+            let mut table = bytes.map(InFlightTable::decode).unwrap_or_default();
+            table.publish(vm, held, now);
+            Ok((table.encode(), ()))
+        });
+        if let Err(status) = published {
+            log::warn!("pinroute: in-flight count not published: {status:?}");
+        }
     }
 }

@@ -72,6 +72,7 @@ impl<H: Host> Stream<H> {
         let phase = std::mem::replace(&mut self.phase, Phase::Answered);
         let (next, action) = step(&mut self.env, phase).unwrap_or_else(|e| self.env.answer(&e));
         self.phase = next;
+        self.env.flush_load();
         action
     }
 }
@@ -103,6 +104,7 @@ impl<H: Host> Env<H> {
             return Err(RouteError::InvalidBody("the body is empty".into()));
         }
         let forwarded = forwarded_headers(&headers, upstream_header);
+        self.take_slot()?;
         self.set_request_header("content-length", None)?;
         let completion = Completion {
             hints,
@@ -239,15 +241,17 @@ impl<H: Host> HttpContext for Stream<H> {
         }
     }
 
-    /// The stream is over: its hops no longer count as outstanding, and nothing more is
-    /// done for it (a late prefill answer included).
+    /// The stream is over, however it ended (answered, failed, the client gone): its hops no
+    /// longer count as outstanding, its in-flight slot is free, and nothing more is done for
+    /// it (a late prefill answer included).
     fn on_log(&mut self) {
+        self.env.release_slot();
         let worker = match std::mem::replace(&mut self.phase, Phase::Answered) {
             Phase::Prefill(prefill) => prefill.current.worker.id,
             Phase::Routed(routed) => routed.worker(),
             _ => return,
         };
-        shared::add_outstanding(&self.env.host, worker, -1);
+        shared::add_outstanding(&self.env.host, &[(worker, -1)]);
     }
 }
 

@@ -94,6 +94,9 @@ pub struct Settings {
     /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
     pub aggregated_fallback: bool,
     pub max_body_bytes: usize,
+    /// Completion requests the gateway holds at once, over all Envoy threads, from their
+    /// headers to the end of their stream; one more gets 503 `overloaded`. 0: no limit.
+    pub max_requests_in_flight: u64,
     /// How long a worker whose connections failed is skipped by unpinned selection (pins to
     /// it answer 503), doubled for repeated outages. 0 disables passive health.
     pub unhealthy_period_ms: u64,
@@ -137,6 +140,7 @@ impl Default for Settings {
             prefill_retries: 1,
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
+            max_requests_in_flight: DEFAULT_MAX_REQUESTS_IN_FLIGHT,
             unhealthy_period_ms: 10_000,
             eject_after_failures: 3,
             panic_threshold_percent: 50,
@@ -153,7 +157,15 @@ impl Default for Settings {
     }
 }
 
+/// See `docs/soak.md` (memory per request in flight) for the measurements behind it.
+pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u64 = 1024;
+
 impl Settings {
+    /// The in-flight limit; `None` when off.
+    pub fn in_flight_limit(&self) -> Option<u64> {
+        (self.max_requests_in_flight > 0).then_some(self.max_requests_in_flight)
+    }
+
     pub fn prefill_timeout(&self) -> Duration {
         Duration::from_millis(self.prefill_timeout_ms)
     }

@@ -64,12 +64,19 @@ pub enum RouteError {
          withheld, as it may echo the prefill's KV transfer parameters"
     )]
     DecodeRefused { worker: WorkerId, status: u16 },
+    #[error(
+        "the gateway holds {limit} completion requests already (max_requests_in_flight); retry shortly"
+    )]
+    Overloaded { limit: u64 },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
 
 /// Seconds a client is told to wait before retrying a worker that is out of service.
 pub const RETRY_AFTER_SECS: u32 = 5;
+/// Seconds a client is told to wait when the gateway holds all the requests it may: a slot
+/// frees as soon as any request in flight ends.
+pub const OVERLOADED_RETRY_AFTER_SECS: u32 = 1;
 
 impl RouteError {
     pub fn status(&self) -> u16 {
@@ -85,7 +92,7 @@ impl RouteError {
             UnknownPath { .. } => 404,
             MethodNotAllowed { .. } => 405,
             BodyTooLarge { .. } => 413,
-            WorkerUnavailable { .. } | NoWorkerAvailable { .. } => 503,
+            WorkerUnavailable { .. } | NoWorkerAvailable { .. } | Overloaded { .. } => 503,
             PinnedWorkerFailed { failure, .. } | UpstreamFailed { failure, .. } => {
                 if *failure == HopFailure::Timeout {
                     504
@@ -116,6 +123,7 @@ impl RouteError {
             PinnedWorkerFailed { .. } => "pinned_worker_failed",
             UpstreamFailed { .. } => "upstream_failed",
             DecodeRefused { .. } => "decode_refused",
+            Overloaded { .. } => "overloaded",
             Internal(_) => "internal_error",
         }
     }
@@ -137,6 +145,7 @@ impl RouteError {
         "pinned_worker_failed",
         "upstream_failed",
         "decode_refused",
+        "overloaded",
         "internal_error",
     ];
 
@@ -158,6 +167,7 @@ impl RouteError {
             RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => {
                 Some(RETRY_AFTER_SECS)
             }
+            RouteError::Overloaded { .. } => Some(OVERLOADED_RETRY_AFTER_SECS),
             _ => None,
         }
     }

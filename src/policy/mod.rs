@@ -4,9 +4,11 @@
 //! |---|---|
 //! | §1 Which paths take the two-hop flow | [`paths`] |
 //! | §1, §4 Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
+//! | §1 The in-flight limit, over all Envoy threads | [`inflight`] |
 //! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
+//! | §5 Requests in flight per worker | [`load`] |
 //! | §4 The two hops and how one fails | [`hop`] |
 //! | §4, §5 A prompt's beginning as block hashes | [`prefix`] |
 //! | §4, §5 The turn memory: a conversation's last turn | [`turns`] |
@@ -26,7 +28,9 @@ pub mod error;
 pub mod headers;
 pub mod health;
 pub mod hop;
+pub mod inflight;
 pub mod json;
+pub mod load;
 pub mod passthrough;
 pub mod paths;
 pub mod pins;

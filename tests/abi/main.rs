@@ -10,6 +10,7 @@
     clippy::indexing_slicing
 )]
 
+mod cost;
 mod flow;
 mod robustness;
 mod sdk;

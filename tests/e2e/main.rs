@@ -16,6 +16,7 @@ mod cancelled;
 mod client;
 mod edge;
 mod errors;
+mod inflight;
 mod operations;
 mod prefix;
 #[path = "../common/reply.rs"]

@@ -13,8 +13,8 @@ use wasmtime::{Config, Engine, Instance, Linker, Module, Store, WasmParams, Wasm
 use crate::headers::HeaderMap;
 use crate::hostcalls;
 use crate::state::{
-    CallResponse, Callback, Frame, HostOptions, HostState, HttpCall, LocalReply, Metric,
-    StreamState,
+    CallCounts, CallResponse, Callback, Frame, HostOptions, HostState, HttpCall, LocalReply,
+    Metric, StreamState,
 };
 use crate::types::{Action, LogLevel, MetricType};
 use crate::wasi;
@@ -115,6 +115,9 @@ impl Host {
         wasi::add_to_linker(&mut linker)?;
         let unimplemented_imports =
             hostcalls::define_missing_as_traps(&mut linker, &mut store, &module)?;
+        if store.data().options.count_calls {
+            linker = hostcalls::counting(&linker, &mut store, &module)?;
+        }
         let instance = linker
             .instantiate(&mut store, &module)
             .map_err(anyhow::Error::from)
@@ -471,6 +474,16 @@ impl Host {
         self.stream_ref(ctx)
     }
 
+    /// What crossed between host and VM since the last reset (with
+    /// [`HostOptions::count_calls`]).
+    pub fn call_counts(&self) -> &CallCounts {
+        &self.store.data().calls
+    }
+
+    pub fn reset_call_counts(&mut self) {
+        self.store.data_mut().calls = CallCounts::default();
+    }
+
     /// The root context id.
     pub fn root_context_id(&self) -> u32 {
         self.store.data().root_id
@@ -667,6 +680,7 @@ impl Host {
             .map_err(anyhow::Error::from)
             .with_context(|| format!("the export {name} has an unexpected signature"))?;
         let state = self.store.data_mut();
+        state.count_vm_entry(name);
         let log_mark = state.logs.len();
         let diag_mark = state.diagnostics.len();
         state.frame = Some(Frame { context, callback });

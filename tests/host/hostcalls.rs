@@ -7,7 +7,7 @@
 //! this file does not define are linked as functions that trap naming themselves
 //! ([`define_missing_as_traps`]).
 
-use wasmtime::{Caller, ExternType, Linker, Module, Store};
+use wasmtime::{Caller, Extern, ExternType, Linker, Module, Store};
 
 use crate::headers::HeaderMap;
 use crate::memory::{HostError, HostResult, copy_out, finish, read_bytes, write_u32, write_u64};
@@ -270,6 +270,35 @@ pub(crate) fn define_missing_as_traps(
         missing.push(full);
     }
     Ok(missing)
+}
+
+/// A linker whose imports each count their call in `HostState::calls`, then run what
+/// `linker` defines for them.
+pub(crate) fn counting(
+    linker: &Linker<HostState>,
+    store: &mut Store<HostState>,
+    module: &Module,
+) -> wasmtime::Result<Linker<HostState>> {
+    let mut counting: Linker<HostState> = Linker::new(module.engine());
+    for import in module.imports() {
+        let (Some(Extern::Func(inner)), ExternType::Func(ty)) =
+            (linker.get_by_import(&mut *store, &import), import.ty())
+        else {
+            continue;
+        };
+        let name = import.name().to_string();
+        counting.func_new(
+            import.module(),
+            import.name(),
+            ty,
+            move |mut caller, params, results| {
+                let calls = &mut caller.data_mut().calls.host_calls;
+                *calls.entry(name.clone()).or_default() += 1;
+                inner.call(&mut caller, params, results)
+            },
+        )?;
+    }
+    Ok(counting)
 }
 
 fn log(c: &mut C<'_>, level: u32, ptr: u32, len: u32) -> HostResult<()> {

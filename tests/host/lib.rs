@@ -54,7 +54,7 @@ mod wasi;
 
 pub use headers::HeaderMap;
 pub use host::Host;
-pub use state::{HostOptions, HttpCall, LocalReply, Metric, StreamState};
+pub use state::{CallCounts, HostOptions, HttpCall, LocalReply, Metric, StreamState};
 pub use types::{Action, LogLevel, MetricType};
 
 #[cfg(test)]

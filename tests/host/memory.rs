@@ -94,6 +94,7 @@ fn allocate(caller: &mut Caller<'_, HostState>, len: u32) -> HostResult<u32> {
             "the module exports neither `malloc` nor `proxy_on_memory_allocate`",
         )));
     };
+    caller.data_mut().count_vm_entry("malloc");
     let ptr = alloc.call(&mut *caller, len).map_err(HostError::Trap)?;
     if ptr == 0 {
         return Err(HostError::Status(Status::InvalidMemoryAccess));

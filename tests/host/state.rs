@@ -28,6 +28,8 @@ pub struct HostOptions {
     pub local_reply_through_filter: bool,
     /// Print every filter log line to stderr as it is logged (debugging aid).
     pub echo_logs: bool,
+    /// Count every entry into the VM and every host call ([`CallCounts`]).
+    pub count_calls: bool,
 }
 
 impl Default for HostOptions {
@@ -39,6 +41,7 @@ impl Default for HostOptions {
             log_level: LogLevel::Info,
             local_reply_through_filter: true,
             echo_logs: false,
+            count_calls: false,
         }
     }
 }
@@ -262,6 +265,27 @@ impl Metrics {
     }
 }
 
+/// What crossed the boundary between host and VM, by export or import name: what a
+/// request costs beyond the filter's own code (with [`HostOptions::count_calls`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// Calls into the VM: the `proxy_on_*` callbacks and the allocator the host calls to
+    /// hand data over.
+    pub vm_entries: BTreeMap<String, u64>,
+    /// Calls out of the VM: `env.proxy_*` and WASI functions.
+    pub host_calls: BTreeMap<String, u64>,
+}
+
+impl CallCounts {
+    pub fn vm_entries_total(&self) -> u64 {
+        self.vm_entries.values().sum()
+    }
+
+    pub fn host_calls_total(&self) -> u64 {
+        self.host_calls.values().sum()
+    }
+}
+
 /// Everything the host functions reach through `Caller::data`.
 pub(crate) struct HostState {
     pub memory: Option<Memory>,
@@ -290,9 +314,16 @@ pub(crate) struct HostState {
     pub shared_data: BTreeMap<String, (Vec<u8>, u32)>,
     pub next_cas: u32,
     pub tick_period_ms: u32,
+    pub calls: CallCounts,
 }
 
 impl HostState {
+    pub(crate) fn count_vm_entry(&mut self, export: &str) {
+        if self.options.count_calls {
+            *self.calls.vm_entries.entry(export.to_string()).or_default() += 1;
+        }
+    }
+
     pub fn new(options: HostOptions) -> HostState {
         HostState {
             memory: None,
@@ -318,6 +349,7 @@ impl HostState {
             metrics: Metrics::default(),
             shared_data: BTreeMap::new(),
             next_cas: 1,
+            calls: CallCounts::default(),
             tick_period_ms: 0,
         }
     }

@@ -6,6 +6,7 @@
 
 mod affinity;
 mod fake_host;
+mod inflight;
 mod intake;
 mod prefill;
 mod response;
@@ -18,6 +19,7 @@ use proxy_wasm::types::Action;
 
 use super::env::Env;
 use super::metrics::Metrics;
+use super::shared::Slots;
 use super::stream::Stream;
 use crate::policy::config::Config;
 use fake_host::{Call, FakeHost};
@@ -54,9 +56,14 @@ impl Request {
 
     /// A request on `host`, which may have served others before.
     fn on(host: FakeHost, config: &str, headers: &[(&str, &str)]) -> Self {
+        Self::on_vm(host, Rc::default(), config, headers)
+    }
+
+    /// A request on `host` in the VM whose requests in flight are `slots`.
+    fn on_vm(host: FakeHost, slots: Rc<Slots>, config: &str, headers: &[(&str, &str)]) -> Self {
         let config = Rc::new(Config::from_json(config.as_bytes()).unwrap());
         let metrics = Rc::new(Metrics::define(&host));
-        let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics);
+        let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics, slots);
         host.state().request_headers = headers
             .iter()
             .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
@@ -128,9 +135,8 @@ impl Request {
     }
 
     fn outstanding(&self, worker: u64) -> u64 {
-        let key = format!("pinroute.load.{worker}");
-        let bytes = self.host.shared(&key).unwrap_or_default();
-        bytes.try_into().map_or(0, u64::from_le_bytes)
+        let bytes = self.host.shared("pinroute.load.v2").unwrap_or_default();
+        crate::policy::load::LoadTable::decode(&bytes).outstanding(worker)
     }
 
     fn end(&mut self) {

@@ -47,6 +47,7 @@ fn each_error_has_its_status_code_and_type() {
             413,
             "body_too_large",
         ),
+        (RouteError::Overloaded { limit: 4 }, 503, "overloaded"),
         (
             RouteError::RankWithoutWorker { hop: Hop::Decode },
             400,
@@ -208,7 +209,7 @@ fn messages_name_the_worker_the_hop_and_the_reason() {
 }
 
 #[test]
-fn retry_after_only_on_unavailability() {
+fn retry_after_only_on_unavailability_and_overload() {
     let unavailable = RouteError::WorkerUnavailable {
         hop: Hop::Decode,
         worker: 1,
@@ -220,6 +221,11 @@ fn retry_after_only_on_unavailability() {
         role: Role::Decode,
     };
     assert_eq!(none_left.retry_after_secs(), Some(RETRY_AFTER_SECS));
+    let overloaded = RouteError::Overloaded { limit: 4 };
+    assert_eq!(
+        overloaded.retry_after_secs(),
+        Some(OVERLOADED_RETRY_AFTER_SECS)
+    );
     assert_eq!(
         RouteError::UnknownWorker {
             hop: Hop::Decode,

@@ -26,6 +26,7 @@ pub mod python;
 pub mod results;
 pub mod sims;
 pub mod table;
+pub mod versus;
 pub mod vllm_router;
 pub mod wasmtime_runner;
 pub mod workload;

@@ -176,6 +176,7 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
         ));
     }
     checks.push(wasm_size_check(results.meta.wasm_bytes));
+    checks.extend(super::versus::check_targets(results));
     checks
 }
 

@@ -36,6 +36,15 @@ pub fn render(results: &BenchResults, style: Style) -> String {
             style,
         ));
     }
+    let versus = super::versus::render(results, style);
+    if !versus.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}pinroute against vllm-router and Envoy's own two hops (CPU: proxy process per request; filter: pinroute minus envoy-2hop)\n",
+            title_mark(style)
+        );
+        out.push_str(&versus);
+    }
     if !results.micro.is_empty() {
         let _ = writeln!(
             out,

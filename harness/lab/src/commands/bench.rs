@@ -17,7 +17,7 @@ use pinroute_lab::bench::{
 };
 use serde_json::json;
 
-const FULL_SIZES: [usize; 3] = [1024, 32 * 1024, 256 * 1024];
+const FULL_SIZES: [usize; 4] = [1024, 8 * 1024, 32 * 1024, 256 * 1024];
 const FULL_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
 const QUICK_SIZES: [usize; 1] = [1024];
 const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
@@ -139,7 +139,14 @@ pub async fn run(args: &Args) -> Result<()> {
         None => run_bench(&options(args, out_dir)?).await?,
     };
     println!("{}", table::render(&results, table::Style::Text));
-    let failed: u64 = results.runs.iter().map(|r| r.unexpected).sum();
+    // A peer's own failures (vllm-router drops some 256 KB requests) are its result, shown
+    // in the errors column; only the proxies this project ships fail the command.
+    let failed: u64 = results
+        .runs
+        .iter()
+        .filter(|r| r.scenario != Scenario::VllmRouter && r.scenario != Scenario::Python)
+        .map(|r| r.unexpected)
+        .sum();
     if failed > 0 {
         bail!("{failed} requests failed their check (see the errors column and bench.json)");
     }

@@ -1,0 +1,134 @@
+//! What one streamed completion costs in crossings between Envoy and the VM: every entry into
+//! the VM (callbacks, and the allocator the host calls to hand data over) and every host
+//! call. In V8 each crossing costs far more than the same work inside the VM, so these are
+//! the counts `docs/benchmarks.md` explains the filter's CPU with, and the bounds below keep
+//! a change from adding crossings unnoticed.
+
+use pinroute_tests::{CallCounts, Host, HostOptions};
+
+use crate::{REGISTRY, send_completion, wasm};
+
+const PREFILL_ANSWER: &str = r#"{"id": "cmpl-1", "choices": [{"text": "x"}], "kv_transfer_params": {"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}}"#;
+/// A 1 KB completion, as `pinroute-lab bench` sends at its smallest size.
+const PROMPT_BYTES: usize = 1024;
+/// Streamed chunks of the decode answer (8 tokens and `[DONE]`, as the bench's sims send).
+const CHUNKS: usize = 9;
+
+fn counting_host() -> Host {
+    let options = HostOptions {
+        allow_on_headers_stop_iteration: true,
+        clusters: Some(vec!["pinroute_prefill".into()]),
+        count_calls: true,
+        ..HostOptions::default()
+    };
+    Host::with_options(&wasm(), REGISTRY, options).unwrap()
+}
+
+fn body() -> String {
+    let head = r#"{"model": "m", "max_tokens": 8, "stream": true, "prompt": ""#;
+    let tail = r#""}"#;
+    let words = "a ".repeat((PROMPT_BYTES - head.len() - tail.len()) / 2);
+    format!("{head}{words}{tail}")
+}
+
+/// One request from its headers to `proxy_on_delete`; returns what it crossed.
+fn one_request(host: &mut Host, pins: &[(&str, &str)]) -> CallCounts {
+    host.reset_call_counts();
+    let ctx = send_completion(host, pins, &body());
+    let calls = host.take_http_calls();
+    assert_eq!(calls.len(), 1, "one prefill hop");
+    host.http_call_response(
+        calls[0].token,
+        &[(":status", "200")],
+        PREFILL_ANSWER.as_bytes(),
+    )
+    .unwrap();
+    assert!(host.stream(ctx).unwrap().request_forwarded);
+    host.response_headers(
+        ctx,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        false,
+    )
+    .unwrap();
+    for chunk in 0..CHUNKS {
+        let data = format!("data: {{\"choices\": [{{\"text\": \"t{chunk}\"}}]}}\n\n");
+        host.response_body(ctx, data.as_bytes(), chunk + 1 == CHUNKS)
+            .unwrap();
+    }
+    host.done(ctx).unwrap();
+    assert!(host.failure().is_none(), "{:?}", host.failure());
+    host.call_counts().clone()
+}
+
+fn report(label: &str, counts: &CallCounts) {
+    println!(
+        "{label}: {} VM entries, {} host calls",
+        counts.vm_entries_total(),
+        counts.host_calls_total()
+    );
+    for (name, n) in &counts.vm_entries {
+        println!("  into the VM  {n:>3} {name}");
+    }
+    for (name, n) in &counts.host_calls {
+        println!("  to the host  {n:>3} {name}");
+    }
+}
+
+/// Measured for the filter as it is (the in-flight limit on, its default); raise a bound
+/// only with the reason in the commit.
+struct Bound {
+    vm_entries: u64,
+    host_calls: u64,
+}
+
+fn check(label: &str, pins: &[(&str, &str)], bound: Bound) {
+    let mut host = counting_host();
+    one_request(&mut host, pins);
+    let counts = one_request(&mut host, pins);
+    report(label, &counts);
+    assert!(
+        counts.vm_entries_total() <= bound.vm_entries,
+        "{label}: {} VM entries, more than {}",
+        counts.vm_entries_total(),
+        bound.vm_entries
+    );
+    assert!(
+        counts.host_calls_total() <= bound.host_calls,
+        "{label}: {} host calls, more than {}",
+        counts.host_calls_total(),
+        bound.host_calls
+    );
+    let callbacks = counts.vm_entries.get("proxy_on_response_body").copied();
+    assert_eq!(
+        callbacks,
+        Some(CHUNKS as u64),
+        "one response-body callback per streamed chunk"
+    );
+}
+
+#[test]
+fn an_unpinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_times() {
+    check(
+        "unpinned",
+        &[],
+        Bound {
+            vm_entries: 26,
+            host_calls: 39,
+        },
+    );
+}
+
+#[test]
+fn a_pinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_times() {
+    check(
+        "pinned",
+        &[
+            ("x-dynamo-prefill-instance-id", "101"),
+            ("x-dynamo-worker-instance-id", "201"),
+        ],
+        Bound {
+            vm_entries: 26,
+            host_calls: 39,
+        },
+    );
+}
