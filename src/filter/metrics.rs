@@ -142,7 +142,7 @@ const VM_MEMORY: &str = "pinroute.vm.memory_bytes";
 
 thread_local! {
     /// The linear memory this VM last added to the memory gauge.
-    static REPORTED_MEMORY: Cell<u64> = const { Cell::new(0) };
+    static REPORTED_MEMORY: Cell<i64> = const { Cell::new(0) };
 }
 
 /// Metric ids of one VM; a metric that could not be defined is skipped, never fatal.
@@ -237,8 +237,7 @@ impl Metrics {
             return;
         };
         REPORTED_MEMORY.with(|reported| {
-            let delta = i64::try_from(now).unwrap_or(i64::MAX)
-                - i64::try_from(reported.get()).unwrap_or(i64::MAX);
+            let delta = now - reported.get();
             if delta != 0 && host.increment_metric(id, delta).is_ok() {
                 reported.set(now);
             }
@@ -247,14 +246,14 @@ impl Metrics {
 }
 
 #[cfg(target_arch = "wasm32")]
-fn linear_memory_bytes() -> Option<u64> {
+fn linear_memory_bytes() -> Option<i64> {
     let pages = core::arch::wasm32::memory_size(0);
-    u64::try_from(pages).ok().map(|pages| pages * 65536)
+    i64::try_from(pages).ok().map(|pages| pages * 65536)
 }
 
 /// Natively there is no VM memory to report.
 #[cfg(not(target_arch = "wasm32"))]
-fn linear_memory_bytes() -> Option<u64> {
+fn linear_memory_bytes() -> Option<i64> {
     None
 }
 

@@ -238,8 +238,9 @@ impl Dispatcher {
     }
 
     fn on_delete(&self, context_id: u32) {
-        // pinroute: the host cancels a deleted context's calls without answering them, so
-        // their entries would never be removed.
+        // pinroute: a deleted context's calls either end unanswered (the host cancels them:
+        // their entries would stay forever) or are answered later (ignored, see
+        // on_http_call_response).
         self.forget_callouts(context_id);
         if !(self.http_streams.borrow_mut().remove(&context_id).is_some()
             || self.streams.borrow_mut().remove(&context_id).is_some()
