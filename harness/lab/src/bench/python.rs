@@ -1,15 +1,14 @@
 //! The Python baseline proxy (`harness/lab/python/disagg_proxy.py`, FastAPI + httpx) in its own
 //! venv, `.cache/bench-venv`, installed from `harness/lab/python/bench-requirements.txt`.
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::child::{stop, wait_until_serving};
+use super::child::ServingChild;
 use super::sims::SimAddresses;
 use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
 
@@ -18,7 +17,6 @@ const REQUIREMENTS: &str = "harness/lab/python/bench-requirements.txt";
 const PROXY_SCRIPT: &str = "harness/lab/python/disagg_proxy.py";
 /// Written into the venv once the requirements are installed: a copy of them.
 const STAMP: &str = "bench-requirements.installed";
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The venv's python, with the requirements installed (creating the venv on first use).
 pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
@@ -46,10 +44,7 @@ pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
 }
 
 /// The running proxy; killed when dropped.
-pub struct PythonProxy {
-    child: Child,
-    address: SocketAddr,
-}
+pub struct PythonProxy(ServingChild);
 
 impl PythonProxy {
     pub async fn start(
@@ -59,47 +54,22 @@ impl PythonProxy {
         work_dir: &Path,
     ) -> Result<Self> {
         let address = pinroute_harness::stack::refusing_address()?;
-        let log_path = work_dir.join("python-proxy.log");
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let child = Command::new(python)
+        let mut command = Command::new(python);
+        command
             .arg(repo_root.join(PROXY_SCRIPT))
             .args(["--listen", &address.to_string()])
             .args(["--prefill", &sims.prefill.to_string()])
-            .args(["--decode", &sims.decode.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("sharing the proxy log")?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {PROXY_SCRIPT}"))?;
-        let mut proxy = PythonProxy { child, address };
-        proxy.wait_ready(&log_path).await?;
-        Ok(proxy)
+            .args(["--decode", &sims.decode.to_string()]);
+        let log = work_dir.join("python-proxy.log");
+        let child = ServingChild::start(&mut command, address, &log, "the Python proxy").await?;
+        Ok(PythonProxy(child))
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.0.pid()
     }
 
     pub fn address(&self) -> SocketAddr {
-        self.address
-    }
-
-    async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
-        let url = format!("http://{}/health", self.address);
-        wait_until_serving(
-            &mut self.child,
-            &url,
-            READY_TIMEOUT,
-            "the Python proxy",
-            log_path,
-        )
-        .await
-    }
-}
-
-impl Drop for PythonProxy {
-    fn drop(&mut self) {
-        stop(&mut self.child, "the Python proxy");
+        self.0.address()
     }
 }

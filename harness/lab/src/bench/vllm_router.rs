@@ -1,15 +1,14 @@
 //! vllm-router (`pip install vllm-router`, a Rust proxy shipped in a wheel) in its own venv,
 //! `.cache/vllm-router-venv`, run in prefill/decode mode in front of the sim workers.
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::child::{stop, wait_until_serving};
+use super::child::ServingChild;
 use pinroute_harness::stack::refusing_address;
 use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
 
@@ -17,7 +16,6 @@ pub const VENV_DIR: &str = ".cache/vllm-router-venv";
 /// The release measured (`docs/benchmarks.md`).
 pub const VERSION: &str = "0.1.17";
 const STAMP: &str = "vllm-router.installed";
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The venv's `vllm-router`, installed on first use.
 pub fn router_binary(repo_root: &Path) -> Result<PathBuf> {
@@ -61,10 +59,7 @@ impl Policy {
 }
 
 /// A running vllm-router; killed when dropped.
-pub struct VllmRouter {
-    child: Child,
-    address: SocketAddr,
-}
+pub struct VllmRouter(ServingChild);
 
 impl VllmRouter {
     /// Starts it in prefill/decode mode over these workers and waits until it serves.
@@ -77,9 +72,7 @@ impl VllmRouter {
     ) -> Result<Self> {
         let address = refusing_address()?;
         let metrics = refusing_address()?;
-        let log_path = work_dir.join(format!("vllm-router-{}.log", policy.as_arg()));
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let log = work_dir.join(format!("vllm-router-{}.log", policy.as_arg()));
         let mut command = Command::new(binary);
         command.arg("--vllm-pd-disaggregation");
         for worker in prefill {
@@ -99,40 +92,15 @@ impl VllmRouter {
             .arg("--disable-circuit-breaker")
             // `warning` does not parse (and falls back to a log line per request).
             .args(["--log-level", "error"]);
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("sharing the vllm-router log")?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let mut router = VllmRouter { child, address };
-        router.wait_ready(&log_path).await?;
-        Ok(router)
+        let child = ServingChild::start(&mut command, address, &log, "vllm-router").await?;
+        Ok(VllmRouter(child))
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.0.pid()
     }
 
     pub fn address(&self) -> SocketAddr {
-        self.address
-    }
-
-    async fn wait_ready(&mut self, log_path: &Path) -> Result<()> {
-        let url = format!("http://{}/health", self.address);
-        wait_until_serving(
-            &mut self.child,
-            &url,
-            READY_TIMEOUT,
-            "vllm-router",
-            log_path,
-        )
-        .await
-    }
-}
-
-impl Drop for VllmRouter {
-    fn drop(&mut self) {
-        stop(&mut self.child, "vllm-router");
+        self.0.address()
     }
 }
