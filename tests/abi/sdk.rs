@@ -1,5 +1,6 @@
-//! The SDK's call bookkeeping (`src/vendor/proxy-wasm/PATCHES.md`): Envoy cancels the calls
-//! of a stream that ends without answering them, and reuses call ids once its counter wraps.
+//! The SDK's call bookkeeping (`src/vendor/proxy-wasm/PATCHES.md`): a host that cancels the
+//! calls of a stream that ends without answering them (this host does), a late answer for a
+//! forgotten call (Envoy's way), and call ids reused once Envoy's counter wraps.
 
 use pinroute_tests::Host;
 

@@ -1,8 +1,9 @@
-//! Clients that leave during the prefill hop. Envoy cancels the filter's call without
-//! answering it; the SDK must forget the call (`src/vendor/proxy-wasm/PATCHES.md`), or every
-//! cancelled hop leaks an entry: the VM's memory grows, and once Envoy's call ids wrap a
-//! reused id traps the VM. The prefill worker here accepts and never answers, each client
-//! leaves as soon as its prefill hop reached it, and the VM's memory must stay flat.
+//! Clients that leave during the prefill hop. Envoy keeps the filter's call open until it
+//! ends (here: times out) and then answers it for a request the VM has deleted; the patched
+//! SDK forgot the call when the request was deleted and must ignore the answer
+//! (`src/vendor/proxy-wasm/PATCHES.md`, `docs/soak.md`). The prefill worker here accepts and
+//! never answers, each client leaves as soon as its prefill hop reached it; no VM may fail
+//! and the VM's memory must stay flat.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
