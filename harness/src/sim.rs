@@ -57,6 +57,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use cache::{BLOCK_TOKENS, PromptBlocks};
+pub use completion::PREFILL_LATENCY_HEADER;
 pub use config::{Fault, RecordedRequest, SimConfig, SimRole};
 pub use kv::{KvEntry, prompt_hash};
 pub use routes::FaultRequest;

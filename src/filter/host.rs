@@ -54,7 +54,8 @@ pub trait Host {
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status>;
 
     fn define_metric(&self, kind: MetricType, name: &str) -> Result<u32, Status>;
-    fn increment_metric(&self, id: u32) -> Result<(), Status>;
+    /// Adds `offset` to a counter (positive) or a gauge.
+    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), Status>;
     fn record_metric(&self, id: u32, value: u64) -> Result<(), Status>;
 
     /// Nanoseconds since the Unix epoch by the host's clock (0 if it cannot tell).
@@ -148,8 +149,8 @@ impl Host for Envoy {
         hostcalls::define_metric(kind, name)
     }
 
-    fn increment_metric(&self, id: u32) -> Result<(), Status> {
-        hostcalls::increment_metric(id, 1)
+    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), Status> {
+        hostcalls::increment_metric(id, offset)
     }
 
     fn record_metric(&self, id: u32, value: u64) -> Result<(), Status> {

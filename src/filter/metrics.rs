@@ -1,5 +1,6 @@
 //! The filter's stats in Envoy (`/stats`, `/stats/prometheus`), summed over worker threads.
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use proxy_wasm::types::MetricType;
@@ -139,6 +140,12 @@ const fn placed(pool: Pool, placement: Placement, name: &'static str) -> (Counte
 }
 
 const PREFILL_LATENCY: &str = "pinroute.prefill.latency_ms";
+const VM_MEMORY: &str = "pinroute.vm.memory_bytes";
+
+thread_local! {
+    /// The linear memory this VM last added to the memory gauge.
+    static REPORTED_MEMORY: Cell<i64> = const { Cell::new(0) };
+}
 
 /// Metric ids of one VM; a metric that could not be defined is skipped, never fatal.
 #[derive(Debug, Default)]
@@ -146,6 +153,7 @@ pub struct Metrics {
     counters: Vec<Option<u32>>,
     errors: Vec<Option<u32>>,
     prefill_latency: Option<u32>,
+    vm_memory: Option<u32>,
 }
 
 impl Metrics {
@@ -163,6 +171,7 @@ impl Metrics {
             counters,
             errors,
             prefill_latency: define(MetricType::Histogram, PREFILL_LATENCY),
+            vm_memory: define(MetricType::Gauge, VM_MEMORY),
         }
     }
 
@@ -221,10 +230,37 @@ impl Metrics {
             let _ = host.record_metric(id, millis);
         }
     }
+
+    /// Adds the change of this VM's linear memory since its last report to the gauge, so
+    /// that the gauge is the sum over the VMs of all worker threads. No host call while the
+    /// memory stays the same.
+    pub fn report_memory(&self, host: &impl Host) {
+        let (Some(id), Some(now)) = (self.vm_memory, linear_memory_bytes()) else {
+            return;
+        };
+        REPORTED_MEMORY.with(|reported| {
+            let delta = now - reported.get();
+            if delta != 0 && host.increment_metric(id, delta).is_ok() {
+                reported.set(now);
+            }
+        });
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+fn linear_memory_bytes() -> Option<i64> {
+    let pages = core::arch::wasm32::memory_size(0);
+    i64::try_from(pages).ok().map(|pages| pages * 65536)
+}
+
+/// Natively there is no VM memory to report.
+#[cfg(not(target_arch = "wasm32"))]
+fn linear_memory_bytes() -> Option<i64> {
+    None
 }
 
 fn increment(host: &impl Host, id: Option<u32>) {
     if let Some(id) = id {
-        let _ = host.increment_metric(id);
+        let _ = host.increment_metric(id, 1);
     }
 }

@@ -159,6 +159,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        self.metrics.report_memory(&Envoy);
         let config = self.config.clone()?;
         let env = Env::new(
             Envoy,

@@ -13,6 +13,7 @@
 mod cost;
 mod flow;
 mod robustness;
+mod sdk;
 
 use std::path::PathBuf;
 

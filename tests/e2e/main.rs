@@ -12,6 +12,7 @@
 
 mod adversarial;
 mod burst;
+mod cancelled;
 mod client;
 mod edge;
 mod errors;

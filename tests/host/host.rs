@@ -387,6 +387,24 @@ impl Host {
         self.answer_call(token, None)
     }
 
+    /// Answers `token` although the host tracks no such call (the filter must ignore it):
+    /// `proxy_on_http_call_response` on the root context, with no response.
+    pub fn stray_http_call_response(&mut self, token: u32) -> Result<()> {
+        let root = self.root_context_id();
+        self.call::<(u32, u32, u32, u32, u32), ()>(
+            "proxy_on_http_call_response",
+            root,
+            Callback::HttpCallResponse,
+            (root, token, 0, 0, 0),
+        )?;
+        Ok(())
+    }
+
+    /// The next http call gets `token`, as when Envoy's call id counter wraps around.
+    pub fn set_next_http_call_token(&mut self, token: u32) {
+        self.store.data_mut().next_token = token;
+    }
+
     /// Calls dispatched since the last `take_http_calls`.
     pub fn take_http_calls(&mut self) -> Vec<HttpCall> {
         std::mem::take(&mut self.store.data_mut().new_calls)
@@ -469,6 +487,14 @@ impl Host {
     /// The root context id.
     pub fn root_context_id(&self) -> u32 {
         self.store.data().root_id
+    }
+
+    /// The size of the module's linear memory, in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.store
+            .data()
+            .memory
+            .map_or(0, |memory| memory.data_size(&self.store) as u64)
     }
 
     /// Everything the filter logged (`proxy_log`, plus stdout/stderr lines as info/error).

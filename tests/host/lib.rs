@@ -35,7 +35,8 @@
 //! - Http calls need `:method`, `:path`, `:authority`; a cluster outside
 //!   [`HostOptions::clusters`] is `BadArgument`; the response (or the failure, with no
 //!   headers) is reachable only inside `on_http_call_response`; ending a stream cancels its
-//!   calls.
+//!   calls unanswered (Envoy 1.40 instead answers them when they end, after the stream is
+//!   gone: [`Host::stray_http_call_response`] plays that).
 //! - Unknown imports are linked as functions that trap naming themselves.
 //!
 //! Module map: `memory` (guest memory and allocation), [`pairs`] (the header-pairs wire

@@ -23,6 +23,9 @@ use super::state::{InFlight, RankSelection, SimState, bump, unix_seconds};
 pub(crate) const WORKER_ID_HEADER: &str = "x-sim-worker-id";
 pub(crate) const DP_RANK_RESPONSE_HEADER: &str = "x-sim-dp-rank";
 const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Overrides the worker's prefill latency for one request, in ms: lets test traffic hold a
+/// prefill hop open (the filter passes a client's headers on to the prefill worker).
+pub const PREFILL_LATENCY_HEADER: &str = "x-sim-prefill-latency-ms";
 const KV_MISMATCH: &str = "kv_transfer_params do not match any prefill";
 
 /// Serves one generation request, whatever the outcome.
@@ -142,7 +145,7 @@ async fn generate(
     let plan = plan_kv(state, &request, rank).await?;
     let first_token_delay = match plan.kv_from {
         Some(_) => Duration::ZERO,
-        None => state.config.prefill_latency,
+        None => prefill_latency(state, headers),
     };
     let prompt = body.get(endpoint.prompt_field()).unwrap_or(&Value::Null);
     let prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
@@ -171,6 +174,13 @@ async fn generate(
             &generation.full_response(),
         ))
     }
+}
+
+fn prefill_latency(state: &SimState, headers: &HeaderMap) -> Duration {
+    headers
+        .get(PREFILL_LATENCY_HEADER)
+        .and_then(|value| value.to_str().ok()?.parse().ok())
+        .map_or(state.config.prefill_latency, Duration::from_millis)
 }
 
 /// What a request's prompt cost this worker.

@@ -250,8 +250,10 @@ impl Host for FakeHost {
         Ok(state.metric_names.len() as u32 - 1)
     }
 
-    fn increment_metric(&self, id: u32) -> Result<(), Status> {
-        *self.state().metric_values.entry(id).or_default() += 1;
+    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), Status> {
+        let mut state = self.state();
+        let value = state.metric_values.entry(id).or_default();
+        *value = value.saturating_add_signed(offset);
         Ok(())
     }
 

@@ -2,8 +2,11 @@
 //! should get. Every request is derived from `(user, seq)` by a small deterministic
 //! generator, so a run's mix is reproducible.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{Method, Request};
+use pinroute_harness::sim::PREFILL_LATENCY_HEADER;
 use serde_json::{Value, json};
 
 use super::deployment::{DECODE_WORKERS, PREFILL_WORKERS};
@@ -47,10 +50,12 @@ pub enum Kind {
     ControlPath,
     OversizedBody,
     UnderscoreHeader,
+    LeavesDuringPrefill,
+    LeavesDuringDecode,
 }
 
 /// Every kind with its weight in the mix (percent of requests, roughly).
-pub const MIX: [(Kind, u64); 24] = [
+pub const MIX: [(Kind, u64); 26] = [
     (Kind::Unpinned, 6),
     (Kind::UnpinnedStream, 8),
     (Kind::Chat, 5),
@@ -75,6 +80,8 @@ pub const MIX: [(Kind, u64); 24] = [
     (Kind::ControlPath, 1),
     (Kind::OversizedBody, 1),
     (Kind::UnderscoreHeader, 1),
+    (Kind::LeavesDuringPrefill, 1),
+    (Kind::LeavesDuringDecode, 1),
 ];
 
 impl Kind {
@@ -104,6 +111,8 @@ impl Kind {
             Kind::ControlPath => "hostile: engine control path",
             Kind::OversizedBody => "hostile: oversized body, other path",
             Kind::UnderscoreHeader => "hostile: underscore header name",
+            Kind::LeavesDuringPrefill => "client leaves during the prefill hop",
+            Kind::LeavesDuringDecode => "client leaves during the decode stream",
         }
     }
 }
@@ -115,6 +124,32 @@ pub enum Expect {
     Success,
     /// Exactly this status and error `code`, whatever happens to the workers.
     Rejected { status: u16, code: &'static str },
+}
+
+/// When a client leaves (closes its connection) without waiting for its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// While the prefill worker holds the prefill hop ([`HELD_PREFILL`]).
+    DuringPrefill,
+    /// While the decode worker streams [`LEAVER_TOKENS`] tokens.
+    DuringDecode,
+}
+
+/// How long the prefill worker holds a leaving client's prefill hop (the sim's
+/// `x-sim-prefill-latency-ms`); the client leaves a third of the way through.
+pub const HELD_PREFILL: Duration = Duration::from_millis(300);
+/// Tokens a client leaving during the decode stream asks for; it leaves a quarter of the way
+/// through.
+pub const LEAVER_TOKENS: u32 = 400;
+
+impl Leave {
+    /// How long after sending the request the client leaves.
+    pub fn after(self, token_latency: Duration) -> Duration {
+        match self {
+            Leave::DuringPrefill => HELD_PREFILL / 3,
+            Leave::DuringDecode => token_latency.saturating_mul(LEAVER_TOKENS / 4),
+        }
+    }
 }
 
 /// The worker pins of a request, as the filter should resolve them.
@@ -148,6 +183,8 @@ pub struct Planned {
     pub stream: bool,
     pub expect: Expect,
     pub pins: Pins,
+    /// A client that leaves before its answer is complete.
+    pub leaves: Option<Leave>,
 }
 
 impl Planned {
@@ -161,6 +198,7 @@ impl Planned {
             stream: false,
             expect,
             pins: Pins::default(),
+            leaves: None,
         }
     }
 
@@ -343,7 +381,31 @@ impl Maker {
             Kind::ControlPath => self.control_path(),
             Kind::OversizedBody => self.oversized_body(),
             Kind::UnderscoreHeader => self.underscore_header(),
+            Kind::LeavesDuringPrefill => self.leaves_during_prefill(),
+            Kind::LeavesDuringDecode => self.leaves_during_decode(),
         }
+    }
+
+    /// An unpinned completion whose prefill hop the worker holds for [`HELD_PREFILL`].
+    fn leaves_during_prefill(&mut self) -> Planned {
+        let mut planned = self
+            .success(Kind::LeavesDuringPrefill, COMPLETIONS, false, None)
+            .header(PREFILL_LATENCY_HEADER, HELD_PREFILL.as_millis());
+        planned.leaves = Some(Leave::DuringPrefill);
+        planned
+    }
+
+    /// An unpinned SSE completion of [`LEAVER_TOKENS`] tokens.
+    fn leaves_during_decode(&mut self) -> Planned {
+        let body = with_member(
+            self.body(COMPLETIONS, true, None),
+            "max_tokens",
+            json!(LEAVER_TOKENS),
+        );
+        let mut planned =
+            Planned::new(Kind::LeavesDuringDecode, COMPLETIONS, Expect::Success).json(&body);
+        planned.leaves = Some(Leave::DuringDecode);
+        planned
     }
 
     /// A valid completion or chat body.

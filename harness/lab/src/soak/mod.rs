@@ -83,6 +83,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         max_tokens: options.max_tokens,
         answer_timeout: ANSWER_TIMEOUT,
         aftermath: LONGEST_OUTAGE + AFTERMATH_MARGIN,
+        token_latency: options.token_latency,
     };
     log::info!(
         "soak: {} requests at concurrency {}",

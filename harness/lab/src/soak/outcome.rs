@@ -9,6 +9,11 @@
 //!   `docs/semantics.md` §3: 502 or 504 `pinned_worker_failed`, 503 `worker_unavailable` with
 //!   `Retry-After`.
 //!
+//! A client that leaves before its answer is complete (during the prefill hop, or during the
+//! decode stream) is counted as **left**; what must show is that Envoy and the filter leave
+//! nothing behind (no request left open, no VM failure: the report checks both). An answer
+//! that completes before the client leaves is judged as any other.
+//!
 //! Two outcomes a kill can cause that no gateway can turn into a success are counted apart,
 //! each under a precise condition (anything else is a mismatch):
 //! - **cut by kill**: the request's decode worker (named in `x-pinroute-decode-worker`) was
@@ -53,6 +58,7 @@ pub enum Judgement {
     KvLost,
     Mismatch,
     NoAnswer,
+    Left,
 }
 
 impl Judgement {
@@ -63,6 +69,7 @@ impl Judgement {
             Judgement::KvLost => "KV lost with its prefill worker",
             Judgement::Mismatch => "MISMATCH",
             Judgement::NoAnswer => "NO ANSWER",
+            Judgement::Left => "left, as planned",
         }
     }
 
@@ -85,6 +92,8 @@ pub enum Answer<'a> {
     /// No response head at all.
     Failed(&'a TransportError),
     TimedOut(Duration),
+    /// The client left, as planned, before the answer was complete.
+    Left,
 }
 
 /// When a request was open.
@@ -185,6 +194,7 @@ pub fn judge(
             Judgement::NoAnswer,
             Some(format!("no answer within {after:?}")),
         ),
+        Answer::Left => ("the client left".into(), Judgement::Left, None),
     };
     let problem = problem.map(|p| format!("{p}; request {}", planned.describe()));
     let confirm_reset = judgement == Judgement::CutByKill

@@ -38,6 +38,16 @@ pub const CONTEXT_COUNTERS: [&str; 13] = [
     "wasmcustom.pinroute.workers.panic_decode",
     "wasmcustom.pinroute.decode.failed",
 ];
+/// Requests Envoy still has open: downstream, and upstream on each of pinroute's clusters
+/// (the prefill hops are the filter's calls).
+const OPEN_REQUESTS: [&str; 4] = [
+    "http.pinroute.downstream_rq_active",
+    "cluster.pinroute_prefill.upstream_rq_active",
+    "cluster.pinroute_decode.upstream_rq_active",
+    "cluster.pinroute_decode_pool.upstream_rq_active",
+];
+/// The filter's VMs' linear memory, summed (`docs/metrics.md`).
+const VM_MEMORY: &str = "wasmcustom.pinroute.vm.memory_bytes";
 const MEMORY_ALLOCATED: &str = "server.memory_allocated";
 const MEMORY_HEAP: &str = "server.memory_heap_size";
 /// What a wasm VM failure leaves in Envoy's log (V8 traps, Rust panics, failed callbacks).
@@ -62,6 +72,9 @@ pub struct EnvoyStats {
     pub memory_heap_size: u64,
     /// [`CONTEXT_COUNTERS`] (0 when Envoy has not created the stat yet).
     pub context: Vec<(String, u64)>,
+    /// Requests open in Envoy ([`OPEN_REQUESTS`]): after the soak, ones left hanging.
+    pub open_requests: u64,
+    pub vm_memory_bytes: u64,
 }
 
 impl EnvoyStats {
@@ -72,14 +85,16 @@ impl EnvoyStats {
         }
         let mut context = Vec::new();
         for name in CONTEXT_COUNTERS {
-            let value = envoy
-                .stat(name)
-                .await
-                .with_context(|| format!("reading Envoy stat {name}"))?;
-            context.push((name.to_string(), value.unwrap_or(0)));
+            context.push((name.to_string(), stat_or_zero(envoy, name).await?));
+        }
+        let mut open_requests = 0;
+        for name in OPEN_REQUESTS {
+            open_requests += stat_or_zero(envoy, name).await?;
         }
         Ok(EnvoyStats {
             context,
+            open_requests,
+            vm_memory_bytes: stat_or_zero(envoy, VM_MEMORY).await?,
             vm_failure_counters: counters,
             vm_created: stat(envoy, VM_CREATED).await?,
             vm_active: stat(envoy, VM_ACTIVE).await?,
@@ -118,6 +133,15 @@ pub fn context_growth(start: &EnvoyStats, end: &EnvoyStats) -> Vec<(String, u64)
             (name.clone(), value.saturating_sub(before))
         })
         .collect()
+}
+
+/// A stat Envoy may not have created yet (0 then).
+async fn stat_or_zero(envoy: &Envoy, name: &str) -> Result<u64> {
+    let value = envoy
+        .stat(name)
+        .await
+        .with_context(|| format!("reading Envoy stat {name}"))?;
+    Ok(value.unwrap_or(0))
 }
 
 async fn stat(envoy: &Envoy, name: &str) -> Result<u64> {

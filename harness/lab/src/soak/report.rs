@@ -161,6 +161,12 @@ impl SoakReport {
                 self.vm_failures
             ));
         }
+        if self.envoy_stats_end.open_requests > 0 {
+            failures.push(format!(
+                "{} requests still open in Envoy after the soak (left hanging)",
+                self.envoy_stats_end.open_requests
+            ));
+        }
         failures.extend(self.recovery.problems.iter().cloned());
         if kills < scheduled_kills {
             failures.push(format!(
@@ -214,8 +220,24 @@ impl SoakReport {
                 t.no_answer.to_string(),
             ),
             (
+                "clients that left during the prefill hop or the decode stream",
+                t.left.to_string(),
+            ),
+            (
+                "**requests still open in Envoy** after the soak",
+                end.open_requests.to_string(),
+            ),
+            (
                 "**wasm VM failures** (Envoy stats, log)",
                 self.vm_failure_detail(),
+            ),
+            (
+                "filter VM memory (`pinroute.vm.memory_bytes`): start → end",
+                format!(
+                    "{} → {} MiB",
+                    mib(start.vm_memory_bytes / 1024),
+                    mib(end.vm_memory_bytes / 1024)
+                ),
             ),
             (
                 "Envoy RSS: start → 10% → end (peak)",
@@ -324,9 +346,9 @@ impl SoakReport {
         let _ = writeln!(out, "\nBy kind of request:\n");
         let _ = writeln!(
             out,
-            "| request | sent | as expected | cut by kill | KV lost | mismatched | no answer |"
+            "| request | sent | as expected | cut by kill | KV lost | mismatched | no answer | left |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
         let all = KindRow {
             kind: "**all**",
             counts: self.totals.clone(),
@@ -335,14 +357,15 @@ impl SoakReport {
             let c = &row.counts;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.kind,
                 c.sent,
                 c.as_expected,
                 c.cut_by_kill,
                 c.kv_lost,
                 c.mismatched,
-                c.no_answer
+                c.no_answer,
+                c.left
             );
         }
     }

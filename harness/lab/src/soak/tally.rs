@@ -28,6 +28,8 @@ pub struct KindCounts {
     pub kv_lost: u64,
     pub mismatched: u64,
     pub no_answer: u64,
+    /// Clients that left before their answer was complete, as planned.
+    pub left: u64,
 }
 
 impl KindCounts {
@@ -38,12 +40,14 @@ impl KindCounts {
             Judgement::KvLost => &mut self.kv_lost,
             Judgement::Mismatch => &mut self.mismatched,
             Judgement::NoAnswer => &mut self.no_answer,
+            Judgement::Left => &mut self.left,
         };
         *counter += 1;
     }
 
+    /// Requests judged by their end: answered, or left as planned (not those without answer).
     pub fn answered(&self) -> u64 {
-        self.as_expected + self.cut_by_kill + self.kv_lost + self.mismatched
+        self.as_expected + self.cut_by_kill + self.kv_lost + self.mismatched + self.left
     }
 
     pub fn merge(&mut self, other: &KindCounts) {
@@ -53,6 +57,7 @@ impl KindCounts {
         self.kv_lost += other.kv_lost;
         self.mismatched += other.mismatched;
         self.no_answer += other.no_answer;
+        self.left += other.left;
     }
 }
 

@@ -45,6 +45,8 @@ pub struct SoakWorkload {
     pub answer_timeout: Duration,
     /// How long after its restart a killed worker may still be out of service.
     pub aftermath: Duration,
+    /// The sim workers' time per generated token (when a client leaves the decode stream).
+    pub token_latency: Duration,
 }
 
 impl Workload for SoakWorkload {
@@ -58,7 +60,8 @@ impl Workload for SoakWorkload {
         let sent = user
             .connections
             .exchange_keeping_head(self.gateway, request);
-        let result = tokio::time::timeout(self.answer_timeout, sent).await;
+        let leaves_after = planned.leaves.map(|leave| leave.after(self.token_latency));
+        let result = tokio::time::timeout(leaves_after.unwrap_or(self.answer_timeout), sent).await;
         let timing = Timing {
             started,
             ended: Instant::now(),
@@ -77,6 +80,7 @@ impl Workload for SoakWorkload {
                 error,
             },
             Ok(Err(FailedExchange { head: None, error })) => Answer::Failed(error),
+            Err(_) if leaves_after.is_some() => Answer::Left,
             Err(_) => Answer::TimedOut(self.answer_timeout),
         };
         let mut verdict = judge(
