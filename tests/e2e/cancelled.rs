@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pinroute_harness::envoy::vm::{VM_ACTIVE, VM_CREATED, VM_FAILURE_COUNTERS, VM_FAILURE_MARKERS};
 use pinroute_harness::sim::SimRole;
 use pinroute_harness::stack::StackSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,16 +42,6 @@ const PREFILL_CALLS_OPEN: &str = "cluster.pinroute_prefill.upstream_rq_active";
 /// the test); Envoy must also end every abandoned call within this time after the load.
 const HOP_DEADLINE: Duration = Duration::from_secs(10);
 const MEMORY_GAUGE: &str = "wasmcustom.pinroute.vm.memory_bytes";
-/// Envoy stats that move when a wasm VM fails (`docs/soak.md`, "Beyond the statuses").
-const VM_FAILURE_STATS: [&str; 5] = [
-    "wasm.pinroute.vm_reload_success",
-    "wasm.pinroute.vm_reload_failure",
-    "wasm.pinroute.vm_reload_backoff",
-    "wasm.envoy.wasm.runtime.v8.created",
-    "wasm.envoy.wasm.runtime.v8.active",
-];
-/// What a trapped VM leaves in Envoy's log (a V8 trap, a Rust panic).
-const VM_FAILURE_MARKERS: [&str; 2] = ["panicked", "RuntimeError"];
 
 fn clients() -> u64 {
     std::env::var(CLIENTS_VAR).map_or(DEFAULT_CLIENTS, |value| {
@@ -197,7 +188,10 @@ async fn stat(deployment: &Deployment, name: &str) -> u64 {
 
 async fn vm_failure_stats(deployment: &Deployment) -> Vec<u64> {
     let mut values = Vec::new();
-    for name in VM_FAILURE_STATS {
+    for name in VM_FAILURE_COUNTERS
+        .into_iter()
+        .chain([VM_CREATED, VM_ACTIVE])
+    {
         values.push(deployment.envoy.stat(name).await.unwrap().unwrap_or(0));
     }
     values
@@ -264,7 +258,7 @@ async fn clients_leaving_during_the_prefill_hop_leave_the_vm_memory_flat() {
     assert_eq!(
         vm_failure_stats(&deployment).await,
         failures_before,
-        "{VM_FAILURE_STATS:?}: no VM failed or was replaced"
+        "{VM_FAILURE_COUNTERS:?}, {VM_CREATED}, {VM_ACTIVE}: no VM failed or was replaced"
     );
     let log = std::fs::read_to_string(deployment.envoy.log_path()).unwrap();
     for marker in VM_FAILURE_MARKERS {

@@ -13,6 +13,7 @@ mod edge;
 mod process;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
+pub mod vm;
 
 use std::path::{Path, PathBuf};
 

@@ -10,18 +10,10 @@ use serde::Serialize;
 
 use super::chaos::Progress;
 use pinroute_harness::envoy::Envoy;
+pub use pinroute_harness::envoy::vm::{
+    VM_ACTIVE, VM_CREATED, VM_FAILURE_COUNTERS, VM_FAILURE_MARKERS,
+};
 
-/// Envoy stats that move when a wasm VM fails. With `failure_policy: FAIL_CLOSED` a failed
-/// VM is not replaced (its requests get 503s); with `FAIL_RELOAD` the `vm_reload_*`
-/// counters count the replacements. A VM created after start-up (`created` grows, `active`
-/// changes) is a replacement too.
-pub const VM_FAILURE_COUNTERS: [&str; 3] = [
-    "wasm.pinroute.vm_reload_success",
-    "wasm.pinroute.vm_reload_failure",
-    "wasm.pinroute.vm_reload_backoff",
-];
-pub const VM_CREATED: &str = "wasm.envoy.wasm.runtime.v8.created";
-pub const VM_ACTIVE: &str = "wasm.envoy.wasm.runtime.v8.active";
 /// Counters that show what the faults set in motion (retries, fallbacks, passive health).
 pub const CONTEXT_COUNTERS: [&str; 13] = [
     "cluster.pinroute_decode_pool.upstream_rq_retry",
@@ -50,14 +42,6 @@ const OPEN_REQUESTS: [&str; 4] = [
 const VM_MEMORY: &str = "wasmcustom.pinroute.vm.memory_bytes";
 const MEMORY_ALLOCATED: &str = "server.memory_allocated";
 const MEMORY_HEAP: &str = "server.memory_heap_size";
-/// What a wasm VM failure leaves in Envoy's log (V8 traps, Rust panics, failed callbacks).
-const VM_FAILURE_MARKERS: [&str; 5] = [
-    "RuntimeError",
-    "Uncaught",
-    "panicked",
-    "wasm_fail",
-    "Function: proxy_on",
-];
 const RSS_POLL: Duration = Duration::from_millis(100);
 /// RSS is called warm once this fraction of the requests has been sent.
 const WARM_FRACTION: f64 = 0.1;
