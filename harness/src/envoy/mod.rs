@@ -27,7 +27,7 @@ pub use edge::{
     ANY_ORIGIN, CORS_ALLOW_HEADERS, CORS_ALLOW_METHODS, CORS_EXPOSE_HEADERS, CORS_MAX_AGE,
     DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, EdgeOptions, request_timeout,
 };
-pub use process::{Envoy, EnvoyOptions, HotRestart};
+pub use process::{Envoy, EnvoyOptions, HotRestart, admin_stat};
 
 /// The pinroute repository: the parent of the harness crate, as it was at compile time.
 pub fn repo_root() -> PathBuf {

@@ -315,6 +315,13 @@ fn read_admin_address(path: &Path) -> Result<Option<SocketAddr>> {
         .with_context(|| format!("admin address {text:?} in {}", path.display()))
 }
 
+/// The stat `name` of the Envoy whose admin interface is `admin`, for a caller that does
+/// not own its [`Envoy`].
+pub async fn admin_stat(admin: SocketAddr, name: &str) -> Result<Option<u64>> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    stat_value(&admin_get(&http, admin, "/stats").await?, name)
+}
+
 async fn admin_get(http: &reqwest::Client, admin: SocketAddr, path: &str) -> Result<String> {
     let url = format!("http://{admin}{path}");
     let response = http

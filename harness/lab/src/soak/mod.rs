@@ -77,6 +77,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
     let envoy_start = EnvoyStats::read(&stack.envoy).await?;
     let shared = Arc::new(Shared::new());
     let pid = stack.envoy.pid();
+    let admin = stack.envoy.admin();
     let workload = SoakWorkload {
         gateway: stack.envoy.listen(),
         shared: shared.clone(),
@@ -100,7 +101,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
             &shared.outages,
             shared.epoch
         ),
-        watch_rss(pid, &shared.progress, options.requests),
+        watch_rss(admin, pid, &shared.progress, options.requests),
     );
     let chaos = chaos?;
     tokio::time::sleep(LONGEST_OUTAGE + AFTERMATH_MARGIN).await;

@@ -2,6 +2,7 @@
 //! stats), the wasm VM failure stats, and error lines in its log.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -9,10 +10,10 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::chaos::Progress;
-use pinroute_harness::envoy::Envoy;
 pub use pinroute_harness::envoy::vm::{
     VM_ACTIVE, VM_CREATED, VM_FAILURE_COUNTERS, VM_FAILURE_MARKERS,
 };
+use pinroute_harness::envoy::{Envoy, admin_stat};
 
 /// Counters that show what the faults set in motion (retries, fallbacks, passive health).
 pub const CONTEXT_COUNTERS: [&str; 13] = [
@@ -144,6 +145,8 @@ pub struct RssKib {
     pub warm: u64,
     pub peak: u64,
     pub end: u64,
+    /// The filter's VM memory (`pinroute.vm.memory_bytes`) at `warm`, in bytes.
+    pub vm_warm_bytes: u64,
 }
 
 /// `VmRSS` of process `pid`, in KiB.
@@ -161,14 +164,21 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
     kib.with_context(|| format!("unreadable {line:?} in {path}"))
 }
 
-/// Samples the RSS of `pid` until the load is done.
-pub async fn watch_rss(pid: u32, progress: &Progress, total: u64) -> Result<RssKib> {
+/// Samples the RSS of Envoy (`pid`) until the load is done, and the filter's VM memory
+/// once warm.
+pub async fn watch_rss(
+    admin: SocketAddr,
+    pid: u32,
+    progress: &Progress,
+    total: u64,
+) -> Result<RssKib> {
     let start = rss_kib(pid)?;
     let mut rss = RssKib {
         start,
         warm: 0,
         peak: start,
         end: start,
+        vm_warm_bytes: 0,
     };
     let warm_after = (total as f64 * WARM_FRACTION) as u64;
     while !progress.is_done() {
@@ -177,6 +187,7 @@ pub async fn watch_rss(pid: u32, progress: &Progress, total: u64) -> Result<RssK
         rss.peak = rss.peak.max(now);
         if rss.warm == 0 && progress.sent() >= warm_after {
             rss.warm = now;
+            rss.vm_warm_bytes = admin_stat(admin, VM_MEMORY).await?.unwrap_or(0);
         }
     }
     rss.end = rss_kib(pid)?;

@@ -232,10 +232,11 @@ impl SoakReport {
                 self.vm_failure_detail(),
             ),
             (
-                "filter VM memory (`pinroute.vm.memory_bytes`): start → end",
+                "filter VM memory (`pinroute.vm.memory_bytes`): start → 10% → end",
                 format!(
-                    "{} → {} MiB",
+                    "{} → {} → {} MiB",
                     mib(start.vm_memory_bytes / 1024),
+                    mib(rss.vm_warm_bytes / 1024),
                     mib(end.vm_memory_bytes / 1024)
                 ),
             ),
