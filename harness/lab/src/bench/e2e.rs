@@ -1,6 +1,7 @@
 //! The end-to-end runs: every scenario, prompt size and concurrency against the same sim
 //! workers, with the CPU and memory of every process involved.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ pub struct E2eOptions {
     pub duration: Duration,
     pub max_tokens: u32,
     pub request_timeout: Duration,
+    /// The filter to run instead of building this tree's (to compare two builds).
+    pub wasm: Option<PathBuf>,
 }
 
 impl E2eOptions {

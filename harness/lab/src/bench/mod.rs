@@ -98,10 +98,10 @@ async fn end_to_end(
     root: &Path,
 ) -> Result<(Vec<results::RunResult>, Option<u64>)> {
     let needs_envoy = e2e.scenarios.iter().any(|s| s.runs_envoy());
-    let wasm = if e2e.scenarios.contains(&Scenario::Pinroute) {
-        Some(pinroute_harness::wasm::build_filter()?)
-    } else {
-        None
+    let wasm = match (&e2e.wasm, e2e.scenarios.contains(&Scenario::Pinroute)) {
+        (_, false) => None,
+        (Some(given), true) => Some(given.clone()),
+        (None, true) => Some(pinroute_harness::wasm::build_filter()?),
     };
     let envoy = if needs_envoy {
         Some(envoy_binary(root)?)

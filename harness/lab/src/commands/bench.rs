@@ -71,6 +71,9 @@ pub struct Args {
     /// Only the policy micro-benchmark.
     #[arg(long)]
     micro_only: bool,
+    /// Run this filter instead of building it (to compare two builds in the same way).
+    #[arg(long, value_name = "FILE")]
+    wasm: Option<PathBuf>,
     /// Directory for bench.json, bench.md and the SVG plots [default: target/bench].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -183,6 +186,7 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         duration: seconds(args.duration.unwrap_or(duration))?,
         max_tokens: args.max_tokens,
         request_timeout: REQUEST_TIMEOUT,
+        wasm: args.wasm.clone(),
     };
     if e2e.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
