@@ -106,7 +106,7 @@ fn placeholder_values(
         ),
         (
             "{{PLUGIN_CONFIG}}",
-            yaml_string(&compact_json(&opts.plugin_config)?)?,
+            yaml_string(&plugin_json(&opts.plugin_config, opts.route_timeout)?)?,
         ),
         ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
     ])
@@ -159,11 +159,22 @@ fn yaml_string(value: &str) -> Result<String> {
     serde_json::to_string(value).context("encoding a string for the bootstrap")
 }
 
-fn compact_json(json: &str) -> Result<String> {
-    let value: serde_json::Value =
+/// The plugin configuration as one line of JSON. The filter's own decode call
+/// (`docs/semantics.md` §4, §8) gets the route's timeout unless the configuration sets one.
+fn plugin_json(json: &str, route_timeout: Duration) -> Result<String> {
+    let mut value: serde_json::Value =
         serde_json::from_str(json).context("plugin configuration is not JSON")?;
+    if let Some(settings) = value.as_object_mut()
+        && !route_timeout.is_zero()
+        && !settings.contains_key(DECODE_TIMEOUT_SETTING)
+    {
+        let ms = u64::try_from(route_timeout.as_millis()).unwrap_or(u64::MAX);
+        settings.insert(DECODE_TIMEOUT_SETTING.into(), ms.into());
+    }
     Ok(value.to_string())
 }
+
+const DECODE_TIMEOUT_SETTING: &str = "decode_timeout_ms";
 
 fn absolute_utf8(path: &Path) -> Result<String> {
     let absolute = std::path::absolute(path)
@@ -290,6 +301,26 @@ mod tests {
         assert_eq!(
             Config::from_json(decoded.as_bytes()).unwrap(),
             Config::from_json(DISAGGREGATED_REGISTRY.as_bytes()).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_filters_own_decode_call_gets_the_route_timeout_unless_configured() {
+        let setting = |json: &str, route: Duration| {
+            let rendered: serde_json::Value =
+                serde_json::from_str(&plugin_json(json, route).unwrap()).unwrap();
+            rendered.get(DECODE_TIMEOUT_SETTING).cloned()
+        };
+        let registry = DISAGGREGATED_REGISTRY;
+        assert_eq!(
+            setting(registry, Duration::from_secs(600)),
+            Some(600_000.into())
+        );
+        assert_eq!(setting(registry, Duration::ZERO), None, "no route timeout");
+        let configured = r#"{"workers": [], "decode_timeout_ms": 1000}"#;
+        assert_eq!(
+            setting(configured, Duration::from_secs(600)),
+            Some(1000.into())
         );
     }
 

@@ -483,7 +483,10 @@ mod tests {
             serde_json::from_str(&envoy.admin_get("/config_dump").await.unwrap()).unwrap();
         let configuration = find_key(&dump, "configuration").unwrap();
         let value = configuration["value"].as_str().unwrap();
-        let expected: serde_json::Value = serde_json::from_str(DISAGGREGATED_REGISTRY).unwrap();
+        let mut expected: serde_json::Value = serde_json::from_str(DISAGGREGATED_REGISTRY).unwrap();
+        // The bootstrap gives the filter's own decode call the route's timeout.
+        let route_ms = crate::envoy::DEFAULT_ROUTE_TIMEOUT.as_millis() as u64;
+        expected["decode_timeout_ms"] = route_ms.into();
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(value).unwrap(),
             expected
