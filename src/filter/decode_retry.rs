@@ -7,8 +7,11 @@
 use super::env::Env;
 use super::host::{Headers, Host};
 use super::intake::forwarded_headers;
+use super::metrics::Counter;
 use super::prefill::CallAnswer;
+use super::response::{Answer, Outcome, Routed};
 use super::stream::host_failure;
+use crate::policy::answers;
 use crate::policy::config::DECODE_CLUSTER;
 use crate::policy::error::RouteError;
 use crate::policy::headers::INTERNAL_PREFIX;
@@ -114,4 +117,61 @@ fn relayed(headers: &Headers) -> impl Iterator<Item = (&str, &str)> {
                 && !NOT_RELAYED.contains(&name.as_str())
         })
         .filter_map(|(name, value)| Some((name.as_str(), std::str::from_utf8(value).ok()?)))
+}
+
+impl Routed {
+    /// Sends the kept request to the next candidate, if the filter retries this hop and one
+    /// is left; the hop then counts against that worker.
+    pub(super) fn retry_next<H: Host>(&mut self, env: &Env<H>) -> bool {
+        let Some(retry) = &mut self.retry else {
+            return false;
+        };
+        let Some(next) = self.decode.alternates.first() else {
+            return false;
+        };
+        let Some(token) = env.dispatch_decode(retry, next) else {
+            return false;
+        };
+        retry.token = Some(token);
+        let next = self.decode.alternates.remove(0);
+        log::info!(
+            "pinroute: request {}: decode worker {} refused the connection, sent to worker {}",
+            env.request_id,
+            self.decode.target.worker.id,
+            next.id
+        );
+        env.count(Counter::DecodeRetried);
+        env.count_outstanding(self.decode.target.worker.id, -1);
+        env.count_outstanding(next.id, 1);
+        self.decode.target.worker = next;
+        true
+    }
+
+    /// Whether the filter's retry with this token is what the request waits for.
+    pub fn awaits(&self, token: u32) -> bool {
+        self.retry.as_ref().and_then(|r| r.token) == Some(token)
+    }
+
+    /// The retried hop's answer: on to the next candidate after another refused connection,
+    /// else the client's answer in place of Envoy's — the worker's, whole, or a typed error.
+    pub fn on_retry_answer<H: Host>(&mut self, env: &Env<H>, body_size: usize) {
+        if let Some(retry) = &mut self.retry {
+            retry.token = None;
+        }
+        let call = CallAnswer::read(&env.host, body_size);
+        let worker = self.worker();
+        let failure = answers::decode_call_failure(call.status, &call.body);
+        let status = call.status.unwrap_or(0);
+        match self.outcome(env, worker, status, failure) {
+            Outcome::Retrying => return,
+            Outcome::Passed => env.relay(&call, status, &self.served(worker)),
+            Outcome::Failed(error) => {
+                log::warn!("pinroute: request {}: {error}", env.request_id);
+                env.metrics.count_error(&env.host, &error);
+                env.send_error(&error);
+            }
+        }
+        self.retry = None;
+        self.answer = Answer::AsItIs;
+    }
 }

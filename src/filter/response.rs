@@ -9,7 +9,6 @@ use super::decode_retry::DecodeRetry;
 use super::env::Env;
 use super::host::Host;
 use super::metrics::Counter;
-use super::prefill::CallAnswer;
 use super::stream::Phase;
 use crate::policy::answers;
 use crate::policy::error::RouteError;
@@ -52,17 +51,17 @@ pub(super) struct ServedPrefill {
 
 /// A request on its way to its token-generating worker.
 pub(super) struct Routed {
-    decode: TokenHop,
+    pub(super) decode: TokenHop,
     /// Whether Envoy may retry the hop on the alternates (`x-pinroute-pool` was set).
     pooled: bool,
     prefill: Option<ServedPrefill>,
     /// The request as routed, when only the filter can retry it (`docs/semantics.md` §4).
-    retry: Option<DecodeRetry>,
-    answer: Answer,
+    pub(super) retry: Option<DecodeRetry>,
+    pub(super) answer: Answer,
 }
 
 /// What becomes of the worker's answer on its way to the client.
-enum Answer {
+pub(super) enum Answer {
     /// Its headers have not come yet.
     Awaited,
     AsItIs,
@@ -74,7 +73,7 @@ enum Answer {
 }
 
 /// What a worker's answer to the hop means.
-enum Outcome {
+pub(super) enum Outcome {
     /// The client's to read.
     Passed,
     Failed(RouteError),
@@ -221,7 +220,7 @@ impl Routed {
     /// `kv_transfer_params`, is a typed error. vLLM's validation errors echo the request, so
     /// that 4xx could show a client the prefill's host, port and ids, or confirm a guess of
     /// them; its body is withheld whatever it says.
-    fn outcome<H: Host>(
+    pub(super) fn outcome<H: Host>(
         &mut self,
         env: &Env<H>,
         worker: WorkerId,
@@ -263,63 +262,8 @@ impl Routed {
         })
     }
 
-    /// Sends the kept request to the next candidate, if the filter retries this hop and one
-    /// is left; the hop then counts against that worker.
-    fn retry_next<H: Host>(&mut self, env: &Env<H>) -> bool {
-        let Some(retry) = &mut self.retry else {
-            return false;
-        };
-        let Some(next) = self.decode.alternates.first() else {
-            return false;
-        };
-        let Some(token) = env.dispatch_decode(retry, next) else {
-            return false;
-        };
-        retry.token = Some(token);
-        let next = self.decode.alternates.remove(0);
-        log::info!(
-            "pinroute: request {}: decode worker {} refused the connection, sent to worker {}",
-            env.request_id,
-            self.decode.target.worker.id,
-            next.id
-        );
-        env.count(Counter::DecodeRetried);
-        env.count_outstanding(self.decode.target.worker.id, -1);
-        env.count_outstanding(next.id, 1);
-        self.decode.target.worker = next;
-        true
-    }
-
-    /// Whether the filter's retry with this token is what the request waits for.
-    pub fn awaits(&self, token: u32) -> bool {
-        self.retry.as_ref().and_then(|r| r.token) == Some(token)
-    }
-
-    /// The retried hop's answer: on to the next candidate after another refused connection,
-    /// else the client's answer in place of Envoy's — the worker's, whole, or a typed error.
-    pub fn on_retry_answer<H: Host>(&mut self, env: &Env<H>, body_size: usize) {
-        if let Some(retry) = &mut self.retry {
-            retry.token = None;
-        }
-        let call = CallAnswer::read(&env.host, body_size);
-        let worker = self.worker();
-        let failure = answers::decode_call_failure(call.status, &call.body);
-        let status = call.status.unwrap_or(0);
-        match self.outcome(env, worker, status, failure) {
-            Outcome::Retrying => return,
-            Outcome::Passed => env.relay(&call, status, &self.served(worker)),
-            Outcome::Failed(error) => {
-                log::warn!("pinroute: request {}: {error}", env.request_id);
-                env.metrics.count_error(&env.host, &error);
-                env.send_error(&error);
-            }
-        }
-        self.retry = None;
-        self.answer = Answer::AsItIs;
-    }
-
     /// The response headers naming the workers that served.
-    fn served(&self, decode: WorkerId) -> Vec<(&'static str, String)> {
+    pub(super) fn served(&self, decode: WorkerId) -> Vec<(&'static str, String)> {
         let prefill = self.prefill.as_ref().map(|p| p.worker);
         let prefill = prefill.map(|w| (headers::PREFILL_WORKER_HEADER, w.to_string()));
         let decode = (headers::DECODE_WORKER_HEADER, decode.to_string());
