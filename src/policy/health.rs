@@ -3,6 +3,7 @@
 //! this table in proxy-wasm shared data).
 
 use super::registry::WorkerId;
+use super::words;
 
 /// Per worker: the connection failures in a row not yet answered by a success, and the
 /// outage they caused, each until an instant in nanoseconds since the Unix epoch.
@@ -103,37 +104,28 @@ impl Entry {
     }
 }
 
-const WORDS: usize = 5;
-const ENTRY_BYTES: usize = WORDS * 8;
-
 impl HealthTable {
     /// Reads the shared-data encoding: `(id, until, doublings, failures, last_failure)`
     /// tuples of little-endian u64s. Bytes that do not form whole entries are ignored.
     pub fn decode(bytes: &[u8]) -> Self {
-        let entries = bytes
-            .chunks_exact(ENTRY_BYTES)
-            .map(|entry| {
-                let word = |i: usize| u64_le(entry.get(i * 8..(i + 1) * 8));
-                Entry {
-                    worker: word(0),
-                    until: word(1),
-                    doublings: word(2).min(MAX_DOUBLINGS),
-                    failures: word(3),
-                    last_failure: word(4),
-                }
+        let entries = words::decode(bytes)
+            .map(|[worker, until, doublings, failures, last_failure]| Entry {
+                worker,
+                until,
+                doublings: doublings.min(MAX_DOUBLINGS),
+                failures,
+                last_failure,
             })
             .collect();
         Self { entries }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.entries.len() * ENTRY_BYTES);
-        for e in &self.entries {
-            for word in [e.worker, e.until, e.doublings, e.failures, e.last_failure] {
-                bytes.extend_from_slice(&word.to_le_bytes());
-            }
-        }
-        bytes
+        words::encode(
+            self.entries
+                .iter()
+                .map(|e| [e.worker, e.until, e.doublings, e.failures, e.last_failure]),
+        )
     }
 
     /// Counts a failed connection to `worker` at `now`. The `after_failures`-th in a row
@@ -211,12 +203,6 @@ impl HealthTable {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
-}
-
-fn u64_le(bytes: Option<&[u8]>) -> u64 {
-    bytes
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
 }
 
 #[cfg(test)]

@@ -6,10 +6,10 @@
 //! — is forgotten after [`STALE_NANOS`], so the requests it held when it died do not count
 //! forever.
 
+use super::words;
+
 /// A share not published for this long belongs to a VM that is gone.
 pub const STALE_NANOS: u64 = 5_000_000_000;
-
-const SHARE_BYTES: usize = 24;
 
 /// One VM's requests in flight, as it last published them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,26 +53,16 @@ impl InFlightTable {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        self.shares
-            .iter()
-            .flat_map(|s| [s.vm, s.held, s.published_at])
-            .flat_map(u64::to_le_bytes)
-            .collect()
+        words::encode(self.shares.iter().map(|s| [s.vm, s.held, s.published_at]))
     }
 
     /// The table `encode` wrote; anything else reads as empty.
     pub fn decode(bytes: &[u8]) -> Self {
-        let field = |chunk: &[u8]| chunk.try_into().map_or(0, u64::from_le_bytes);
-        let shares = bytes
-            .chunks_exact(SHARE_BYTES)
-            .map(|share| {
-                let mut fields = share.chunks_exact(8).map(field);
-                let mut next = || fields.next().unwrap_or(0);
-                Share {
-                    vm: next(),
-                    held: next(),
-                    published_at: next(),
-                }
+        let shares = words::decode(bytes)
+            .map(|[vm, held, published_at]| Share {
+                vm,
+                held,
+                published_at,
             })
             .collect();
         Self { shares }

@@ -3,6 +3,7 @@
 //! and one compare-and-swap applies every change a callback made.
 
 use super::registry::WorkerId;
+use super::words;
 
 /// Workers with requests in flight; a worker with none has no entry.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -10,30 +11,19 @@ pub struct LoadTable {
     entries: Vec<(WorkerId, u64)>,
 }
 
-const ENTRY_BYTES: usize = 16;
-
 impl LoadTable {
     /// Reads the shared-data encoding: `(id, count)` pairs of little-endian u64s. Bytes that
     /// do not form whole entries are ignored.
     pub fn decode(bytes: &[u8]) -> Self {
-        let entries = bytes
-            .chunks_exact(ENTRY_BYTES)
-            .filter_map(|entry| {
-                let (id, count) = entry.split_at_checked(8)?;
-                Some((u64_le(id)?, u64_le(count)?))
-            })
+        let entries = words::decode(bytes)
+            .map(|[id, count]| (id, count))
             .filter(|(_, count)| *count > 0)
             .collect();
         Self { entries }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.entries.len() * ENTRY_BYTES);
-        for (id, count) in &self.entries {
-            bytes.extend_from_slice(&id.to_le_bytes());
-            bytes.extend_from_slice(&count.to_le_bytes());
-        }
-        bytes
+        words::encode(self.entries.iter().map(|(id, count)| [*id, *count]))
     }
 
     pub fn outstanding(&self, worker: WorkerId) -> u64 {
@@ -51,10 +41,6 @@ impl LoadTable {
             self.entries.push((worker, count));
         }
     }
-}
-
-fn u64_le(bytes: &[u8]) -> Option<u64> {
-    bytes.try_into().ok().map(u64::from_le_bytes)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
 //! | §5 Requests in flight per worker | [`load`] |
+//! | §1, §5 The byte encoding of the tables threads share | [`words`] |
 //! | §4 The two hops and how one fails | [`hop`] |
 //! | §4, §5 A prompt's beginning as block hashes | [`prefix`] |
 //! | §4, §5 The turn memory: a conversation's last turn | [`turns`] |
@@ -41,6 +42,7 @@ pub mod rewrite;
 pub mod select;
 pub mod steering;
 pub mod turns;
+pub mod words;
 
 /// The attribute the core's unit tests are marked with (`use crate::policy::testing::test;`):
 /// libtest's `#[test]` natively and on wasm32-wasip1, wasm-bindgen-test's on
