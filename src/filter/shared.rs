@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 
 use proxy_wasm::types::Status;
 
-use super::host::Host;
+use super::host::{Host, SharedValue};
 
 use crate::policy::health::{Ejection, HealthTable, Recorded};
 use crate::policy::inflight::{self, InFlightTable};
@@ -112,8 +112,20 @@ fn rewrite<R>(
     key: &str,
     change: impl Fn(Option<&[u8]>) -> Result<(Vec<u8>, R), R>,
 ) -> Result<R, Status> {
+    rewrite_from(host, key, None, change)
+}
+
+/// [`rewrite`], trying first `seen` (the value and compare-and-swap token of a recent read)
+/// in place of reading the key again.
+fn rewrite_from<R>(
+    host: &impl Host,
+    key: &str,
+    mut seen: Option<SharedValue>,
+    change: impl Fn(Option<&[u8]>) -> Result<(Vec<u8>, R), R>,
+) -> Result<R, Status> {
     for _ in 0..CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_data(key).unwrap_or((None, None));
+        let read = seen.take().map_or_else(|| host.shared_data(key), Ok);
+        let (bytes, cas) = read.unwrap_or((None, None));
         let (value, result) = match change(bytes.as_deref()) {
             Ok(changed) => changed,
             Err(unchanged) => return Ok(unchanged),
@@ -131,18 +143,18 @@ fn rewrite<R>(
 const LOAD_KEY: &str = "pinroute.load.v2";
 
 thread_local! {
-    /// The load table as this VM last read it, with its compare-and-swap value: the next
+    /// The load table as this VM last read it, with its compare-and-swap token: the next
     /// change tries that first, so that a read for choosing workers and the count of the
     /// chosen one cost one read and one write.
-    static LOAD_SEEN: RefCell<Option<(LoadTable, u32)>> = const { RefCell::new(None) };
+    static LOAD_SEEN: RefCell<Option<SharedValue>> = const { RefCell::new(None) };
 }
 
 /// Requests in flight to every worker, counted by every thread.
 pub fn loads(host: &impl Host) -> LoadTable {
     match host.shared_data(LOAD_KEY) {
         Ok((bytes, Some(cas))) => {
-            let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
-            LOAD_SEEN.with(|seen| seen.replace(Some((table.clone(), cas))));
+            let table = bytes.as_deref().map(LoadTable::decode).unwrap_or_default();
+            LOAD_SEEN.with(|seen| seen.replace(Some((bytes, Some(cas)))));
             table
         }
         _ => LoadTable::default(),
@@ -152,29 +164,21 @@ pub fn loads(host: &impl Host) -> LoadTable {
 /// Applies `changes` (+1 when a hop starts, -1 when it ends, per worker) to the counts in
 /// one write.
 pub fn add_outstanding(host: &impl Host, changes: &[(WorkerId, i64)]) {
-    let mut seen = LOAD_SEEN.with(|seen| seen.take());
-    for _ in 0..CAS_ATTEMPTS {
-        let (mut table, cas) = match seen.take() {
-            Some(seen) => seen,
-            None => {
-                let (bytes, cas) = host.shared_data(LOAD_KEY).unwrap_or((None, None));
-                let table = bytes.map(|b| LoadTable::decode(&b)).unwrap_or_default();
-                (table, cas.unwrap_or(0))
-            }
-        };
+    let seen = LOAD_SEEN.with(|seen| seen.take());
+    let counted = rewrite_from(host, LOAD_KEY, seen, |bytes| {
+        let mut table = bytes.map(LoadTable::decode).unwrap_or_default();
         for (worker, delta) in changes {
             table.add(*worker, *delta);
         }
-        match host.set_shared_data(LOAD_KEY, &table.encode(), Some(cas)) {
-            Ok(()) => return,
-            Err(Status::CasMismatch) => continue,
-            Err(status) => {
-                log::error!("pinroute: cannot count requests in flight: {status:?}");
-                return;
-            }
+        Ok((table.encode(), ()))
+    });
+    match counted {
+        Ok(()) => {}
+        Err(Status::CasMismatch) => {
+            log::warn!("pinroute: requests in flight not counted: shared data kept changing");
         }
+        Err(status) => log::error!("pinroute: cannot count requests in flight: {status:?}"),
     }
-    log::warn!("pinroute: requests in flight not counted: shared data kept changing");
 }
 
 /// The turn memory (`docs/semantics.md` §5): one key per slot, the newest turn winning.

@@ -18,7 +18,6 @@ use super::intake::{forwarded_headers, header_text};
 use super::metrics::Counter;
 use super::prefill::Prefilling;
 use super::response::{HeldBody, Routed, RoutedBody};
-use super::shared;
 use crate::policy::error::RouteError;
 use crate::policy::json::JsonObject;
 use crate::policy::paths::Destination;
@@ -264,7 +263,8 @@ impl<H: Host> HttpContext for Stream<H> {
             Phase::Routed(routed) => routed.worker(),
             _ => return,
         };
-        shared::add_outstanding(&self.env.host, &[(worker, -1)]);
+        self.env.count_outstanding(worker, -1);
+        self.env.flush_load();
     }
 }
 
