@@ -82,16 +82,7 @@ impl<H: Host> Env<H> {
             .collect();
         headers.push((&settings.upstream_header, &address));
         let body = (!retry.body.is_empty()).then_some(retry.body.as_slice());
-        let dispatched =
-            self.host
-                .dispatch(DECODE_CLUSTER, &headers, body, settings.decode_timeout());
-        dispatched
-            .map_err(|status| {
-                log::error!(
-                    "pinroute: cannot dispatch to cluster {DECODE_CLUSTER:?}: {status:?}; is it in the Envoy configuration?"
-                );
-            })
-            .ok()
+        self.call(DECODE_CLUSTER, &headers, body, settings.decode_timeout())
     }
 
     /// Answers the client with a retried hop's answer, naming the workers that served.

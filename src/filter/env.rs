@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::types::Action;
 
@@ -105,6 +106,24 @@ impl<H: Host> Env<H> {
         if !changes.is_empty() {
             shared::add_outstanding(&self.host, &changes);
         }
+    }
+
+    /// Dispatches a call to `cluster`: its token, or `None` (logged) if Envoy refuses it.
+    pub fn call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Option<u32> {
+        let dispatched = self.host.dispatch(cluster, headers, body, timeout);
+        dispatched
+            .map_err(|status| {
+                log::error!(
+                    "pinroute: cannot dispatch to cluster {cluster:?}: {status:?}; is it in the Envoy configuration?"
+                );
+            })
+            .ok()
     }
 
     pub fn count(&self, counter: Counter) {

@@ -108,19 +108,15 @@ impl<H: Host> Env<H> {
         );
         let settings = &self.config.settings;
         let body = Some(prefill.body.as_bytes());
-        let dispatched = self.host.dispatch(
+        let dispatched = self.call(
             &settings.prefill_cluster,
             &headers,
             body,
             settings.prefill_timeout(),
         );
-        let token = dispatched.map_err(|status| {
-            log::error!(
-                "pinroute: cannot dispatch to cluster {:?}: {status:?}; is it in the Envoy configuration?",
-                settings.prefill_cluster
-            );
-            RouteError::Internal("the prefill hop could not be dispatched")
-        })?;
+        let token = dispatched.ok_or(RouteError::Internal(
+            "the prefill hop could not be dispatched",
+        ))?;
         let worker = prefill.current.worker.id;
         log::debug!(
             "pinroute: request {} prefill on worker {worker}",
