@@ -54,6 +54,9 @@ pub(crate) async fn handle_completion(
     };
     state.count_rank_request(rank);
     match generate(state, endpoint, headers, &body, rank, in_flight).await {
+        Ok(response) if state.fault() == Fault::Gzip && accepts_gzip(headers) => {
+            gzipped(response).await
+        }
         Ok(response) => response,
         Err(error) => {
             log::debug!(
@@ -89,7 +92,67 @@ async fn apply_fault(state: &SimState, rank_label: i64) -> Option<Response> {
             Some(close_connection())
         }
         Fault::Close => Some(close_connection()),
+        Fault::Oversized(bytes) => Some(oversized(state, rank_label, bytes)),
+        Fault::Truncated => Some(truncated(state, rank_label)),
+        Fault::KvPadding(_) | Fault::Gzip => None,
     }
+}
+
+/// A 200 JSON object of `bytes` bytes: `{"sim_padding":"xxx..."}`.
+fn oversized(state: &SimState, rank_label: i64, bytes: usize) -> Response {
+    let padding = "x".repeat(bytes.saturating_sub(r#"{"sim_padding":""}"#.len()));
+    json_response(
+        state,
+        rank_label,
+        StatusCode::OK,
+        &json!({ "sim_padding": padding }),
+    )
+}
+
+/// A 200 that promises twice the body it sends, then drops the connection.
+fn truncated(state: &SimState, rank_label: i64) -> Response {
+    let half = Bytes::from_static(br#"{"id":"cmpl-truncated","choices":[{"text":"#);
+    let promised = half.len() * 2;
+    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(half),
+        Err(std::io::Error::other("truncated by the simulator")),
+    ];
+    let mut response = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(promised));
+    add_identity_headers(headers, state.config.id, rank_label);
+    response
+}
+
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.to_ascii_lowercase().contains("gzip"))
+}
+
+/// `response` with its body gzip-compressed and `content-encoding: gzip`.
+async fn gzipped(response: Response) -> Response {
+    use std::io::Write;
+    let (mut parts, body) = response.into_parts();
+    let Ok(plain) = axum::body::to_bytes(body, usize::MAX).await else {
+        return close_connection();
+    };
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let compressed = encoder.write_all(&plain).and_then(|()| encoder.finish());
+    let Ok(compressed) = compressed else {
+        return close_connection();
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    Response::from_parts(parts, Body::from(compressed))
 }
 
 /// An OpenAI-style error with the `sim` object and identity headers.
@@ -295,7 +358,7 @@ fn produce_kv(
         prompt_tokens: request.prompt_tokens,
     });
     bump(&state.counters.kv_produced, 1);
-    let response_params = json!({
+    let mut response_params = json!({
         "do_remote_prefill": true,
         "do_remote_decode": false,
         "remote_engine_id": engine_id,
@@ -305,6 +368,11 @@ fn produce_kv(
         "remote_port": state.advertised.port(),
         "tp_size": 1,
     });
+    if let (Fault::KvPadding(bytes), Some(params)) =
+        (state.fault(), response_params.as_object_mut())
+    {
+        params.insert("sim_padding".into(), json!("x".repeat(bytes)));
+    }
     Ok(KvPlan {
         kv_from: None,
         response_params,

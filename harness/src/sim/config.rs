@@ -157,9 +157,10 @@ impl Default for SimConfig {
 /// `/v1/chat/completions`). Requests are still recorded before the fault applies.
 ///
 /// JSON shape (as used by `POST /sim/fault`, wrapped in `{"fault": ...}`):
-/// `"none"`, `"hang"`, `"close"` or `{"status": 503}`.
+/// `"none"`, `"hang"`, `"close"`, `{"status": 503}`, and the hostile answers
+/// `{"kv_padding": 1000000}`, `{"oversized": 40000000}`, `"gzip"` and `"truncated"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Fault {
     /// Serve normally.
     #[default]
@@ -170,6 +171,15 @@ pub enum Fault {
     Hang,
     /// Drop the connection without writing a response.
     Close,
+    /// Serve normally, with this many bytes more in a prefill hop's `kv_transfer_params`.
+    KvPadding(usize),
+    /// Answer 200 with a JSON object of this many bytes, whatever was asked.
+    Oversized(usize),
+    /// Serve normally, gzip-compressed when the request's `accept-encoding` names gzip (as a
+    /// server with compression middleware does).
+    Gzip,
+    /// Answer 200 with a `content-length` twice what is sent, then close the connection.
+    Truncated,
 }
 
 /// One request received on a completion path, as recorded by the simulator.
