@@ -14,7 +14,7 @@ use super::stream::host_failure;
 use crate::policy::answers;
 use crate::policy::config::DECODE_CLUSTER;
 use crate::policy::error::RouteError;
-use crate::policy::headers::INTERNAL_PREFIX;
+use crate::policy::headers::{INTERNAL_PREFIX, RELAYED_HEADER};
 use crate::policy::registry::Worker;
 
 /// The routed request, kept to send it again.
@@ -85,10 +85,14 @@ impl<H: Host> Env<H> {
         self.call(DECODE_CLUSTER, &headers, body, settings.decode_timeout())
     }
 
-    /// Answers the client with a retried hop's answer, naming the workers that served.
+    /// Answers the client with a retried hop's answer, naming the workers that served when
+    /// worker ids are shown.
     pub(super) fn relay(&self, call: &CallAnswer, status: u16, served: &[(&str, String)]) {
         let mut headers: Vec<(&str, &str)> = relayed(&call.headers).collect();
-        headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
+        headers.push((RELAYED_HEADER, "decode"));
+        if self.config.settings.worker_id_headers {
+            headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
+        }
         if let Err(status) = self.host.send_response(status, &headers, &call.body) {
             log::error!(
                 "pinroute: could not answer {} with its retried hop's answer: {status:?}",
@@ -149,7 +153,7 @@ impl Routed {
         if let Some(retry) = &mut self.retry {
             retry.token = None;
         }
-        let call = CallAnswer::read(&env.host, body_size);
+        let call = CallAnswer::read(&env.host, body_size, usize::MAX);
         let worker = self.worker();
         let failure = answers::decode_call_failure(call.status, &call.body);
         let status = call.status.unwrap_or(0);

@@ -21,6 +21,8 @@ const NOT_FORWARDED: &[&str] = &[
     "expect",
     "host",
     "x-request-id",
+    // The filter reads the prefill answer: it asks for it uncompressed.
+    "accept-encoding",
 ];
 
 impl<H: Host> Env<H> {

@@ -49,11 +49,16 @@ pub fn claim_fetch(host: &impl Host, source: &RegistrySource) -> bool {
         .is_ok()
 }
 
+/// The largest registry read (about 20,000 workers): a registry service cannot make every
+/// thread's VM hold an unbounded body.
+const MAX_REGISTRY_BYTES: usize = 4 << 20;
+
 pub fn dispatch_fetch(host: &impl Host, source: &RegistrySource) -> Option<u32> {
     let headers = vec![
         (":method", "GET"),
         (":path", source.path.as_str()),
         (":authority", source.authority.as_str()),
+        ("accept-encoding", "identity"),
     ];
     match host.dispatch(&source.cluster, &headers, None, source.timeout()) {
         Ok(token) => Some(token),
@@ -79,6 +84,11 @@ pub fn take_fetched(host: &impl Host, body_size: usize) -> Result<Registry, Stri
     if status != Some(b"200".as_slice()) {
         let status = status.map_or("none".into(), |s| String::from_utf8_lossy(s).into_owned());
         return Err(format!("the registry answered status {status}"));
+    }
+    if body_size > MAX_REGISTRY_BYTES {
+        return Err(format!(
+            "the registry's {body_size} bytes are over the limit of {MAX_REGISTRY_BYTES}"
+        ));
     }
     let body = host
         .call_response_body(body_size)

@@ -68,15 +68,25 @@ impl Prefilling {
 pub(super) struct CallAnswer {
     pub status: Option<u16>,
     pub headers: Headers,
+    /// Its size, as Envoy announced it.
+    pub body_size: usize,
+    /// Empty when over the reader's limit: not copied into the VM.
     pub body: Vec<u8>,
 }
 
 impl CallAnswer {
-    pub fn read(host: &impl Host, body_size: usize) -> Self {
+    /// The answer, its body read only when at most `limit` bytes.
+    pub fn read(host: &impl Host, body_size: usize, limit: usize) -> Self {
         let headers = host.call_response_headers().unwrap_or_default();
+        let body = match body_size {
+            0 => Vec::new(),
+            size if size <= limit => host.call_response_body(size).unwrap_or_default(),
+            _ => Vec::new(),
+        };
         Self {
             status: header_text(&headers, ":status").parse().ok(),
-            body: host.call_response_body(body_size).unwrap_or_default(),
+            body_size,
+            body,
             headers,
         }
     }
@@ -96,6 +106,8 @@ impl<H: Host> Env<H> {
             ("content-type", "application/json"),
             ("x-request-id", &self.request_id),
             ("x-envoy-original-dst-host", &address),
+            // The answer is parsed here: a worker must not compress it.
+            ("accept-encoding", "identity"),
         ];
         if let Some(rank) = &rank {
             headers.push((DP_RANK_HEADER, rank));
@@ -142,8 +154,9 @@ impl<H: Host> Env<H> {
         let elapsed = self.host.now_nanos().saturating_sub(prefill.dispatched_at);
         self.metrics
             .record_prefill_latency(&self.host, Duration::from_nanos(elapsed));
-        let call = CallAnswer::read(&self.host, body_size);
-        match answers::prefill_answer(call.status, &call.body) {
+        let max_kv = self.config.settings.max_kv_transfer_params_bytes;
+        let call = CallAnswer::read(&self.host, body_size, answers::prefill_answer_limit(max_kv));
+        match answers::prefill_answer(call.status, call.body_size, &call.body, max_kv) {
             PrefillAnswer::Ready(kv_transfer_params) => {
                 self.count(Counter::PrefillOk);
                 self.record_success(worker);
@@ -175,10 +188,13 @@ impl<H: Host> Env<H> {
         let content_type = Some(header_text(&call.headers, "content-type"))
             .filter(|v| !v.is_empty())
             .unwrap_or("application/json");
-        let headers = [
+        let mut headers = vec![
             ("content-type", content_type),
-            (headers::PREFILL_WORKER_HEADER, worker.as_str()),
+            (headers::RELAYED_HEADER, "prefill"),
         ];
+        if self.config.settings.worker_id_headers {
+            headers.push((headers::PREFILL_WORKER_HEADER, worker.as_str()));
+        }
         if let Err(status) = self.host.send_response(status, &headers, &call.body) {
             log::error!(
                 "pinroute: could not pass on the prefill answer of {}: {status:?}",

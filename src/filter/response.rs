@@ -131,8 +131,20 @@ impl<H: Host> Env<H> {
         Ok(Phase::Routed(Box::new(routed)))
     }
 
-    /// Makes the held body's edit and announces its length; that length.
+    /// Makes the held body's edit and announces its length; that length. An edit that would
+    /// grow the body past what Envoy was configured to hold is refused here: Envoy would answer
+    /// the overflow from inside the host call, with this callback still running.
     fn edit_held_body(&self, held: &HeldBody) -> Result<usize, RouteError> {
+        let limit = self.config.settings.held_body_limit();
+        if held
+            .edit
+            .as_ref()
+            .is_some_and(|e| e.edited_len(held.size) > limit)
+        {
+            return Err(RouteError::Internal(
+                "the decode body would outgrow the gateway's buffer",
+            ));
+        }
         if let Some(edit) = &held.edit {
             let edited = self
                 .host
@@ -188,12 +200,12 @@ impl Routed {
     /// Names the served workers, and decides what the worker's answer becomes.
     fn judge<H: Host>(&mut self, env: &Env<H>) -> Result<Answer, Status> {
         let host = &env.host;
-        if let Some(prefill) = &self.prefill {
-            let worker = prefill.worker.to_string();
-            host.set_response_header(headers::PREFILL_WORKER_HEADER, Some(&worker))?;
-        }
         let worker = self.served_decode_worker(env);
-        host.set_response_header(headers::DECODE_WORKER_HEADER, Some(&worker.to_string()))?;
+        if env.config.settings.worker_id_headers {
+            for (name, value) in self.served(worker) {
+                host.set_response_header(name, Some(&value))?;
+            }
+        }
         let status = host.response_status().unwrap_or(0);
         // Only a failed hop needs to know why: the property costs a host call.
         let details = (status >= 500)
@@ -262,7 +274,8 @@ impl Routed {
         })
     }
 
-    /// The response headers naming the workers that served.
+    /// The response headers naming the workers that served (set only when the operator shows
+    /// worker ids).
     pub(super) fn served(&self, decode: WorkerId) -> Vec<(&'static str, String)> {
         let prefill = self.prefill.as_ref().map(|p| p.worker);
         let prefill = prefill.map(|w| (headers::PREFILL_WORKER_HEADER, w.to_string()));

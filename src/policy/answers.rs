@@ -19,12 +19,41 @@ pub enum PrefillAnswer {
     Failed(HopFailure),
 }
 
-/// Judges a prefill call's answer: its `:status` (none when the call got no response) and
-/// body.
-pub fn prefill_answer(status: Option<u16>, body: &[u8]) -> PrefillAnswer {
+/// Room for the one-token completion around a prefill answer's `kv_transfer_params`: an
+/// answer over `max_kv_transfer_params_bytes` plus this is not read (`docs/semantics.md` §4).
+pub const PREFILL_ANSWER_SLACK: usize = 64 * 1024;
+
+/// The largest prefill answer the filter reads, given the bound on `kv_transfer_params`.
+pub fn prefill_answer_limit(max_kv_transfer_params: usize) -> usize {
+    max_kv_transfer_params.saturating_add(PREFILL_ANSWER_SLACK)
+}
+
+/// Judges a prefill call's answer: its `:status` (none when the call got no whole response),
+/// the size of its body, and the body itself (read only when within
+/// [`prefill_answer_limit`]). `kv_transfer_params` over `max_kv` bytes are no usable answer:
+/// they would be spliced into a decode body Envoy must hold.
+pub fn prefill_answer(
+    status: Option<u16>,
+    body_size: usize,
+    body: &[u8],
+    max_kv: usize,
+) -> PrefillAnswer {
+    let limit = prefill_answer_limit(max_kv);
+    if status.is_some() && body_size > limit {
+        return PrefillAnswer::Failed(HopFailure::TooLarge {
+            bytes: body_size,
+            limit,
+        });
+    }
     match status {
-        None => PrefillAnswer::Failed(HopFailure::Connect),
+        None => PrefillAnswer::Failed(HopFailure::Incomplete),
         Some(200..=299) => match prefill_kv_transfer_params(body) {
+            Ok(Some(params)) if params.get().len() > max_kv => {
+                PrefillAnswer::Failed(HopFailure::TooLarge {
+                    bytes: params.get().len(),
+                    limit: max_kv,
+                })
+            }
             Ok(params) => PrefillAnswer::Ready(params),
             Err(failure) => PrefillAnswer::Failed(failure),
         },
@@ -45,10 +74,11 @@ pub fn decode_call_failure(status: Option<u16>, body: &[u8]) -> Option<HopFailur
 
 /// How a call the filter sent itself failed, from an answer that is no success: Envoy answers
 /// a connection it could not make with 503 `upstream connect error ...` and a timeout with
-/// 504.
+/// 504. A call with no answer at all was reached and broke off afterwards (a reset mid-body,
+/// an answer over Envoy's limit, a timeout once the headers came): never a connection failure.
 fn call_failure(status: Option<u16>, body: &[u8]) -> HopFailure {
     match status {
-        None => HopFailure::Connect,
+        None => HopFailure::Incomplete,
         Some(504) => HopFailure::Timeout,
         Some(503) if body.starts_with(b"upstream connect error") => envoy_reset(body),
         Some(status) => HopFailure::Status(status),

@@ -102,6 +102,13 @@ pub struct Settings {
     /// When every prefill attempt of an unpinned request failed, let decode prefill locally.
     pub aggregated_fallback: bool,
     pub max_body_bytes: usize,
+    /// The most a prefill worker's `kv_transfer_params` may hold: they are spliced into the
+    /// decode body Envoy holds, so Envoy's buffer must fit `max_body_bytes` plus this
+    /// ([`Settings::held_body_limit`]). A larger answer fails the hop.
+    pub max_kv_transfer_params_bytes: usize,
+    /// Whether answers name the workers that served them (`x-pinroute-prefill-worker`,
+    /// `x-pinroute-decode-worker`).
+    pub worker_id_headers: bool,
     /// Completion requests the gateway holds at once, over all Envoy threads, from their
     /// headers to the end of their stream; one more gets 503 `overloaded`. 0: no limit.
     pub max_requests_in_flight: u64,
@@ -149,6 +156,8 @@ impl Default for Settings {
             prefill_retries: 1,
             aggregated_fallback: true,
             max_body_bytes: 8 * 1024 * 1024,
+            max_kv_transfer_params_bytes: 1024 * 1024,
+            worker_id_headers: true,
             max_requests_in_flight: DEFAULT_MAX_REQUESTS_IN_FLIGHT,
             unhealthy_period_ms: 10_000,
             eject_after_failures: 3,
@@ -169,7 +178,23 @@ impl Default for Settings {
 /// See `docs/soak.md` (memory per request in flight) for the measurements behind it.
 pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u64 = 1024;
 
+/// What the decode body adds around the prefill's `kv_transfer_params`: the key, its quotes,
+/// a colon and a comma, with room to spare.
+const SPLICE_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// The smallest bound on `kv_transfer_params`: a NIXL answer for a short prompt fits in it.
+const MIN_KV_TRANSFER_PARAMS_BYTES: usize = 4096;
+
 impl Settings {
+    /// The largest decode body the filter asks Envoy to hold: the client's body with the
+    /// prefill's `kv_transfer_params` spliced in. Envoy's buffer limit for the listener must be
+    /// at least this (`docs/deploy.md`), or the splice overflows it.
+    pub fn held_body_limit(&self) -> usize {
+        self.max_body_bytes
+            .saturating_add(self.max_kv_transfer_params_bytes)
+            .saturating_add(SPLICE_OVERHEAD_BYTES)
+    }
+
     /// The in-flight limit; `None` when off.
     pub fn in_flight_limit(&self) -> Option<u64> {
         (self.max_requests_in_flight > 0).then_some(self.max_requests_in_flight)
@@ -274,6 +299,11 @@ impl Settings {
         }
         if settings.max_body_bytes == 0 {
             return Err(ConfigError::Setting("max_body_bytes must be positive"));
+        }
+        if settings.max_kv_transfer_params_bytes < MIN_KV_TRANSFER_PARAMS_BYTES {
+            return Err(ConfigError::Setting(
+                "max_kv_transfer_params_bytes must be at least 4096",
+            ));
         }
         if !is_header_name(&settings.upstream_header) {
             return Err(ConfigError::Setting(

@@ -31,6 +31,10 @@ pub fn must_strip(name: &str, upstream_header: &str) -> bool {
 /// Response headers naming the workers that served.
 pub const PREFILL_WORKER_HEADER: &str = "x-pinroute-prefill-worker";
 pub const DECODE_WORKER_HEADER: &str = "x-pinroute-decode-worker";
+/// Response header marking a worker's answer the filter relayed itself (`prefill`: a prefill
+/// worker's refusal; `decode`: a decode hop the filter sent again), so that Envoy's local-reply
+/// rewriting leaves it as the worker wrote it, whether or not worker ids are shown.
+pub const RELAYED_HEADER: &str = "x-pinroute-relayed";
 /// Response header repeating the `code` of an error pinroute answered.
 pub const ERROR_CODE_HEADER: &str = "x-pinroute-error-code";
 

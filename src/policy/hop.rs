@@ -35,6 +35,14 @@ pub enum HopFailure {
     Status(u16),
     /// A 2xx whose body could not be used.
     BadResponse(&'static str),
+    /// A call's answer that broke off after it started, or that Envoy would not hold whole
+    /// (over its limit): the worker was reached, and the request may have caused it.
+    Incomplete,
+    /// An answer larger than the gateway takes from a worker (`docs/semantics.md` §4).
+    TooLarge {
+        bytes: usize,
+        limit: usize,
+    },
 }
 
 impl fmt::Display for HopFailure {
@@ -48,6 +56,11 @@ impl fmt::Display for HopFailure {
             HopFailure::Timeout => f.write_str("it timed out"),
             HopFailure::Status(status) => write!(f, "it answered HTTP {status}"),
             HopFailure::BadResponse(why) => write!(f, "its response was unusable: {why}"),
+            HopFailure::Incomplete => f.write_str("its answer did not arrive whole"),
+            HopFailure::TooLarge { bytes, limit } => write!(
+                f,
+                "its answer of {bytes} bytes is over the gateway's limit of {limit}"
+            ),
         }
     }
 }

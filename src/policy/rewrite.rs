@@ -13,9 +13,22 @@ pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 /// `nvext` fields that pin the decode hop: they never reach the prefill worker (§3).
 const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id", "dp_rank"];
 
+/// Request fields that make a worker's answer larger without changing the KV it computes:
+/// the prefill hop never carries them, so its answer stays within a bound (§4) whatever the
+/// client asked of the decode hop.
+pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "n",
+    "best_of",
+    "return_token_ids",
+];
+
 /// The prefill hop's body: the client's, capped at one token, not streamed, and asking for
 /// a remote decode. Any `kv_transfer_params` of the client's is dropped, and so are the
-/// decode hop's pins in `nvext`.
+/// decode hop's pins in `nvext` and the fields that would inflate its answer.
 pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
     let mut out = ObjectWriter::with_capacity(capacity + PREFILL_KV_TRANSFER_PARAMS.len() + 64);
     let mut has_max_tokens = false;
@@ -33,6 +46,7 @@ pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
             "max_completion_tokens" => out.member(key, "1"),
             "stream_options" | "min_tokens" | "min_completion_tokens" | KV_TRANSFER_PARAMS => {}
             "nvext" => out.member(key, &without_decode_pins(value)),
+            _ if ANSWER_INFLATING_FIELDS.contains(&key) => {}
             _ => out.member(key, value.get()),
         }
     }

@@ -157,7 +157,7 @@ fn a_failed_unpinned_prefill_is_retried_elsewhere_then_falls_back_to_one_hop() {
     let mut host = host(REGISTRY);
     let ctx = send_completion(&mut host, &[], PROMPT);
     let first = host.take_http_calls().remove(0);
-    host.http_call_failure(first.token).unwrap();
+    host.http_call_refused(first.token).unwrap();
     let second = host.take_http_calls().remove(0);
     assert_ne!(
         first.headers.get_str("x-envoy-original-dst-host"),
@@ -203,7 +203,7 @@ fn a_failed_unpinned_prefill_is_retried_elsewhere_then_falls_back_to_one_hop() {
 fn fail_pinned_prefill(host: &mut pinroute_tests::Host, id: &str) {
     let ctx = send_completion(host, &[("x-dynamo-prefill-instance-id", id)], PROMPT);
     let call = host.take_http_calls().remove(0);
-    host.http_call_failure(call.token).unwrap();
+    host.http_call_refused(call.token).unwrap();
     let reply = host.stream(ctx).unwrap().local_reply.clone().unwrap();
     assert_eq!(json(&reply.body)["error"]["code"], "pinned_worker_failed");
 }

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::client::{complete, prompt};
-use crate::{Deployment, start, wasm, worker};
+use crate::{Deployment, start, vm_failure_stats, wasm, worker};
 
 /// How many clients leave during their prefill hop (the warm-up's tenth included).
 const CLIENTS_VAR: &str = "PINROUTE_CANCELLED_CLIENTS";
@@ -184,17 +184,6 @@ async fn abandoned_calls_ended(deployment: &Deployment) -> u64 {
 async fn stat(deployment: &Deployment, name: &str) -> u64 {
     let value = deployment.envoy.stat(name).await.unwrap();
     value.unwrap_or_else(|| panic!("Envoy has no stat {name}"))
-}
-
-async fn vm_failure_stats(deployment: &Deployment) -> Vec<u64> {
-    let mut values = Vec::new();
-    for name in VM_FAILURE_COUNTERS
-        .into_iter()
-        .chain([VM_CREATED, VM_ACTIVE])
-    {
-        values.push(deployment.envoy.stat(name).await.unwrap().unwrap_or(0));
-    }
-    values
 }
 
 /// The holding prefill worker takes the registry entry of a dead one (an address nothing

@@ -16,6 +16,7 @@ mod cancelled;
 mod client;
 mod edge;
 mod errors;
+mod hostile;
 mod inflight;
 mod operations;
 mod prefix;
@@ -27,6 +28,7 @@ mod security;
 use std::path::PathBuf;
 
 use pinroute_harness::envoy::default_wasm_path;
+use pinroute_harness::envoy::vm::{VM_ACTIVE, VM_CREATED, VM_FAILURE_COUNTERS};
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
 use tempfile::TempDir;
@@ -65,6 +67,18 @@ pub async fn start(spec: StackSpec) -> Deployment {
 /// An Envoy counter (0 when not defined yet).
 pub async fn stat(deployment: &Deployment, name: &str) -> u64 {
     deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
+}
+
+/// The stats that move when a wasm VM fails or is replaced (`pinroute_harness::envoy::vm`).
+pub async fn vm_failure_stats(deployment: &Deployment) -> Vec<u64> {
+    let mut values = Vec::new();
+    for name in VM_FAILURE_COUNTERS
+        .into_iter()
+        .chain([VM_CREATED, VM_ACTIVE])
+    {
+        values.push(stat(deployment, name).await);
+    }
+    values
 }
 
 pub fn worker(id: u64, role: SimRole, dp_size: u32) -> SimConfig {

@@ -19,6 +19,10 @@ use crate::state::{
 use crate::types::{Action, LogLevel, MetricType};
 use crate::wasi;
 
+/// What Envoy's async client answers a call whose connection was refused.
+pub const CONNECT_FAILURE_BODY: &[u8] =
+    b"upstream connect error or disconnect/reset before headers. reset reason: connection failure";
+
 /// A proxy-wasm VM with one plugin (root context) loaded, driven like Envoy drives it.
 pub struct Host {
     store: Store<HostState>,
@@ -380,11 +384,18 @@ impl Host {
         self.answer_call(token, Some(response))
     }
 
-    /// Fails the http call `token` as Envoy does on a reset, connect failure or timeout:
+    /// Fails the http call `token` as Envoy does when a reached worker's answer broke off or
+    /// outgrew the async client's limit (a reset mid-body, a timeout after the headers):
     /// `proxy_on_http_call_response` with 0 headers and an empty body, and no response map
     /// (reading a header of it is BadArgument, which the SDK turns into a panic).
     pub fn http_call_failure(&mut self, token: u32) -> Result<()> {
         self.answer_call(token, None)
+    }
+
+    /// Answers the http call `token` as Envoy 1.40 does when the worker refused the
+    /// connection: its own 503 naming the reset reason (the end-to-end suite relies on it).
+    pub fn http_call_refused(&mut self, token: u32) -> Result<()> {
+        self.http_call_response(token, &[(":status", "503")], CONNECT_FAILURE_BODY)
     }
 
     /// Answers `token` although the host tracks no such call (the filter must ignore it):

@@ -723,7 +723,7 @@ fn envoy_gateway_manifest_is_consistent() {
     );
     assert_eq!(
         quantity_bytes(&m.traffic.spec.connection.buffer_limit),
-        u64::from(buffer_limit_bytes(settings.max_body_bytes).unwrap())
+        u64::from(buffer_limit_bytes(settings).unwrap())
     );
     let rules = &m.route.spec.rules;
     assert_eq!(rules.len(), 2);

@@ -578,7 +578,7 @@ fn istio_manifest_is_consistent() {
     let listener_patch = &m.patch(ApplyTo::Listener, Operation::Merge).patch.value;
     assert_eq!(
         listener_patch["per_connection_buffer_limit_bytes"],
-        buffer_limit_bytes(settings.max_body_bytes).unwrap()
+        buffer_limit_bytes(settings).unwrap()
     );
     let idle = &m
         .patch(ApplyTo::NetworkFilter, Operation::Merge)

@@ -162,7 +162,7 @@ fn check_clusters(clusters: &[Value], config: &Config) {
         );
         assert_eq!(
             cluster["per_connection_buffer_limit_bytes"],
-            buffer_limit_bytes(settings.max_body_bytes).unwrap()
+            buffer_limit_bytes(settings).unwrap()
         );
     }
     for cluster in &clusters[..2] {

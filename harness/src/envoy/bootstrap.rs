@@ -18,9 +18,6 @@ pub use pinroute::policy::config::DECODE_CLUSTER;
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A worker that does not accept a connection in this long is down.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Buffer room above `max_body_bytes`, so an oversized body reaches the filter (which answers
-/// with its typed error) rather than Envoy's own 413.
-pub const BUFFER_HEADROOM_BYTES: u64 = 1024 * 1024;
 /// Circuit-breaker thresholds (connections, pending and active requests) of both clusters.
 pub const MAX_UPSTREAM_REQUESTS: u32 = 4096;
 
@@ -80,7 +77,7 @@ fn placeholder_values(
         ("{{LISTEN_PORT}}", opts.listen.port().to_string()),
         (
             "{{BUFFER_LIMIT_BYTES}}",
-            buffer_limit_bytes(settings.max_body_bytes)?.to_string(),
+            buffer_limit_bytes(settings)?.to_string(),
         ),
         ("{{ROUTE_TIMEOUT}}", envoy_duration(opts.route_timeout)),
         (
@@ -185,19 +182,56 @@ fn absolute_utf8(path: &Path) -> Result<String> {
     }
 }
 
-/// Envoy's per-connection buffer limit (a 32-bit field) for bodies up to `max_body_bytes`.
-pub fn buffer_limit_bytes(max_body_bytes: usize) -> Result<u32> {
-    let wanted = u64::try_from(max_body_bytes)
+/// Envoy's per-connection buffer limit (a 32-bit field): the largest decode body the filter
+/// asks Envoy to hold, the client's body with the prefill's `kv_transfer_params` spliced in
+/// (`Settings::held_body_limit`). An oversized client body still reaches the filter, which
+/// answers it with its typed 413 rather than Envoy's own.
+pub fn buffer_limit_bytes(settings: &Settings) -> Result<u32> {
+    let held = settings.held_body_limit();
+    u32::try_from(held).with_context(|| {
+        format!(
+            "max_body_bytes {} plus max_kv_transfer_params_bytes {} exceeds Envoy's 32-bit \
+             buffer limit",
+            settings.max_body_bytes, settings.max_kv_transfer_params_bytes
+        )
+    })
+}
+
+/// What an operator should know before serving this bootstrap: an admin interface reachable
+/// from other hosts (it can change and stop Envoy), and a live registry fetched in clear text
+/// from another host (`docs/security.md`).
+pub fn exposure_warnings(opts: &BootstrapOptions) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if !opts.admin.ip().is_loopback() {
+        warnings.push(format!(
+            "the admin interface listens on {}: anyone who reaches it can reconfigure and stop \
+             Envoy; keep it on 127.0.0.1 unless a firewall guards it (docs/security.md)",
+            opts.admin
+        ));
+    }
+    let registry = Config::from_json(opts.plugin_config.as_bytes())
         .ok()
-        .and_then(|bytes| bytes.checked_add(BUFFER_HEADROOM_BYTES));
-    wanted
-        .and_then(|bytes| u32::try_from(bytes).ok())
-        .with_context(|| {
-            format!(
-                "max_body_bytes {max_body_bytes} plus {BUFFER_HEADROOM_BYTES} bytes of headroom \
-             exceeds Envoy's 32-bit buffer limit"
-            )
-        })
+        .and_then(|config| config.settings.registry)
+        .and_then(|source| source.address);
+    if let Some(address) = registry.filter(|a| !is_loopback_address(a)) {
+        warnings.push(format!(
+            "the live registry is fetched from {address} over plain HTTP with no integrity \
+             check: serve it through the mesh's mutual TLS or on this host \
+             (docs/security.md, \"The live registry\")"
+        ));
+    }
+    warnings
+}
+
+fn is_loopback_address(host_port: &str) -> bool {
+    let host = host_port
+        .rsplit_once(':')
+        .map_or(host_port, |(host, _)| host)
+        .trim_matches(['[', ']']);
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A protobuf `Duration` in the form Envoy's YAML accepts: `300s`, `0.250000000s`.
@@ -249,7 +283,7 @@ mod tests {
         assert!(yaml.contains("filename: \"/x.wasm\""), "{yaml}");
         assert!(yaml.contains("timeout: 300s"), "{yaml}");
         assert!(
-            yaml.contains("per_connection_buffer_limit_bytes: 9437184"),
+            yaml.contains("per_connection_buffer_limit_bytes: 9502720"),
             "{yaml}"
         );
         assert!(yaml.contains("request_headers_timeout: 10s"), "{yaml}");
@@ -279,7 +313,7 @@ mod tests {
         );
         assert!(yaml.contains("- remove: \"x-custom-upstream\""), "{yaml}");
         assert!(
-            yaml.contains("per_connection_buffer_limit_bytes: 2097152"),
+            yaml.contains("per_connection_buffer_limit_bytes: 2162688"),
             "{yaml}"
         );
         assert!(
@@ -364,9 +398,45 @@ mod tests {
 
     #[test]
     fn huge_max_body_is_refused() {
-        assert_eq!(buffer_limit_bytes(8 << 20).unwrap(), (8 << 20) + (1 << 20));
-        assert!(buffer_limit_bytes(u32::MAX as usize).is_err());
-        assert!(buffer_limit_bytes(usize::MAX).is_err());
+        let settings = |max_body_bytes| Settings {
+            max_body_bytes,
+            ..Settings::default()
+        };
+        assert_eq!(
+            buffer_limit_bytes(&settings(8 << 20)).unwrap(),
+            (8 << 20) + (1 << 20) + (64 << 10)
+        );
+        assert!(buffer_limit_bytes(&settings(u32::MAX as usize)).is_err());
+        assert!(buffer_limit_bytes(&settings(usize::MAX)).is_err());
+    }
+
+    #[test]
+    fn a_public_admin_and_a_remote_plain_registry_are_warned_of() {
+        let quiet = options(DISAGGREGATED_REGISTRY, Path::new("/x.wasm"));
+        assert!(exposure_warnings(&quiet).is_empty());
+        let public_admin = BootstrapOptions {
+            admin: "0.0.0.0:9901".parse().unwrap(),
+            ..quiet.clone()
+        };
+        let warnings = exposure_warnings(&public_admin);
+        assert!(
+            warnings.len() == 1 && warnings[0].contains("0.0.0.0:9901"),
+            "{warnings:?}"
+        );
+        let registry = |address: &str| BootstrapOptions {
+            plugin_config: format!(
+                r#"{{"registry": {{"cluster": "pinroute_registry", "address": "{address}"}}}}"#
+            ),
+            ..quiet.clone()
+        };
+        for local in ["127.0.0.1:8080", "localhost:80", "[::1]:8080"] {
+            assert!(exposure_warnings(&registry(local)).is_empty(), "{local}");
+        }
+        let remote = exposure_warnings(&registry("registry.internal:8080"));
+        assert!(
+            remote.len() == 1 && remote[0].contains("plain HTTP"),
+            "{remote:?}"
+        );
     }
 
     #[test]

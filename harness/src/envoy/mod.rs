@@ -19,9 +19,8 @@ use std::path::{Path, PathBuf};
 
 pub use binary::{ENVOY_BIN_ENV, ENVOY_VERSION, VENV_DIR, envoy_binary, envoy_in_venv, validate};
 pub use bootstrap::{
-    BUFFER_HEADROOM_BYTES, BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER,
-    DEFAULT_ROUTE_TIMEOUT, MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration,
-    render_bootstrap,
+    BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT,
+    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, exposure_warnings, render_bootstrap,
 };
 pub use edge::{
     ANY_ORIGIN, CORS_ALLOW_HEADERS, CORS_ALLOW_METHODS, CORS_EXPOSE_HEADERS, CORS_MAX_AGE,

@@ -19,8 +19,6 @@ const LIVE: &str = r#"{"workers": [
 ]}"#;
 
 const CONNECT_FAILURE: &str = "upstream_reset_before_response_started{connection_failure}";
-const REFUSED: &str =
-    "upstream connect error or disconnect/reset before headers. reset reason: connection failure";
 
 fn live_config() -> Config {
     let config = Config::from_json(STATIC.as_bytes()).unwrap();
@@ -171,7 +169,7 @@ fn when_every_candidate_refuses_the_client_gets_upstream_failed() {
     let first = request.routed_to();
     request.refused();
     let (call, second) = request.decode_call();
-    request.answer_with(&call, None, &[], "");
+    request.answer_with(&call, Some(503), &[], REFUSED);
     let (call, third) = request.decode_call();
     let tried = std::collections::HashSet::from([first, second, third]);
     assert_eq!(tried.len(), 3, "three candidates, each once");
@@ -186,6 +184,23 @@ fn when_every_candidate_refuses_the_client_gets_upstream_failed() {
     assert_eq!(request.host.metric("pinroute.errors.upstream_failed"), 1);
     request.end();
     assert!(tried.iter().all(|w| request.outstanding(*w) == 0));
+}
+
+#[test]
+fn a_retried_call_that_broke_off_is_no_connection_failure_and_goes_no_further() {
+    let mut request = routed(&[]);
+    request.refused();
+    let (call, _) = request.decode_call();
+    request.answer_with(&call, None, &[], "");
+    let sent = request.only_sent();
+    assert_eq!(sent.status, 502);
+    assert_eq!(sent.json()["error"]["code"], "upstream_failed");
+    assert!(request.host.take_calls().is_empty(), "not sent again");
+    assert_eq!(
+        request.host.metric("pinroute.workers.connect_failed"),
+        1,
+        "only the refused connection counts"
+    );
 }
 
 #[test]

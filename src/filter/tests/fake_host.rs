@@ -64,6 +64,8 @@ pub struct State {
     pub calls: Vec<Call>,
     /// The answer the next `call_response_*` reads.
     pub call_answer: (Headers, Vec<u8>),
+    /// How often a call's answer body was copied into the VM.
+    pub call_body_reads: usize,
     pub fail_dispatch: bool,
     shared: HashMap<String, (Vec<u8>, u32)>,
     metric_names: Vec<String>,
@@ -221,7 +223,9 @@ impl Host for FakeHost {
     }
 
     fn call_response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
-        let body = &self.0.borrow().call_answer.1;
+        let mut state = self.0.borrow_mut();
+        state.call_body_reads += 1;
+        let body = &state.call_answer.1;
         Ok(body.get(..size).unwrap_or(body).to_vec())
     }
 

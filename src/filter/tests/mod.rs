@@ -36,6 +36,10 @@ const PROMPT: &str = r#"{"model": "m", "prompt": "hello", "max_tokens": 8, "stre
 
 const KV: &str = r#"{"remote_engine_id":"engine-101","remote_host":"10.0.0.11","remote_port":5600,"remote_block_ids":[1,2],"remote_request_id":"req-xyz"}"#;
 
+/// Envoy's answer to a call whose connection was refused.
+const REFUSED: &str =
+    "upstream connect error or disconnect/reset before headers. reset reason: connection failure";
+
 const COMPLETION_HEADERS: &[(&str, &str)] = &[
     (":method", "POST"),
     (":path", "/v1/completions"),

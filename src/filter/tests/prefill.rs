@@ -79,7 +79,7 @@ fn a_failed_connection_is_retried_elsewhere_and_with_eject_after_one_takes_the_w
     let config = config_with(r#""eject_after_failures": 1"#);
     let mut request = Request::completion(&config, &[], PROMPT);
     let first = request.prefill_call();
-    request.answer(&first, None, "");
+    request.answer(&first, Some(503), REFUSED);
     let second = request.prefill_call();
     assert_eq!(first.header(":authority"), Some("10.0.0.11:8000"));
     assert_eq!(second.header(":authority"), Some("10.0.0.12:8000"));
@@ -126,6 +126,47 @@ fn when_every_prefill_worker_fails_decode_prefills_itself() {
         request.host.response_header("x-pinroute-prefill-worker"),
         None
     );
+}
+
+#[test]
+fn a_prefill_answer_that_broke_off_is_retried_but_takes_no_worker_out() {
+    let config = config_with(r#""eject_after_failures": 1"#);
+    let mut request = Request::completion(&config, &[], PROMPT);
+    let first = request.prefill_call();
+    request.answer(&first, None, "");
+    let second = request.prefill_call();
+    assert_ne!(first.header(":authority"), second.header(":authority"));
+    assert_eq!(request.host.metric("pinroute.workers.connect_failed"), 0);
+    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 0);
+}
+
+#[test]
+fn an_oversized_prefill_answer_is_never_read_and_fails_the_hop_alone() {
+    let config = config_with(r#""eject_after_failures": 1, "max_kv_transfer_params_bytes": 4096"#);
+    let mut request = Request::completion(&config, &[], PROMPT);
+    let first = request.prefill_call();
+    let padding = "x".repeat(4096 + 64 * 1024);
+    request.answer(&first, Some(200), &format!(r#"{{"p":"{padding}"}}"#));
+    assert!(
+        request.host.state().call_body_reads == 0,
+        "the oversized body stays in Envoy"
+    );
+    let second = request.prefill_call();
+    request.answer(
+        &second,
+        Some(200),
+        &format!(r#"{{"kv_transfer_params":{{"p":"{}"}}}}"#, "x".repeat(4096)),
+    );
+    assert_eq!(request.host.metric("pinroute.workers.marked_unhealthy"), 0);
+    assert_eq!(
+        request.host.metric("pinroute.prefill.aggregated_fallback"),
+        1
+    );
+    assert_eq!(
+        request.host.request_header("x-pinroute-upstream"),
+        Some("10.0.0.21:8000".into())
+    );
+    assert!(!request.request_body().contains("kv_transfer_params"));
 }
 
 #[test]

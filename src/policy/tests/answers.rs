@@ -1,8 +1,10 @@
 use super::*;
 use crate::policy::testing::test;
 
+const MAX_KV: usize = 4096;
+
 fn judged(status: Option<u16>, body: &str) -> String {
-    match prefill_answer(status, body.as_bytes()) {
+    match prefill_answer(status, body.len(), body.as_bytes(), MAX_KV) {
         PrefillAnswer::Ready(params) => format!(
             "ready {}",
             params.map_or("-".into(), |p| p.get().to_string())
@@ -39,8 +41,50 @@ fn a_4xx_is_the_clients_to_read_not_a_failure_of_the_worker() {
 }
 
 #[test]
+fn kv_transfer_params_over_their_bound_are_no_usable_answer() {
+    let params = |bytes: usize| {
+        format!(
+            r#"{{"kv_transfer_params": {{"p": "{}"}}}}"#,
+            "x".repeat(bytes)
+        )
+    };
+    assert!(judged(Some(200), &params(MAX_KV - 16)).starts_with("ready"));
+    let over = r#"{"p": ""}"#.len() + MAX_KV;
+    assert_eq!(
+        judged(Some(200), &params(MAX_KV)),
+        format!("failed: its answer of {over} bytes is over the gateway's limit of {MAX_KV}")
+    );
+}
+
+#[test]
+fn an_answer_over_the_limit_fails_unread_whatever_its_status() {
+    let limit = prefill_answer_limit(MAX_KV);
+    for status in [200, 400, 500] {
+        let judged = prefill_answer(Some(status), limit + 1, b"", MAX_KV);
+        assert!(
+            matches!(judged, PrefillAnswer::Failed(HopFailure::TooLarge { bytes, limit: l }) if bytes == limit + 1 && l == limit),
+            "{status}: {judged:?}"
+        );
+    }
+    assert!(matches!(
+        prefill_answer(Some(200), limit, br#"{}"#, MAX_KV),
+        PrefillAnswer::Ready(None)
+    ));
+}
+
+#[test]
+fn a_call_with_no_whole_answer_was_reached_so_it_is_no_connection_failure() {
+    let failed = judged(None, "");
+    assert_eq!(failed, "failed: its answer did not arrive whole");
+    assert!(!takes_worker_out(&HopFailure::Incomplete));
+    assert!(!takes_worker_out(&HopFailure::TooLarge {
+        bytes: 1,
+        limit: 0
+    }));
+}
+
+#[test]
 fn connect_errors_timeouts_and_5xx_are_failures() {
-    assert_eq!(judged(None, ""), "failed: the connection failed");
     let reset = |reason: &str| {
         let body = format!(
             "upstream connect error or disconnect/reset before headers. reset reason: {reason}"
@@ -125,7 +169,7 @@ fn a_decode_call_fails_as_a_prefill_call_does_but_passes_anything_below_500() {
     for status in [200, 302, 400, 429] {
         assert_eq!(decode_call_failure(Some(status), b"{}"), None, "{status}");
     }
-    assert_eq!(decode_call_failure(None, b""), Some(HopFailure::Connect));
+    assert_eq!(decode_call_failure(None, b""), Some(HopFailure::Incomplete));
     let refused = b"upstream connect error or disconnect/reset before headers. reset reason: connection failure";
     assert_eq!(
         decode_call_failure(Some(503), refused),

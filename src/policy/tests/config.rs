@@ -34,6 +34,21 @@ fn settings_default_and_can_be_set() {
 }
 
 #[test]
+fn the_held_decode_body_is_bounded_by_the_body_limit_and_the_kv_bound() {
+    let defaults = Settings::default();
+    assert_eq!(defaults.max_kv_transfer_params_bytes, 1 << 20);
+    assert_eq!(
+        defaults.held_body_limit(),
+        (8 << 20) + (1 << 20) + (64 << 10)
+    );
+    let json = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+        "max_body_bytes": 1000, "max_kv_transfer_params_bytes": 5000, "worker_id_headers": false}"#;
+    let settings = Config::from_json(json.as_bytes()).unwrap().settings;
+    assert_eq!(settings.held_body_limit(), 6000 + (64 << 10));
+    assert!(!settings.worker_id_headers);
+}
+
+#[test]
 fn passive_health_ejects_after_three_failures_and_panics_below_half_by_default() {
     let defaults = Settings::default();
     assert_eq!(
@@ -69,6 +84,10 @@ fn invalid_settings_are_refused() {
         (r#""prefill_timeout_ms": 0"#, "prefill_timeout_ms"),
         (r#""decode_timeout_ms": 0"#, "decode_timeout_ms"),
         (r#""max_body_bytes": 0"#, "max_body_bytes"),
+        (
+            r#""max_kv_transfer_params_bytes": 4095"#,
+            "max_kv_transfer_params_bytes",
+        ),
         (r#""upstream_header": "X-Upper""#, "upstream_header"),
         (r#""upstream_header": """#, "upstream_header"),
         (r#""prefill_retries": -1"#, "invalid"),

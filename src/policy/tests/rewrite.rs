@@ -116,14 +116,14 @@ fn the_decode_body_keeps_the_clients_bytes() {
 
 #[test]
 fn the_prefill_body_keeps_every_other_field_byte_for_byte() {
-    let request = r#"{"prompt":"\u0000\"x","n":123456789012345678901234567890,"logit_bias":{"50256":-100},"stream":true}"#;
+    let request = r#"{"prompt":"\u0000\"x","seed":123456789012345678901234567890,"logit_bias":{"50256":-100},"stream":true}"#;
     let text = prefill_body(
         &JsonObject::parse(request.as_bytes()).unwrap(),
         request.len(),
     );
     assert!(text.contains(r#""prompt":"\u0000\"x""#), "{text}");
     assert!(
-        text.contains(r#""n":123456789012345678901234567890"#),
+        text.contains(r#""seed":123456789012345678901234567890"#),
         "{text}"
     );
     assert!(text.contains(r#""logit_bias":{"50256":-100}"#), "{text}");
@@ -196,4 +196,18 @@ fn the_decode_hops_nvext_pins_never_reach_the_prefill_worker() {
         decode["nvext"]["dp_rank"], 1,
         "the decode hop keeps the client's nvext"
     );
+}
+
+#[test]
+fn the_prefill_body_asks_for_nothing_but_the_kv() {
+    let request = r#"{"prompt":"p","echo":true,"logprobs":5,"top_logprobs":3,"prompt_logprobs":1,"n":4,"best_of":4,"return_token_ids":true,"seed":7}"#;
+    let prefill = parse(&prefill_body(
+        &JsonObject::parse(request.as_bytes()).unwrap(),
+        request.len(),
+    ));
+    for field in ANSWER_INFLATING_FIELDS {
+        assert_eq!(prefill.get(field), None, "{field}");
+    }
+    assert_eq!(prefill["seed"], 7);
+    assert_eq!(prefill["prompt"], "p");
 }

@@ -206,7 +206,7 @@ fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path) -> Result<String> {
 /// `envoy/plain.yaml` for the workers, with the limits of the pinroute bootstrap.
 pub fn plain_bootstrap(sims: &SimAddresses) -> Result<String> {
     let (prefill, decode) = (sims.prefill, sims.decode);
-    let buffer_limit = buffer_limit_bytes(Settings::default().max_body_bytes)?;
+    let buffer_limit = buffer_limit_bytes(&Settings::default())?;
     let values = [
         ("{{ADMIN_IP}}", "\"127.0.0.1\"".to_string()),
         ("{{ADMIN_PORT}}", "0".to_string()),
