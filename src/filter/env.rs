@@ -18,7 +18,7 @@ use crate::policy::headers;
 use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::prefix::PromptPrefix;
 use crate::policy::registry::{Worker, WorkerId};
-use crate::policy::resolve::{PrefillPlan, PromptFacts, Resolver, Route};
+use crate::policy::resolve::{PromptFacts, Resolver, Route};
 use crate::policy::select::{Affinity, Choice};
 use crate::policy::turns::{LastTurn, Turn};
 
@@ -227,18 +227,17 @@ impl<H: Host> Env<H> {
         })
     }
 
-    /// Remembers which workers this request went to, for its conversation's next turn.
+    /// Remembers which workers this request went to, for its conversation's next turn, when
+    /// the route lets it ([`Route::remembered_workers`]).
     pub fn remember_turn(&self, prompt: Option<&RequestPrompt<'_>>, route: &Route) {
         let settings = &self.config.settings;
-        let (Some(prompt), Some(_)) = (prompt, settings.turn_memory_nanos()) else {
+        let (Some(prompt), Some(_), Some(workers)) = (
+            prompt,
+            settings.turn_memory_nanos(),
+            route.remembered_workers(),
+        ) else {
             return;
         };
-        let prefill = match &route.prefill {
-            PrefillPlan::Pinned(target) => Some(target.worker.id),
-            PrefillPlan::Candidates(targets) => targets.first().map(|t| t.worker.id),
-            PrefillPlan::Skip | PrefillPlan::Local(_) => None,
-        };
-        let workers = (prefill, route.decode.target.worker.id);
         let now = self.host.now_nanos();
         if let Some(turn) = Turn::of(
             &prompt.prefix,

@@ -84,6 +84,28 @@ pub struct Route {
     pub prefill_placement: Option<Placement>,
 }
 
+impl Route {
+    /// The workers the turn memory may keep for this route's conversation (`docs/semantics.md`
+    /// §5): the prefill worker (if a hop was planned) and the decode worker, but only when
+    /// pinroute chose both from the prompt. A pinned hop or a session's placement was the
+    /// client's choice, and one client's choice never becomes another's placement.
+    pub fn remembered_workers(&self) -> Option<(Option<WorkerId>, WorkerId)> {
+        let chosen_from_prompt =
+            |placement: Option<Placement>| placement.is_some_and(|p| p != Placement::Session);
+        let prefill = match &self.prefill {
+            PrefillPlan::Pinned(_) => return None,
+            PrefillPlan::Candidates(_) if !chosen_from_prompt(self.prefill_placement) => {
+                return None;
+            }
+            PrefillPlan::Candidates(targets) => targets.first().map(|t| t.worker.id),
+            PrefillPlan::Skip | PrefillPlan::Local(_) => None,
+        };
+        let decode = &self.decode;
+        (!decode.target.pinned && chosen_from_prompt(decode.placement))
+            .then_some((prefill, decode.target.worker.id))
+    }
+}
+
 /// A pool's workers for an unpinned hop, best first, whether it was in panic, and how the
 /// first was chosen.
 struct Candidates {

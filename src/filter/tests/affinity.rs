@@ -148,3 +148,42 @@ fn both_hops_pinned_reads_no_prompt_and_remembers_nothing() {
     assert!(!remembered);
     assert_eq!(host.metric("pinroute.placement.prefill.affinity"), 0);
 }
+
+#[test]
+fn a_clients_pin_or_session_never_becomes_another_requests_placement() {
+    let remembered = |host: &FakeHost| {
+        (0..4096).any(|slot| host.shared(&format!("pinroute.turn.{slot}")).is_some())
+    };
+    for steering in [
+        ("x-dynamo-worker-instance-id", "202"),
+        ("x-dynamo-prefill-instance-id", "102"),
+        ("x-dynamo-session-id", "attacker"),
+    ] {
+        let host = FakeHost::default();
+        let headers = [CHAT_HEADERS, &[steering]].concat();
+        let mut first = Request::completion_on(host.clone(), REGISTRY, &headers, &chat(1));
+        let call = first.prefill_call();
+        first.answer(
+            &call,
+            Some(200),
+            &format!(r#"{{"kv_transfer_params": {KV}}}"#),
+        );
+        first.respond(200, Some("{}"));
+        first.end();
+        assert!(
+            !remembered(&host),
+            "{steering:?} placed nothing in the memory"
+        );
+        serve(&host, REGISTRY, &chat(2));
+        assert_eq!(
+            host.metric("pinroute.placement.decode.remembered"),
+            0,
+            "{steering:?}"
+        );
+        assert_eq!(
+            host.metric("pinroute.placement.prefill.remembered"),
+            0,
+            "{steering:?}"
+        );
+    }
+}
