@@ -49,7 +49,7 @@ pub(super) enum Phase {
 /// What the headers of a completion request decided, for its body and its prefill hop.
 pub(super) struct Completion {
     pub hints: HeaderHints,
-    /// The plain spelling of the completion path.
+    /// The path both hops carry: the plain spelling of the completion path.
     pub path: &'static str,
     /// Client headers, minus stripped ones, for the prefill hop.
     pub forwarded: Vec<(String, String)>,
@@ -106,6 +106,9 @@ impl<H: Host> Env<H> {
         };
         if end_of_stream {
             return Err(RouteError::InvalidBody("the body is empty".into()));
+        }
+        if header_text(&headers, ":path") != path {
+            self.set_request_header(":path", Some(path))?;
         }
         let forwarded = forwarded_headers(&headers, upstream_header);
         self.take_slot()?;

@@ -23,7 +23,9 @@ pub const INFERENCE_PATHS: &[&str] = &[
 /// Where a request's path takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
-    /// A completion path, in its plain spelling: two hops.
+    /// A completion path, in its plain spelling: two hops, both sent to that spelling (with no
+    /// query), so a worker never sees one it would route elsewhere (a trailing slash, a dot
+    /// segment, an escape) and no prefill runs for a decode hop that would not find its handler.
     Completion(&'static str),
     /// Another routed path: one hop, as the client sent it.
     Other,

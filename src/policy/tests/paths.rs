@@ -88,3 +88,20 @@ fn broken_escapes_and_bytes_are_kept_as_they_are() {
     assert_eq!(canonical_path("/a%ff"), "/a\u{fffd}");
     assert_eq!(canonical_path("/é/%"), "/é/%");
 }
+
+#[test]
+fn a_trailing_slash_or_dot_is_still_the_plain_completion_path() {
+    for raw in [
+        "/v1/completions/",
+        "/v1/completions/.",
+        "/v1/%63ompletions",
+        "//v1/completions%2f",
+        "/v1/completions/?a=1",
+    ] {
+        assert_eq!(
+            destination(raw, &[]),
+            Destination::Completion("/v1/completions"),
+            "{raw}"
+        );
+    }
+}
