@@ -4,10 +4,10 @@
 //! once and every field pinroute does not own (numbers, unicode escapes, member order)
 //! reaches the worker exactly as the client wrote it.
 
-use std::collections::HashSet;
+use std::cell::Cell;
 use std::fmt;
 
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The members of a JSON object, in order, with their raw values.
@@ -20,6 +20,11 @@ pub struct JsonObject<'a> {
 /// own recursion limit, which raw members would otherwise escape).
 pub const MAX_DEPTH: usize = 128;
 
+/// Most top-level members accepted: every request field of vLLM's OpenAI API, twice over. A
+/// body of many tiny members is refused as soon as it has one more, before it costs the
+/// filter time or memory in proportion to its size.
+pub const MAX_MEMBERS: usize = 256;
+
 /// Why bytes are not a JSON object pinroute accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JsonObjectError {
@@ -27,6 +32,7 @@ pub enum JsonObjectError {
     NotAnObject,
     DuplicateKey(String),
     TooDeep(String),
+    TooManyMembers,
 }
 
 impl fmt::Display for JsonObjectError {
@@ -41,6 +47,9 @@ impl fmt::Display for JsonObjectError {
                     serde_json::Value::String(key.clone())
                 )
             }
+            JsonObjectError::TooManyMembers => {
+                write!(f, "an object of more than {MAX_MEMBERS} members")
+            }
             JsonObjectError::TooDeep(key) => write!(
                 f,
                 "{} nests arrays and objects deeper than {MAX_DEPTH} levels",
@@ -53,9 +62,13 @@ impl fmt::Display for JsonObjectError {
 impl<'a> JsonObject<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<Self, JsonObjectError> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
+        let too_many = Cell::new(false);
         let members = de
-            .deserialize_any(MembersVisitor)
-            .map_err(|e| classify(&e))?;
+            .deserialize_any(MembersVisitor(&too_many))
+            .map_err(|e| match too_many.get() {
+                true => JsonObjectError::TooManyMembers,
+                false => classify(&e),
+            })?;
         de.end()
             .map_err(|e| JsonObjectError::NotJson(e.to_string()))?;
         let members = members?;
@@ -126,9 +139,10 @@ fn classify(error: &serde_json::Error) -> JsonObjectError {
 
 type Members<'a> = Result<Vec<(String, &'a RawValue)>, JsonObjectError>;
 
-struct MembersVisitor;
+/// Reads an object's members; sets the cell and stops at the one past [`MAX_MEMBERS`].
+struct MembersVisitor<'c>(&'c Cell<bool>);
 
-impl<'de> Visitor<'de> for MembersVisitor {
+impl<'de> Visitor<'de> for MembersVisitor<'_> {
     type Value = Members<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -139,11 +153,16 @@ impl<'de> Visitor<'de> for MembersVisitor {
     /// for the rest of the document to be checked.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut members: Vec<(String, &'de RawValue)> = Vec::new();
-        let mut seen = HashSet::new();
         let mut duplicate = None;
+        let mut read = 0usize;
         while let Some(key) = map.next_key::<String>()? {
+            read += 1;
+            if read > MAX_MEMBERS {
+                self.0.set(true);
+                return Err(A::Error::custom("too many members"));
+            }
             let value: &'de RawValue = map.next_value()?;
-            if !seen.insert(key.clone()) {
+            if members.iter().any(|(seen, _)| *seen == key) {
                 duplicate.get_or_insert(key);
                 continue;
             }

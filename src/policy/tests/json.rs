@@ -98,3 +98,28 @@ fn a_duplicate_key_is_named_whatever_follows_it() {
         "trailing data is still found: {error}"
     );
 }
+
+#[test]
+fn an_object_of_more_members_than_any_request_has_is_refused_at_the_first_too_many() {
+    let members = |n: usize| {
+        let inner: Vec<String> = (0..n).map(|i| format!(r#""m{i}":1"#)).collect();
+        format!("{{{}}}", inner.join(","))
+    };
+    assert_eq!(
+        JsonObject::parse(members(MAX_MEMBERS).as_bytes())
+            .unwrap()
+            .members()
+            .count(),
+        MAX_MEMBERS
+    );
+    let refused = JsonObject::parse(members(MAX_MEMBERS + 1).as_bytes()).unwrap_err();
+    assert_eq!(refused, JsonObjectError::TooManyMembers);
+    assert_eq!(refused.to_string(), "an object of more than 256 members");
+    let mut unfinished = members(MAX_MEMBERS + 1);
+    unfinished.truncate(unfinished.len() - 1);
+    assert_eq!(
+        JsonObject::parse(unfinished.as_bytes()).unwrap_err(),
+        JsonObjectError::TooManyMembers,
+        "refused before the end is read"
+    );
+}
