@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::client::{complete, prompt, send};
+use crate::client::{Reply, complete, prompt, send};
 use crate::{Deployment, disaggregated};
 
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
@@ -200,4 +200,175 @@ async fn no_content_header_of_the_client_reaches_the_prefill_worker() {
     for name in ["content-language", "content-md5"] {
         assert_eq!(prefill[0].header(name), None, "{name}");
     }
+}
+
+/// A long chat whose next turn continues it, as a client resends a conversation.
+fn conversation(turns: usize) -> serde_json::Value {
+    let mut messages = vec![json!({"role": "system", "content": "Answer briefly. ".repeat(120)})];
+    for turn in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("question {turn}")}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+    }
+    messages.push(json!({"role": "user", "content": format!("question {turns}")}));
+    json!({"model": "sim-model", "messages": messages, "max_tokens": 3})
+}
+
+async fn chat(
+    deployment: &Deployment,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> Reply {
+    let path = "/v1/chat/completions";
+    send(
+        deployment,
+        reqwest::Method::POST,
+        path,
+        headers,
+        Some(body.to_string()),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn one_clients_pin_never_places_another_clients_next_turn() {
+    let deployment = disaggregated().await;
+    let unpinned = chat(&deployment, &[], &conversation(1)).await;
+    unpinned.assert_ok("an unpinned first turn");
+    let chosen = unpinned.worker("decode").unwrap();
+    let other = if chosen == 201 { 202 } else { 201 };
+    let fresh = disaggregated().await;
+    let pinned_elsewhere = [("x-dynamo-worker-instance-id", other.to_string())];
+    let pinned_elsewhere: Vec<(&str, &str)> = pinned_elsewhere
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    chat(&fresh, &pinned_elsewhere, &conversation(1))
+        .await
+        .assert_ok("the attacker's pinned first turn");
+    let next = chat(&fresh, &[], &conversation(2)).await;
+    next.assert_ok("another client's next turn");
+    assert_eq!(
+        next.worker("decode"),
+        Some(chosen),
+        "placed by its prompt alone"
+    );
+    assert_eq!(
+        crate::stat(&fresh, "wasmcustom.pinroute.placement.decode.remembered").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn worker_ids_can_be_kept_from_clients() {
+    let mut spec = crate::disaggregated_spec();
+    spec.settings = json!({"worker_id_headers": false});
+    let deployment = crate::start(spec).await;
+    let reply = complete(&deployment, &PIN_201, &prompt()).await;
+    reply.assert_ok("a served request");
+    assert_eq!(reply.worker("decode"), None);
+    assert_eq!(reply.worker("prefill"), None);
+    deployment
+        .worker(101)
+        .unwrap()
+        .set_fault(pinroute_harness::sim::Fault::Status(400));
+    let pinned = [("x-dynamo-prefill-instance-id", "101")];
+    let refused = complete(&deployment, &pinned, &prompt()).await;
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.text.contains("simulated fault"),
+        "the worker's own answer: {}",
+        refused.text
+    );
+    assert_eq!(refused.worker("prefill"), None);
+}
+
+#[tokio::test]
+async fn a_completion_path_reaches_the_decode_worker_in_its_plain_spelling() {
+    let deployment = disaggregated().await;
+    for path in [
+        "/v1/completions/",
+        "/v1/./completions",
+        "/v1/completions%2F",
+        "/v1/completions/?trace=1",
+    ] {
+        let reply = send(
+            &deployment,
+            reqwest::Method::POST,
+            path,
+            &PIN_201,
+            Some(prompt().to_string()),
+        )
+        .await;
+        reply.assert_ok(path);
+        // The sim routes exactly as vLLM does: only the plain path finds the handler.
+        let decoded = deployment.worker(201).unwrap().requests();
+        assert_eq!(decoded.last().unwrap().path, "/v1/completions", "{path}");
+    }
+    let prefilled = [101, 102]
+        .iter()
+        .map(|id| deployment.worker(*id).unwrap().requests().len())
+        .sum::<usize>();
+    assert_eq!(prefilled, 4, "each prefill was used by its decode hop");
+}
+
+#[tokio::test]
+async fn a_body_of_many_tiny_members_is_refused_before_it_costs_the_filter() {
+    let deployment = disaggregated().await;
+    let memory = || crate::stat(&deployment, "wasmcustom.pinroute.vm.memory_bytes");
+    complete(&deployment, &PIN_201, &prompt())
+        .await
+        .assert_ok("a warm-up");
+    let before = memory().await;
+    let members: Vec<String> = (0..600_000).map(|i| format!(r#""{i:x}":1"#)).collect();
+    let body = format!("{{{}}}", members.join(","));
+    assert!(body.len() < 8 << 20);
+    for _ in 0..4 {
+        let reply = send(
+            &deployment,
+            reqwest::Method::POST,
+            "/v1/completions",
+            &[],
+            Some(body.clone()),
+        )
+        .await;
+        let message = reply.error(400, "invalid_body");
+        assert!(message.contains("more than 256 members"), "{message}");
+    }
+    complete(&deployment, &PIN_201, &prompt())
+        .await
+        .assert_ok("after");
+    let grown = memory().await.saturating_sub(before);
+    assert!(
+        grown < 24 << 20,
+        "the VMs grew by {grown} bytes for four 8 MB bodies"
+    );
+}
+
+#[tokio::test]
+async fn a_forged_request_id_stays_one_field_of_one_access_log_line() {
+    let deployment = disaggregated().await;
+    let forged = "forged\" 200 - upstream=10.9.9.9:80 note=FAKE";
+    let headers = [PIN_201[0], ("x-request-id", forged)];
+    complete(&deployment, &headers, &prompt())
+        .await
+        .assert_ok("the request");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let entry = loop {
+        let log = std::fs::read_to_string(deployment.envoy.access_log_path()).unwrap();
+        let entries: Vec<serde_json::Value> = log
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect();
+        if let Some(entry) = entries.into_iter().find(|e| e["request_id"] == forged) {
+            break entry;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the access log names the request"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_ne!(entry["upstream"], "10.9.9.9:80");
+    assert_eq!(entry.get("note"), None);
+    assert_eq!(entry["decode_worker"], "201");
 }

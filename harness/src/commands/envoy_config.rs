@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{
     ANY_ORIGIN, BootstrapOptions, DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, render_bootstrap,
+    DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, exposure_warnings, render_bootstrap,
 };
 
 #[derive(clap::Args)]
@@ -68,15 +68,19 @@ pub fn run(args: &Args) -> Result<()> {
             wasm.display()
         );
     }
-    let bootstrap = render_bootstrap(&BootstrapOptions {
+    let options = BootstrapOptions {
         listen: args.listen,
         admin: args.admin,
         wasm,
         plugin_config,
         route_timeout: Duration::from_secs(args.route_timeout),
         edge: args.edge(),
-    })
-    .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;
+    };
+    let bootstrap = render_bootstrap(&options)
+        .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;
+    for warning in exposure_warnings(&options) {
+        log::warn!("{warning}");
+    }
     std::io::stdout()
         .write_all(bootstrap.as_bytes())
         .context("writing the bootstrap")

@@ -231,8 +231,8 @@ pub fn scan_log(path: &Path) -> Result<LogScan> {
     Ok(scan)
 }
 
-/// Envoy's response flags by request id, from the access log (`... STATUS FLAGS upstream=...
-/// request_id=ID`).
+/// Envoy's response flags by request id, from the access log (JSON lines with `flags` and
+/// `request_id`).
 pub fn access_log_flags(path: &Path) -> Result<HashMap<String, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -240,10 +240,7 @@ pub fn access_log_flags(path: &Path) -> Result<HashMap<String, String>> {
 }
 
 fn flags_of_line(line: &str) -> Option<(String, String)> {
-    let (_, after_request) = line.rsplit_once("\" ")?;
-    let mut fields = after_request.split_whitespace();
-    let _status = fields.next()?;
-    let flags = fields.next()?.to_string();
-    let request_id = fields.find_map(|field| field.strip_prefix("request_id="))?;
-    Some((request_id.to_string(), flags))
+    let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+    let text = |field: &str| entry.get(field)?.as_str().map(str::to_string);
+    Some((text("request_id")?, text("flags")?))
 }

@@ -482,13 +482,20 @@ fn the_access_log_gives_flags_by_request_id() {
     let path = dir.path().join("access.log");
     std::fs::write(
         &path,
-        "[2026-11-30T11:22:04.705Z] \"POST /v1/chat/completions\" 502 UO,UF upstream=127.0.0.1:46127 duration_ms=29 bytes_in=220 bytes_out=123 request_id=soak-54-130\n\
-         [2026-11-30T11:22:04.705Z] \"GET /v1/models\" 200 - upstream=127.0.0.1:1 duration_ms=1 bytes_in=0 bytes_out=12 request_id=soak-1-2\n",
+        concat!(
+            r#"{"start_time":"2026-11-30T11:22:04.705Z","method":"POST","path":"/v1/chat/completions","status":502,"flags":"UO,UF","upstream":"127.0.0.1:46127","request_id":"soak-54-130"}"#,
+            "\n",
+            r#"{"start_time":"2026-11-30T11:22:04.705Z","method":"GET","path":"/v1/models","status":200,"flags":"-","upstream":"127.0.0.1:1","request_id":"soak-1-2"}"#,
+            "\n",
+            r#"{"request_id":"forged\" 200 - upstream=10.9.9.9:80 note=FAKE","flags":"-"}"#,
+            "\n",
+        ),
     )
     .unwrap();
     let flags = super::probe::access_log_flags(&path).unwrap();
     assert_eq!(flags["soak-54-130"], "UO,UF");
     assert_eq!(flags["soak-1-2"], "-");
+    assert_eq!(flags["forged\" 200 - upstream=10.9.9.9:80 note=FAKE"], "-");
 }
 
 #[test]
