@@ -2,6 +2,7 @@
 //! checks and (streamed) fake generation.
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -11,7 +12,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::cache::PromptBlocks;
-use super::config::{Fault, SimRole};
+use super::config::{Fault, HOSTILE_ANSWERS, SimRole};
 use super::engine::Engine;
 use super::kv::{KvEntry, fetch_remote_kv};
 use super::openai::{
@@ -39,7 +40,18 @@ pub(crate) async fn handle_completion(
     state.record(endpoint.path(), headers, body.clone());
     let in_flight = InFlight::start(state);
     let selection = state.select_rank(headers);
-    if let Some(response) = apply_fault(state, selection.label()).await {
+    let fault = match state.fault() {
+        Fault::Hostile => {
+            let turn = state
+                .counters
+                .hostile_answers
+                .fetch_add(1, Ordering::Relaxed);
+            let at = usize::try_from(turn).unwrap_or(0) % HOSTILE_ANSWERS.len();
+            HOSTILE_ANSWERS.get(at).copied().unwrap_or_default()
+        }
+        fault => fault,
+    };
+    if let Some(response) = apply_fault(state, fault, selection.label()).await {
         return response;
     }
     let rank = match selection {
@@ -53,10 +65,13 @@ pub(crate) async fn handle_completion(
         }
     };
     state.count_rank_request(rank);
-    match generate(state, endpoint, headers, &body, rank, in_flight).await {
-        Ok(response) if state.fault() == Fault::Gzip && accepts_gzip(headers) => {
-            gzipped(response).await
-        }
+    let padding = match fault {
+        Fault::KvPadding(bytes) => bytes,
+        _ => 0,
+    };
+    let compressed = fault == Fault::GzipAlways || (fault == Fault::Gzip && accepts_gzip(headers));
+    match generate(state, endpoint, headers, &body, rank, in_flight, padding).await {
+        Ok(response) if compressed => gzipped(response).await,
         Ok(response) => response,
         Err(error) => {
             log::debug!(
@@ -71,8 +86,8 @@ pub(crate) async fn handle_completion(
     }
 }
 
-async fn apply_fault(state: &SimState, rank_label: i64) -> Option<Response> {
-    match state.fault() {
+async fn apply_fault(state: &SimState, fault: Fault, rank_label: i64) -> Option<Response> {
+    match fault {
         Fault::None => None,
         Fault::Status(code) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -94,7 +109,7 @@ async fn apply_fault(state: &SimState, rank_label: i64) -> Option<Response> {
         Fault::Close => Some(close_connection()),
         Fault::Oversized(bytes) => Some(oversized(state, rank_label, bytes)),
         Fault::Truncated => Some(truncated(state, rank_label)),
-        Fault::KvPadding(_) | Fault::Gzip => None,
+        Fault::KvPadding(_) | Fault::Gzip | Fault::GzipAlways | Fault::Hostile => None,
     }
 }
 
@@ -109,15 +124,19 @@ fn oversized(state: &SimState, rank_label: i64, bytes: usize) -> Response {
     )
 }
 
+const TRUNCATION_PAUSE: Duration = Duration::from_millis(50);
+
 /// A 200 that promises twice the body it sends, then drops the connection.
 fn truncated(state: &SimState, rank_label: i64) -> Response {
     let half = Bytes::from_static(br#"{"id":"cmpl-truncated","choices":[{"text":"#);
     let promised = half.len() * 2;
-    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
-        Ok(half),
-        Err(std::io::Error::other("truncated by the simulator")),
-    ];
-    let mut response = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+    // The break comes after the first part is on the wire, headers included.
+    let broken = futures_util::stream::once(async {
+        tokio::time::sleep(TRUNCATION_PAUSE).await;
+        Err::<Bytes, _>(std::io::Error::other("truncated by the simulator"))
+    });
+    let chunks = futures_util::stream::iter([Ok(half)]).chain(broken);
+    let mut response = Response::new(Body::from_stream(chunks));
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -203,9 +222,10 @@ async fn generate(
     body: &Value,
     rank: u32,
     in_flight: InFlight,
+    kv_padding: usize,
 ) -> Result<Response, ApiError> {
     let request = GenerationRequest::parse(endpoint, body)?;
-    let plan = plan_kv(state, &request, rank).await?;
+    let plan = plan_kv(state, &request, rank, kv_padding).await?;
     let first_token_delay = match plan.kv_from {
         Some(_) => Duration::ZERO,
         None => prefill_latency(state, headers),
@@ -286,10 +306,12 @@ async fn prefill(
     Prefilled { cached, computed }
 }
 
+/// `kv_padding`: bytes more in a prefill hop's `kv_transfer_params` ([`Fault::KvPadding`]).
 async fn plan_kv(
     state: &SimState,
     request: &GenerationRequest,
     rank: u32,
+    kv_padding: usize,
 ) -> Result<KvPlan, ApiError> {
     let id = state.config.id;
     match (state.config.role, &request.kv) {
@@ -297,7 +319,7 @@ async fn plan_kv(
         (SimRole::Aggregated, _) => Err(ApiError::bad_request(format!(
             "aggregated worker {id} does not take part in KV transfer: kv_transfer_params must not be sent to it"
         ))),
-        (SimRole::Prefill, KvRequest::RemoteDecode) => produce_kv(state, request, rank),
+        (SimRole::Prefill, KvRequest::RemoteDecode) => produce_kv(state, request, rank, kv_padding),
         (SimRole::Prefill, KvRequest::RemotePrefill(_)) => Err(ApiError::bad_request(format!(
             "prefill worker {id} only produces KV: kv_transfer_params with do_remote_prefill=true belong on a decode worker"
         ))),
@@ -343,6 +365,7 @@ fn produce_kv(
     state: &SimState,
     request: &GenerationRequest,
     rank: u32,
+    padding: usize,
 ) -> Result<KvPlan, ApiError> {
     check_prefill_hop(request)?;
     let (sequence, request_id) = state.fresh_id("kv");
@@ -368,10 +391,8 @@ fn produce_kv(
         "remote_port": state.advertised.port(),
         "tp_size": 1,
     });
-    if let (Fault::KvPadding(bytes), Some(params)) =
-        (state.fault(), response_params.as_object_mut())
-    {
-        params.insert("sim_padding".into(), json!("x".repeat(bytes)));
+    if let Some(params) = response_params.as_object_mut().filter(|_| padding > 0) {
+        params.insert("sim_padding".into(), json!("x".repeat(padding)));
     }
     Ok(KvPlan {
         kv_from: None,

@@ -158,7 +158,8 @@ impl Default for SimConfig {
 ///
 /// JSON shape (as used by `POST /sim/fault`, wrapped in `{"fault": ...}`):
 /// `"none"`, `"hang"`, `"close"`, `{"status": 503}`, and the hostile answers
-/// `{"kv_padding": 1000000}`, `{"oversized": 40000000}`, `"gzip"` and `"truncated"`.
+/// `{"kv_padding": 1000000}`, `{"oversized": 40000000}`, `"gzip"`, `"gzip_always"`,
+/// `"truncated"` and `"hostile"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
@@ -178,9 +179,22 @@ pub enum Fault {
     /// Serve normally, gzip-compressed when the request's `accept-encoding` names gzip (as a
     /// server with compression middleware does).
     Gzip,
+    /// Serve normally, gzip-compressed whatever the request asked.
+    GzipAlways,
     /// Answer 200 with a `content-length` twice what is sent, then close the connection.
     Truncated,
+    /// Each request gets the next of [`HOSTILE_ANSWERS`]: the soak's hostile prefill worker.
+    Hostile,
 }
+
+/// What a [`Fault::Hostile`] worker answers, in turn: `kv_transfer_params` and a body over
+/// the gateway's default bounds, a truncated answer, an unasked-for compressed one.
+pub const HOSTILE_ANSWERS: [Fault; 4] = [
+    Fault::KvPadding(2 << 20),
+    Fault::Oversized(2 << 20),
+    Fault::Truncated,
+    Fault::GzipAlways,
+];
 
 /// One request received on a completion path, as recorded by the simulator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -56,6 +56,8 @@ pub(crate) struct Counters {
     pub(crate) cached_prompt_tokens: AtomicU64,
     /// Prompt tokens this worker computed.
     pub(crate) computed_prompt_tokens: AtomicU64,
+    /// Requests a [`Fault::Hostile`](super::Fault) worker answered: which bad answer is next.
+    pub(crate) hostile_answers: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64, by: u64) {

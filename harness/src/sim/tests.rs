@@ -866,3 +866,53 @@ async fn a_decode_worker_caches_the_kv_it_loads_and_the_prompts_it_prefills() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_hostile_worker_gives_each_request_the_next_bad_answer() {
+    let worker = start(314, SimRole::Prefill, 1).await;
+    worker.set_fault(Fault::Hostile);
+    let url = format!("{}/v1/completions", worker.url());
+    let hop = prefill_hop(PROMPT);
+    let padded = post(&worker, "/v1/completions", &[], &hop).await;
+    let padding = &padded.json()["kv_transfer_params"]["sim_padding"];
+    assert_eq!(padding.as_str().map(str::len), Some(2 << 20));
+    let oversized = post(&worker, "/v1/completions", &[], &hop).await;
+    assert_eq!(
+        (oversized.status, oversized.text.len()),
+        (StatusCode::OK, 2 << 20)
+    );
+    let truncated = client().post(&url).json(&hop).send().await.unwrap();
+    assert_eq!(truncated.status(), StatusCode::OK);
+    assert!(truncated.bytes().await.is_err(), "the body breaks off");
+    let compressed = post(&worker, "/v1/completions", &[], &hop).await;
+    assert_eq!(compressed.header("content-encoding"), "gzip", "unasked");
+    let again = post(&worker, "/v1/completions", &[], &hop).await;
+    assert!(
+        again.json()["kv_transfer_params"]["sim_padding"].is_string(),
+        "the cycle restarts"
+    );
+}
+
+#[tokio::test]
+async fn a_gzip_worker_compresses_only_when_asked() {
+    let worker = start(315, SimRole::Prefill, 1).await;
+    worker.set_fault(Fault::Gzip);
+    let hop = prefill_hop(PROMPT);
+    let plain = post(
+        &worker,
+        "/v1/completions",
+        &[("accept-encoding", "identity")],
+        &hop,
+    )
+    .await;
+    assert_eq!(plain.header("content-encoding"), "");
+    assert!(plain.json()["kv_transfer_params"].is_object());
+    let asked = post(
+        &worker,
+        "/v1/completions",
+        &[("accept-encoding", "gzip, br")],
+        &hop,
+    )
+    .await;
+    assert_eq!(asked.header("content-encoding"), "gzip");
+}

@@ -15,6 +15,10 @@ use pinroute_harness::stack::StackSpec;
 pub const PREFILL_WORKERS: [(u64, u32); 2] = [(101, 1), (102, 2)];
 /// Decode workers: `(id, dp_size)`.
 pub const DECODE_WORKERS: [(u64, u32); 3] = [(201, 1), (202, 2), (203, 1)];
+/// A prefill worker in the registry whose every answer is hostile (`Fault::Hostile`: over
+/// the bounds, truncated, compressed): unpinned requests must go on without it, pins to it
+/// fail typed, and it must stay in service.
+pub const HOSTILE_PREFILL: u64 = 103;
 /// The prefill worker the chaos kills and restarts.
 pub const PREFILL_VICTIM: u64 = 102;
 /// The decode worker the chaos kills and restarts.
@@ -33,10 +37,12 @@ pub struct WorkerTiming {
     pub token_latency: Duration,
 }
 
-/// The stack: every worker of [`PREFILL_WORKERS`] and [`DECODE_WORKERS`], no draining one.
+/// The stack: every worker of [`PREFILL_WORKERS`] and [`DECODE_WORKERS`], and
+/// [`HOSTILE_PREFILL`] (its fault is set once it runs); no draining one.
 pub fn stack_spec(wasm: PathBuf, timing: WorkerTiming) -> StackSpec {
     let prefill = PREFILL_WORKERS
         .iter()
+        .chain(&[(HOSTILE_PREFILL, 1)])
         .map(|(id, dp)| (*id, SimRole::Prefill, *dp));
     let decode = DECODE_WORKERS
         .iter()

@@ -9,7 +9,7 @@ use http::{Method, Request};
 use pinroute_harness::sim::PREFILL_LATENCY_HEADER;
 use serde_json::{Value, json};
 
-use super::deployment::{DECODE_WORKERS, PREFILL_WORKERS};
+use super::deployment::{DECODE_WORKERS, HOSTILE_PREFILL, PREFILL_WORKERS};
 use crate::load::ChunkedBody;
 
 pub const COMPLETIONS: &str = "/v1/completions";
@@ -52,10 +52,11 @@ pub enum Kind {
     UnderscoreHeader,
     LeavesDuringPrefill,
     LeavesDuringDecode,
+    HostilePrefillPin,
 }
 
 /// Every kind with its weight in the mix (percent of requests, roughly).
-pub const MIX: [(Kind, u64); 26] = [
+pub const MIX: [(Kind, u64); 27] = [
     (Kind::Unpinned, 6),
     (Kind::UnpinnedStream, 8),
     (Kind::Chat, 5),
@@ -82,6 +83,7 @@ pub const MIX: [(Kind, u64); 26] = [
     (Kind::UnderscoreHeader, 1),
     (Kind::LeavesDuringPrefill, 1),
     (Kind::LeavesDuringDecode, 1),
+    (Kind::HostilePrefillPin, 1),
 ];
 
 impl Kind {
@@ -113,6 +115,7 @@ impl Kind {
             Kind::UnderscoreHeader => "hostile: underscore header name",
             Kind::LeavesDuringPrefill => "client leaves during the prefill hop",
             Kind::LeavesDuringDecode => "client leaves during the decode stream",
+            Kind::HostilePrefillPin => "hostile worker: prefill pinned to it",
         }
     }
 }
@@ -383,7 +386,18 @@ impl Maker {
             Kind::UnderscoreHeader => self.underscore_header(),
             Kind::LeavesDuringPrefill => self.leaves_during_prefill(),
             Kind::LeavesDuringDecode => self.leaves_during_decode(),
+            Kind::HostilePrefillPin => self.hostile_prefill_pin(),
         }
+    }
+
+    /// A completion pinned to the hostile prefill worker: its answer (oversized, truncated,
+    /// compressed) fails this request alone, typed.
+    fn hostile_prefill_pin(&mut self) -> Planned {
+        let stream = self.rng.coin();
+        let body = self.body(COMPLETIONS, stream, None);
+        Planned::rejected(Kind::HostilePrefillPin, 502, "pinned_worker_failed")
+            .header("x-dynamo-prefill-instance-id", HOSTILE_PREFILL)
+            .json(&body)
     }
 
     /// An unpinned completion whose prefill hop the worker holds for [`HELD_PREFILL`].

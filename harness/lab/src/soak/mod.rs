@@ -33,7 +33,8 @@ use anyhow::{Context, Result};
 
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
 use chaos::{Action, Step, run_chaos};
-use deployment::{LONGEST_OUTAGE, WorkerTiming, stack_spec};
+use deployment::{HOSTILE_PREFILL, LONGEST_OUTAGE, WorkerTiming, stack_spec};
+use pinroute_harness::sim::Fault;
 use pinroute_harness::stack::Stack;
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
 use recovery::Recovery;
@@ -74,6 +75,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
     let mut stack = Stack::start(&spec, &options.work_dir)
         .await
         .context("starting Envoy and the sim workers")?;
+    stack.worker(HOSTILE_PREFILL)?.set_fault(Fault::Hostile);
     let envoy_start = EnvoyStats::read(&stack.envoy).await?;
     let shared = Arc::new(Shared::new());
     let pid = stack.envoy.pid();

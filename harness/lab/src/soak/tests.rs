@@ -88,7 +88,7 @@ fn the_mix_draws_every_kind_reproducibly() {
 }
 
 #[test]
-fn valid_requests_have_json_bodies_and_invalid_ones_expect_a_400() {
+fn valid_requests_have_json_bodies_and_the_others_expect_a_typed_refusal() {
     for seq in 0..2_000 {
         let planned = mix::plan(1, seq, 8);
         match planned.expect {
@@ -97,6 +97,16 @@ fn valid_requests_have_json_bodies_and_invalid_ones_expect_a_400() {
                     let body: Value = serde_json::from_slice(body).unwrap();
                     assert_eq!(body["stream"].as_bool().unwrap(), planned.stream);
                 }
+            }
+            Expect::Rejected { status: 502, code } => {
+                assert_eq!(
+                    (planned.kind, code),
+                    (Kind::HostilePrefillPin, "pinned_worker_failed")
+                );
+                assert_eq!(
+                    planned.headers,
+                    [("x-dynamo-prefill-instance-id", "103".to_string())]
+                );
             }
             Expect::Rejected { status, .. } => {
                 assert!([400, 404, 405, 413].contains(&status), "{planned:?}")
