@@ -173,7 +173,7 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
         registry: &config.registry,
         settings: &config.settings,
         availability: RegistryOnly,
-        choice: Choice::Turn(turn),
+        choice: Choice::RoundRobin(turn),
         prompt: PromptFacts::default(),
     }
 }
@@ -189,7 +189,7 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
         settings: &config.settings,
         availability: RegistryOnly,
         choice: Choice::LeastLoaded {
-            turn,
+            rotation: turn,
             outstanding: &loads,
         },
         prompt: PromptFacts::default(),
@@ -218,7 +218,7 @@ fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(
             depths: prefix.depths(settings.prefix_min_bytes),
             remembered: &[],
             busy: settings.busy(),
-            turn,
+            rotation: turn,
             outstanding: &loads,
         }),
         prompt: PromptFacts {

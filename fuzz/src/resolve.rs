@@ -215,16 +215,16 @@ pub fn check(case: &Case) {
     let remembered: Vec<WorkerId> = prompt.remembered.iter().map(|r| r.id(&workers)).collect();
     let choice = match &case.choice {
         ChoiceSpec::Session(key) => Choice::Session(key),
-        ChoiceSpec::Turn(turn) => Choice::Turn(*turn),
+        ChoiceSpec::Turn(turn) => Choice::RoundRobin(*turn),
         ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded {
-            turn: *turn,
+            rotation: *turn,
             outstanding: &by_load,
         },
         ChoiceSpec::Prefix(turn, _) => Choice::Prefix(Affinity {
             depths: prefix.depths(settings.prefix_min_bytes),
             remembered: &remembered,
             busy: settings.busy(),
-            turn: *turn,
+            rotation: *turn,
             outstanding: &by_load,
         }),
     };
@@ -646,18 +646,21 @@ impl World<'_> {
                 pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)));
                 Placement::Session
             }
-            Choice::Turn(turn) => {
+            Choice::RoundRobin(turn) => {
                 round_robin(&mut pool, turn);
                 Placement::Load
             }
-            Choice::LeastLoaded { turn, outstanding } => {
+            Choice::LeastLoaded {
+                rotation: turn,
+                outstanding,
+            } => {
                 least_loaded(&mut pool, turn, outstanding);
                 Placement::Load
             }
             Choice::Prefix(affinity)
                 if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
             {
-                least_loaded(&mut pool, affinity.turn, affinity.outstanding);
+                least_loaded(&mut pool, affinity.rotation, affinity.outstanding);
                 Placement::Load
             }
             Choice::Prefix(affinity) => affinity_model(&mut pool, &affinity),

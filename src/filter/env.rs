@@ -5,9 +5,7 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::types::Action;
-
-use super::host::Host;
+use super::host::{Flow, Host};
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
 use super::stream::{Phase, host_failure};
@@ -19,7 +17,7 @@ use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::prefix::PromptPrefix;
 use crate::policy::registry::{Worker, WorkerId};
 use crate::policy::resolve::{PromptFacts, Resolver, Route};
-use crate::policy::select::{Affinity, Choice};
+use crate::policy::select::{self, Affinity};
 use crate::policy::turns::{LastTurn, Turn};
 
 /// A completion's prompt, for the choice of its workers.
@@ -41,8 +39,8 @@ impl RequestPrompt<'_> {
 pub struct Env<H: Host> {
     pub host: H,
     pub config: Rc<Config>,
-    /// The thread's running request count: round-robin turns and generated request ids.
-    pub turns: Rc<Cell<u64>>,
+    /// The thread's running request count: the round-robin rotation and generated request ids.
+    pub rotation: Rc<Cell<u64>>,
     pub metrics: Rc<Metrics>,
     /// The request's `x-request-id`, for the prefill hop and the logs (known once the
     /// headers are read).
@@ -59,14 +57,14 @@ impl<H: Host> Env<H> {
     pub fn new(
         host: H,
         config: Rc<Config>,
-        turns: Rc<Cell<u64>>,
+        rotation: Rc<Cell<u64>>,
         metrics: Rc<Metrics>,
         slots: Rc<Slots>,
     ) -> Self {
         Self {
             host,
             config,
-            turns,
+            rotation,
             metrics,
             request_id: String::new(),
             load_changes: RefCell::default(),
@@ -156,8 +154,8 @@ impl<H: Host> Env<H> {
         prompt: Option<&RequestPrompt<'_>>,
         resolve: impl FnOnce(&Resolver<'_, Observed<'_>>) -> T,
     ) -> T {
-        let turn = self.turns.get();
-        self.turns.set(turn.wrapping_add(1));
+        let rotation = self.rotation.get();
+        self.rotation.set(rotation.wrapping_add(1));
         let loads = OnceCell::new();
         let outstanding = |worker: &Worker| {
             loads
@@ -166,20 +164,15 @@ impl<H: Host> Env<H> {
         };
         let settings = &self.config.settings;
         let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
-        let choice = match (&hints.session, prompt) {
-            (Some(key), _) => Choice::Session(key),
-            (None, Some(prompt)) => Choice::Prefix(Affinity {
-                depths: prompt.prefix.depths(settings.prefix_min_bytes),
-                remembered: &remembered,
-                busy: settings.busy(),
-                turn,
-                outstanding: &outstanding,
-            }),
-            (None, None) => Choice::LeastLoaded {
-                turn,
-                outstanding: &outstanding,
-            },
-        };
+        let affinity = prompt.map(|p| Affinity {
+            depths: p.prefix.depths(settings.prefix_min_bytes),
+            remembered: &remembered,
+            busy: settings.busy(),
+            rotation,
+            outstanding: &outstanding,
+        });
+        let session = hints.session.as_deref();
+        let choice = select::unpinned_choice(session, affinity, rotation, &outstanding);
         let facts = prompt.map_or_else(PromptFacts::default, |p| PromptFacts {
             bytes: p.raw.len(),
             last_turn: p.last_turn,
@@ -285,7 +278,7 @@ impl<H: Host> Env<H> {
     }
 
     /// Answers `error` in place of whatever the request would have got; the request is over.
-    pub fn answer(&self, error: &RouteError) -> (Phase, Action) {
+    pub fn answer(&self, error: &RouteError) -> (Phase, Flow) {
         log::debug!(
             "pinroute: request {} answered {}: {error}",
             self.request_id,
@@ -293,7 +286,7 @@ impl<H: Host> Env<H> {
         );
         self.metrics.count_error(&self.host, error);
         self.send_error(error);
-        (Phase::Answered, Action::Pause)
+        (Phase::Answered, Flow::Pause)
     }
 
     pub fn send_error(&self, error: &RouteError) {

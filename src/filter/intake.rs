@@ -60,7 +60,7 @@ impl<H: Host> Env<H> {
         let id = format!(
             "pinroute-{:x}-{:x}",
             self.host.now_nanos(),
-            self.turns.get()
+            self.rotation.get()
         );
         self.set_request_header("x-request-id", Some(&id))?;
         Ok(id)

@@ -3,9 +3,7 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use proxy_wasm::types::MetricType;
-
-use super::host::Host;
+use super::host::{Host, MetricKind};
 use crate::policy::error::RouteError;
 use crate::policy::resolve::{LocalPrefill, PrefillPlan, Route};
 use crate::policy::select::Placement;
@@ -161,17 +159,17 @@ impl Metrics {
         let define = |kind, name: &str| host.define_metric(kind, name).ok();
         let counters = COUNTERS
             .iter()
-            .map(|(_, name)| define(MetricType::Counter, name))
+            .map(|(_, name)| define(MetricKind::Counter, name))
             .collect();
         let errors = RouteError::CODES
             .iter()
-            .map(|code| define(MetricType::Counter, &format!("pinroute.errors.{code}")))
+            .map(|code| define(MetricKind::Counter, &format!("pinroute.errors.{code}")))
             .collect();
         Self {
             counters,
             errors,
-            prefill_latency: define(MetricType::Histogram, PREFILL_LATENCY),
-            vm_memory: define(MetricType::Gauge, VM_MEMORY),
+            prefill_latency: define(MetricKind::Histogram, PREFILL_LATENCY),
+            vm_memory: define(MetricKind::Gauge, VM_MEMORY),
         }
     }
 

@@ -2,12 +2,11 @@
 //! token-generating worker; a failed hop becomes a typed error, and so does a worker's 4xx
 //! to a hop that carried the prefill's KV transfer parameters.
 
-use proxy_wasm::types::{Action, Status};
 use serde_json::value::RawValue;
 
 use super::decode_retry::DecodeRetry;
 use super::env::Env;
-use super::host::Host;
+use super::host::{Flow, Host, HostError};
 use super::metrics::Counter;
 use super::stream::Phase;
 use crate::policy::answers;
@@ -172,9 +171,9 @@ impl Routed {
         self.decode.target.worker.id
     }
 
-    pub fn on_response_headers<H: Host>(&mut self, env: &Env<H>, end_of_stream: bool) -> Action {
+    pub fn on_response_headers<H: Host>(&mut self, env: &Env<H>, end_of_stream: bool) -> Flow {
         if !matches!(self.answer, Answer::Awaited) {
-            return Action::Continue;
+            return Flow::Continue;
         }
         self.answer = self.judge(env).unwrap_or_else(|status| {
             log::error!(
@@ -184,7 +183,7 @@ impl Routed {
             Answer::AsItIs
         });
         if matches!(self.answer, Answer::Retrying) {
-            return Action::Pause;
+            return Flow::Pause;
         }
         // Answered: the kept request is no longer needed.
         self.retry = None;
@@ -192,13 +191,13 @@ impl Routed {
             // No body will come to be replaced: the error is answered whole instead.
             env.send_error(error);
             self.answer = Answer::AsItIs;
-            return Action::Pause;
+            return Flow::Pause;
         }
-        Action::Continue
+        Flow::Continue
     }
 
     /// Names the served workers, and decides what the worker's answer becomes.
-    fn judge<H: Host>(&mut self, env: &Env<H>) -> Result<Answer, Status> {
+    fn judge<H: Host>(&mut self, env: &Env<H>) -> Result<Answer, HostError> {
         let host = &env.host;
         let worker = self.served_decode_worker(env);
         if env.config.settings.worker_id_headers {
@@ -308,14 +307,14 @@ impl Routed {
         alternates.get(at).map_or(first, |w| w.id)
     }
 
-    pub fn on_response_body<H: Host>(&mut self, env: &Env<H>, size: usize, end: bool) -> Action {
+    pub fn on_response_body<H: Host>(&mut self, env: &Env<H>, size: usize, end: bool) -> Flow {
         let error = match &self.answer {
             Answer::Replaced(error) => error,
-            Answer::Retrying => return Action::Pause,
-            Answer::Awaited | Answer::AsItIs => return Action::Continue,
+            Answer::Retrying => return Flow::Pause,
+            Answer::Awaited | Answer::AsItIs => return Flow::Continue,
         };
         if !end {
-            return Action::Pause;
+            return Flow::Pause;
         }
         if let Err(status) = env
             .host
@@ -326,7 +325,7 @@ impl Routed {
                 env.request_id
             );
         }
-        Action::Continue
+        Flow::Continue
     }
 }
 

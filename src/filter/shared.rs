@@ -2,9 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use proxy_wasm::types::Status;
-
-use super::host::{Host, SharedValue};
+use super::host::{Host, HostError, SharedValue};
 
 use crate::policy::health::{Ejection, HealthTable, Recorded};
 use crate::policy::inflight::{self, InFlightTable};
@@ -92,7 +90,7 @@ fn update_health<R>(
             SEEN.with(|seen| seen.replace(table));
             Some(result)
         }
-        Err(Status::CasMismatch) => {
+        Err(HostError::CasMismatch) => {
             log::warn!(
                 "pinroute: health of worker {worker} not recorded: shared data kept changing"
             );
@@ -111,7 +109,7 @@ fn rewrite<R>(
     host: &impl Host,
     key: &str,
     change: impl Fn(Option<&[u8]>) -> Result<(Vec<u8>, R), R>,
-) -> Result<R, Status> {
+) -> Result<R, HostError> {
     rewrite_from(host, key, None, change)
 }
 
@@ -122,7 +120,7 @@ fn rewrite_from<R>(
     key: &str,
     mut seen: Option<SharedValue>,
     change: impl Fn(Option<&[u8]>) -> Result<(Vec<u8>, R), R>,
-) -> Result<R, Status> {
+) -> Result<R, HostError> {
     for _ in 0..CAS_ATTEMPTS {
         let read = seen.take().map_or_else(|| host.shared_data(key), Ok);
         let (bytes, cas) = read.unwrap_or((None, None));
@@ -132,11 +130,11 @@ fn rewrite_from<R>(
         };
         match host.set_shared_data(key, &value, cas.or(Some(0))) {
             Ok(()) => return Ok(result),
-            Err(Status::CasMismatch) => continue,
+            Err(HostError::CasMismatch) => continue,
             Err(status) => return Err(status),
         }
     }
-    Err(Status::CasMismatch)
+    Err(HostError::CasMismatch)
 }
 
 /// Versioned with `LoadTable`'s encoding, like the health table.
@@ -174,7 +172,7 @@ pub fn add_outstanding(host: &impl Host, changes: &[(WorkerId, i64)]) {
     });
     match counted {
         Ok(()) => {}
-        Err(Status::CasMismatch) => {
+        Err(HostError::CasMismatch) => {
             log::warn!("pinroute: requests in flight not counted: shared data kept changing");
         }
         Err(status) => log::error!("pinroute: cannot count requests in flight: {status:?}"),

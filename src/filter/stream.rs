@@ -9,11 +9,8 @@
 //! any phase ──► Answered (the filter answered itself)
 //! ```
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
-
 use super::env::Env;
-use super::host::Host;
+use super::host::{Flow, Host, HostError};
 use super::intake::{forwarded_headers, header_text};
 use super::metrics::Counter;
 use super::prefill::Prefilling;
@@ -55,7 +52,7 @@ pub(super) struct Completion {
     pub forwarded: Vec<(String, String)>,
 }
 
-type Step = Result<(Phase, Action), RouteError>;
+type Step = Result<(Phase, Flow), RouteError>;
 
 impl<H: Host> Stream<H> {
     pub fn new(env: Env<H>) -> Self {
@@ -67,7 +64,7 @@ impl<H: Host> Stream<H> {
 
     /// Runs one callback: `step` gets the current phase and returns the next; an error is
     /// answered in place of the request.
-    fn advance(&mut self, step: impl FnOnce(&mut Env<H>, Phase) -> Step) -> Action {
+    fn advance(&mut self, step: impl FnOnce(&mut Env<H>, Phase) -> Step) -> Flow {
         let phase = std::mem::replace(&mut self.phase, Phase::Answered);
         let (next, action) = step(&mut self.env, phase).unwrap_or_else(|e| self.env.answer(&e));
         self.phase = next;
@@ -100,9 +97,9 @@ impl<H: Host> Env<H> {
                 } else {
                     RoutedBody::Unread
                 };
-                return Ok((self.route(decode, body, None)?, Action::Continue));
+                return Ok((self.route(decode, body, None)?, Flow::Continue));
             }
-            return Ok((Phase::PassthroughBody(decode), Action::Pause));
+            return Ok((Phase::PassthroughBody(decode), Flow::Pause));
         };
         if end_of_stream {
             return Err(RouteError::InvalidBody("the body is empty".into()));
@@ -118,12 +115,12 @@ impl<H: Host> Env<H> {
             path,
             forwarded,
         };
-        Ok((Phase::CompletionBody(completion), Action::Pause))
+        Ok((Phase::CompletionBody(completion), Flow::Pause))
     }
 
     fn on_completion_body(&mut self, completion: Completion, size: usize, end: bool) -> Step {
         let Some(body) = self.whole_body(size, end)? else {
-            return Ok((Phase::CompletionBody(completion), Action::Pause));
+            return Ok((Phase::CompletionBody(completion), Flow::Pause));
         };
         let request =
             JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
@@ -150,7 +147,7 @@ impl<H: Host> Env<H> {
                 let held = HeldBody::edited(size, decode_body.finish(None));
                 return Ok((
                     self.route(route.decode, RoutedBody::Held(held), None)?,
-                    Action::Continue,
+                    Flow::Continue,
                 ));
             }
             PrefillPlan::Pinned(target) => vec![target],
@@ -164,18 +161,18 @@ impl<H: Host> Env<H> {
             route.decode,
             size,
         )?;
-        Ok((self.dispatch_prefill(prefilling)?, Action::Pause))
+        Ok((self.dispatch_prefill(prefilling)?, Flow::Pause))
     }
 
     /// Another path's JSON body, once whole: on to the worker unless it names
     /// `kv_transfer_params`.
     fn on_passthrough_body(&mut self, decode: TokenHop, size: usize, end: bool) -> Step {
         let Some(body) = self.whole_body(size, end)? else {
-            return Ok((Phase::PassthroughBody(decode), Action::Pause));
+            return Ok((Phase::PassthroughBody(decode), Flow::Pause));
         };
         passthrough::check_body(&body)?;
         let body = RoutedBody::Read(body.len());
-        Ok((self.route(decode, body, None)?, Action::Continue))
+        Ok((self.route(decode, body, None)?, Flow::Continue))
     }
 
     fn on_call_answer(&mut self, phase: Phase, token: u32, body_size: usize) -> Step {
@@ -190,76 +187,71 @@ impl<H: Host> Env<H> {
                         self.request_id
                     );
                 }
-                Ok((next, Action::Continue))
+                Ok((next, Flow::Continue))
             }
             Phase::Routed(mut routed) if routed.awaits(token) => {
                 routed.on_retry_answer(self, body_size);
-                Ok((Phase::Routed(routed), Action::Continue))
+                Ok((Phase::Routed(routed), Flow::Continue))
             }
-            other => Ok((other, Action::Continue)),
+            other => Ok((other, Flow::Continue)),
         }
     }
 }
 
-impl<H: Host> Context for Stream<H> {
-    fn on_http_call_response(
-        &mut self,
-        token: u32,
-        _headers: usize,
-        body_size: usize,
-        _trailers: usize,
-    ) {
-        self.advance(|env, phase| env.on_call_answer(phase, token, body_size));
-    }
-}
-
-impl<H: Host> HttpContext for Stream<H> {
-    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+/// The host's callbacks: each runs one step of the machine.
+impl<H: Host> Stream<H> {
+    pub fn on_request_headers(&mut self, end_of_stream: bool) -> Flow {
         self.advance(|env, _| env.on_headers(end_of_stream))
     }
 
-    fn on_http_request_body(&mut self, size: usize, end: bool) -> Action {
+    pub fn on_request_body(&mut self, size: usize, end: bool) -> Flow {
         self.advance(|env, phase| match phase {
             Phase::CompletionBody(completion) => env.on_completion_body(completion, size, end),
             Phase::PassthroughBody(decode) => env.on_passthrough_body(decode, size, end),
-            Phase::Prefill(_) | Phase::Answered => Ok((phase, Action::Pause)),
-            Phase::Headers | Phase::Routed(_) => Ok((phase, Action::Continue)),
+            Phase::Prefill(_) | Phase::Answered => Ok((phase, Flow::Pause)),
+            Phase::Headers | Phase::Routed(_) => Ok((phase, Flow::Continue)),
         })
     }
 
     /// A body that ends in trailers (HTTP/2) never ends in the body callbacks: a body the
     /// filter must read is refused rather than forwarded unread.
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+    pub fn on_request_trailers(&mut self) -> Flow {
         self.advance(|_, phase| match phase {
             Phase::CompletionBody(_) | Phase::PassthroughBody(_) => Err(RouteError::InvalidBody(
                 "a body followed by trailers is not accepted".into(),
             )),
-            Phase::Prefill(_) | Phase::Answered => Ok((phase, Action::Pause)),
-            Phase::Headers | Phase::Routed(_) => Ok((phase, Action::Continue)),
+            Phase::Prefill(_) | Phase::Answered => Ok((phase, Flow::Pause)),
+            Phase::Headers | Phase::Routed(_) => Ok((phase, Flow::Continue)),
         })
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let action = match &mut self.phase {
+    /// The answer of a call the request made: its prefill hop, or a decode hop the filter
+    /// sent again.
+    pub fn on_call_answer(&mut self, token: u32, body_size: usize) {
+        self.advance(|env, phase| env.on_call_answer(phase, token, body_size));
+    }
+
+    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Flow {
+        let flow = match &mut self.phase {
             Phase::Routed(routed) => routed.on_response_headers(&self.env, end_of_stream),
-            _ => Action::Continue,
+            _ => Flow::Continue,
         };
         // A retried hop moved the request to another worker.
         self.env.flush_load();
-        action
+        flow
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Flow {
         match &mut self.phase {
             Phase::Routed(routed) => routed.on_response_body(&self.env, body_size, end_of_stream),
-            _ => Action::Continue,
+            _ => Flow::Continue,
         }
     }
 
     /// The stream is over, however it ended (answered, failed, the client gone): its hops no
     /// longer count as outstanding, its in-flight slot is free, and nothing more is done for
     /// it (a late prefill answer included).
-    fn on_log(&mut self) {
+    pub fn on_stream_end(&mut self) {
         self.env.release_slot();
         let worker = match std::mem::replace(&mut self.phase, Phase::Answered) {
             Phase::Prefill(prefill) => prefill.current.worker.id,
@@ -271,7 +263,7 @@ impl<H: Host> HttpContext for Stream<H> {
     }
 }
 
-pub(super) fn host_failure(status: proxy_wasm::types::Status) -> RouteError {
-    log::error!("pinroute: host call failed: {status:?}");
+pub(super) fn host_failure(error: HostError) -> RouteError {
+    log::error!("pinroute: host call failed: {error}");
     RouteError::Internal("a host call failed")
 }

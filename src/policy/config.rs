@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
 use super::prefix::{BLOCK_BYTES, MAX_WINDOW_BYTES};
-use super::registry::{Registry, WorkerId};
+use super::registry::{Registry, RegistryError};
 use super::select::Busy;
 
 /// The Envoy cluster of the decode (or aggregated) hop: ORIGINAL_DST, steered by
@@ -339,23 +339,15 @@ fn is_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Why a plugin configuration or registry was refused.
+/// Why a plugin configuration was refused.
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("invalid JSON: {0}")]
     Json(serde_json::Error),
     #[error("the \"workers\" list is missing")]
     MissingWorkers,
-    #[error("worker id {0} appears more than once")]
-    DuplicateId(WorkerId),
-    #[error("address {0} is given to more than one worker")]
-    DuplicateAddress(SocketAddr),
-    #[error("worker {0} has dp_size 0")]
-    ZeroDpSize(WorkerId),
-    #[error("aggregated workers cannot be mixed with prefill or decode workers")]
-    MixedDeployment,
-    #[error("no decode or aggregated worker: nothing could generate tokens")]
-    NoDecodeWorker,
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
     #[error("{0}")]
     Setting(&'static str),
 }

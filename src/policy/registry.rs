@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::config::ConfigError;
+use thiserror::Error;
 
 pub type WorkerId = u64;
 
@@ -59,6 +59,23 @@ pub struct Registry {
     deployment: Deployment,
 }
 
+/// Why a worker list was refused (`docs/semantics.md` §8), at load or fetched at run time.
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("invalid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("worker id {0} appears more than once")]
+    DuplicateId(WorkerId),
+    #[error("address {0} is given to more than one worker")]
+    DuplicateAddress(SocketAddr),
+    #[error("worker {0} has dp_size 0")]
+    ZeroDpSize(WorkerId),
+    #[error("aggregated workers cannot be mixed with prefill or decode workers")]
+    MixedDeployment,
+    #[error("no decode or aggregated worker: nothing could generate tokens")]
+    NoDecodeWorker,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RegistryDoc {
@@ -67,23 +84,23 @@ struct RegistryDoc {
 
 impl Registry {
     /// Parses and validates a registry document: `{"workers": [...]}`.
-    pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
-        let doc: RegistryDoc = serde_json::from_slice(json).map_err(ConfigError::Json)?;
+    pub fn from_json(json: &[u8]) -> Result<Self, RegistryError> {
+        let doc: RegistryDoc = serde_json::from_slice(json).map_err(RegistryError::Json)?;
         Self::new(doc.workers)
     }
 
-    pub fn new(workers: Vec<Worker>) -> Result<Self, ConfigError> {
+    pub fn new(workers: Vec<Worker>) -> Result<Self, RegistryError> {
         let mut ids = HashSet::new();
         let mut addresses = HashSet::new();
         for worker in &workers {
             if !ids.insert(worker.id) {
-                return Err(ConfigError::DuplicateId(worker.id));
+                return Err(RegistryError::DuplicateId(worker.id));
             }
             if !addresses.insert(worker.address) {
-                return Err(ConfigError::DuplicateAddress(worker.address));
+                return Err(RegistryError::DuplicateAddress(worker.address));
             }
             if worker.dp_size == 0 {
-                return Err(ConfigError::ZeroDpSize(worker.id));
+                return Err(RegistryError::ZeroDpSize(worker.id));
             }
         }
         let has = |role| workers.iter().any(|w| w.role == role);
@@ -91,9 +108,9 @@ impl Registry {
             has(Role::Aggregated),
             has(Role::Prefill) || has(Role::Decode),
         ) {
-            (true, true) => return Err(ConfigError::MixedDeployment),
+            (true, true) => return Err(RegistryError::MixedDeployment),
             (true, false) => Deployment::Aggregated,
-            (false, _) if !has(Role::Decode) => return Err(ConfigError::NoDecodeWorker),
+            (false, _) if !has(Role::Decode) => return Err(RegistryError::NoDecodeWorker),
             (false, _) => Deployment::Disaggregated,
         };
         Ok(Self {

@@ -9,11 +9,11 @@ pub enum Choice<'a> {
     /// same registry agrees, and a worker leaving moves only the sessions it held.
     Session(&'a [u8]),
     /// Round robin: the caller's running request count.
-    Turn(u64),
+    RoundRobin(u64),
     /// Power of two choices: of the next two workers in round-robin order, the one with fewer
     /// requests outstanding (as `outstanding` tells) goes first.
     LeastLoaded {
-        turn: u64,
+        rotation: u64,
         outstanding: &'a dyn Fn(&Worker) -> u64,
     },
     /// Prefix affinity, bounded by load (see [`Affinity`]).
@@ -31,7 +31,7 @@ pub struct Affinity<'a> {
     /// while not busy, they hold more of it than any hash can tell.
     pub remembered: &'a [WorkerId],
     pub busy: Busy,
-    pub turn: u64,
+    pub rotation: u64,
     pub outstanding: &'a dyn Fn(&Worker) -> u64,
 }
 
@@ -76,6 +76,25 @@ pub struct Ranked<'w> {
     pub placement: Placement,
 }
 
+/// How a request's unpinned hops are placed (`docs/semantics.md` §5): a session beats prefix
+/// affinity, and prefix affinity (a completion's prompt, `affinity`) beats load alone. Pins
+/// beat all three: the resolver takes a pinned worker before any choice is made.
+pub fn unpinned_choice<'a>(
+    session: Option<&'a [u8]>,
+    affinity: Option<Affinity<'a>>,
+    rotation: u64,
+    outstanding: &'a dyn Fn(&Worker) -> u64,
+) -> Choice<'a> {
+    match (session, affinity) {
+        (Some(key), _) => Choice::Session(key),
+        (None, Some(affinity)) => Choice::Prefix(affinity),
+        (None, None) => Choice::LeastLoaded {
+            rotation,
+            outstanding,
+        },
+    }
+}
+
 /// Orders `pool` by preference for this request: the first is tried, the rest are the
 /// fallbacks for retries, in order.
 pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Ranked<'w> {
@@ -84,18 +103,21 @@ pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Ran
             pool.sort_by_cached_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)));
             Placement::Session
         }
-        Choice::Turn(turn) => {
-            rotate(&mut pool, turn);
+        Choice::RoundRobin(rotation) => {
+            rotate(&mut pool, rotation);
             Placement::Load
         }
-        Choice::LeastLoaded { turn, outstanding } => {
-            least_loaded(&mut pool, turn, outstanding);
+        Choice::LeastLoaded {
+            rotation,
+            outstanding,
+        } => {
+            least_loaded(&mut pool, rotation, outstanding);
             Placement::Load
         }
         Choice::Prefix(affinity)
             if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
         {
-            least_loaded(&mut pool, affinity.turn, affinity.outstanding);
+            least_loaded(&mut pool, affinity.rotation, affinity.outstanding);
             Placement::Load
         }
         Choice::Prefix(affinity) => by_affinity(&mut pool, &affinity),
@@ -106,8 +128,8 @@ pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Ran
     }
 }
 
-fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -> u64) {
-    rotate(pool, turn);
+fn least_loaded(pool: &mut [&Worker], rotation: u64, outstanding: &dyn Fn(&Worker) -> u64) {
+    rotate(pool, rotation);
     if let [first, second, ..] = pool
         && outstanding(second) < outstanding(first)
     {
@@ -115,11 +137,11 @@ fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -
     }
 }
 
-/// Round-robin order: by id, starting at the `turn`-th worker.
-fn rotate(pool: &mut [&Worker], turn: u64) {
+/// Round-robin order: by id, starting at the `rotation`-th worker.
+fn rotate(pool: &mut [&Worker], rotation: u64) {
     pool.sort_by_key(|w| w.id);
     if !pool.is_empty() {
-        let start = usize::try_from(turn % pool.len() as u64).unwrap_or(0);
+        let start = usize::try_from(rotation % pool.len() as u64).unwrap_or(0);
         pool.rotate_left(start);
     }
 }

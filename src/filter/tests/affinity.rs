@@ -25,8 +25,8 @@ fn chat(turns: usize) -> String {
 fn routed_at_once(host: FakeHost, config: &str, extra: &[(&str, &str)], body: &str) -> Request {
     let headers = [COMPLETION_HEADERS, extra].concat();
     let mut request = Request::on(host, config, &headers);
-    assert_eq!(request.headers(false), Action::Pause);
-    assert_eq!(request.body(body), Action::Continue, "routed at once");
+    assert_eq!(request.headers(false), Flow::Pause);
+    assert_eq!(request.body(body), Flow::Continue, "routed at once");
     request
 }
 

@@ -46,7 +46,7 @@ fn live_request(headers: &[(&str, &str)], end_of_stream: bool) -> Request {
 /// A completion whose prefill answered with `KV`, routed to a live decode worker.
 fn routed(extra: &[(&str, &str)]) -> Request {
     let mut request = live_request(&[COMPLETION_HEADERS, extra].concat(), false);
-    assert_eq!(request.body(PROMPT), Action::Pause);
+    assert_eq!(request.body(PROMPT), Flow::Pause);
     let call = request.prefill_call();
     let prefill_answer = format!(r#"{{"kv_transfer_params": {KV}}}"#);
     request.answer(&call, Some(200), &prefill_answer);
@@ -61,17 +61,14 @@ impl Request {
 
     /// Envoy's own 503 for a connection the worker refused: the actions on its headers and
     /// its body.
-    fn refused(&mut self) -> (Action, Action) {
+    fn refused(&mut self) -> (Flow, Flow) {
         let mut state = self.host.state();
         state.code_details = Some(CONNECT_FAILURE.into());
         state.response_headers = vec![(":status".into(), b"503".to_vec())];
         state.response_body = REFUSED.as_bytes().to_vec();
         drop(state);
-        let headers = self.stream.on_http_response_headers(0, false);
-        (
-            headers,
-            self.stream.on_http_response_body(REFUSED.len(), true),
-        )
+        let headers = self.stream.on_response_headers(false);
+        (headers, self.stream.on_response_body(REFUSED.len(), true))
     }
 
     /// The only decode call in flight and the worker it goes to.
@@ -98,8 +95,7 @@ impl Request {
             status.into_iter().chain(headers).collect(),
             body.as_bytes().to_vec(),
         );
-        self.stream
-            .on_http_call_response(call.token, 0, body.len(), 0);
+        self.stream.on_call_answer(call.token, body.len());
     }
 
     fn only_sent(&self) -> fake_host::Sent {
@@ -119,7 +115,7 @@ fn a_refused_connection_goes_on_to_the_next_candidate_with_the_routed_request() 
 
     assert_eq!(
         request.refused(),
-        (Action::Pause, Action::Pause),
+        (Flow::Pause, Flow::Pause),
         "Envoy's 503 is held"
     );
     let (call, next) = request.decode_call();
@@ -232,7 +228,7 @@ fn a_pinned_hop_is_never_retried_elsewhere() {
     let mut request = routed(&[("x-dynamo-worker-instance-id", "212")]);
     assert_eq!(request.routed_to(), 212);
     let (headers, _) = request.refused();
-    assert_eq!(headers, Action::Continue);
+    assert_eq!(headers, Flow::Continue);
     assert!(request.host.take_calls().is_empty());
     let code = request.host.response_header("x-pinroute-error-code");
     assert_eq!(code.as_deref(), Some("pinned_worker_failed"));

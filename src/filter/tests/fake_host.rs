@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::types::{MetricType, Status};
+use crate::filter::host::{HostError, MetricKind};
 
 use crate::filter::host::{Headers, Host, SharedValue};
 
@@ -133,27 +133,27 @@ fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 impl Host for FakeHost {
-    fn request_headers(&self) -> Result<Headers, Status> {
+    fn request_headers(&self) -> Result<Headers, HostError> {
         Ok(self.0.borrow().request_headers.clone())
     }
 
-    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), Status> {
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         set(&mut self.state().request_headers, name, value);
         Ok(())
     }
 
-    fn request_body(&self, size: usize) -> Result<Vec<u8>, Status> {
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         let body = &self.0.borrow().request_body;
         Ok(body.get(..size).unwrap_or(body).to_vec())
     }
 
-    fn edit_request_body(&self, replaced: usize, with: &[u8]) -> Result<(), Status> {
+    fn edit_request_body(&self, replaced: usize, with: &[u8]) -> Result<(), HostError> {
         let body = &mut self.state().request_body;
         *body = [with, body.get(replaced..).unwrap_or_default()].concat();
         Ok(())
     }
 
-    fn resume_request(&self) -> Result<(), Status> {
+    fn resume_request(&self) -> Result<(), HostError> {
         self.state().resumed += 1;
         Ok(())
     }
@@ -162,12 +162,12 @@ impl Host for FakeHost {
         self.response_header(":status")?.parse().ok()
     }
 
-    fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), Status> {
+    fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         set(&mut self.state().response_headers, name, value);
         Ok(())
     }
 
-    fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), Status> {
+    fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), HostError> {
         let held = &mut self.state().response_body;
         *held = [body, held.get(old_size..).unwrap_or_default()].concat();
         Ok(())
@@ -186,7 +186,7 @@ impl Host for FakeHost {
         status: u16,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> Result<(), Status> {
+    ) -> Result<(), HostError> {
         let sent = Sent {
             status,
             headers: owned(headers),
@@ -202,10 +202,10 @@ impl Host for FakeHost {
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
         timeout: Duration,
-    ) -> Result<u32, Status> {
+    ) -> Result<u32, HostError> {
         let mut state = self.state();
         if state.fail_dispatch {
-            return Err(Status::BadArgument);
+            return Err(HostError::Refused("bad argument"));
         }
         let token = state.calls.len() as u32 + 100;
         state.calls.push(Call {
@@ -218,29 +218,29 @@ impl Host for FakeHost {
         Ok(token)
     }
 
-    fn call_response_headers(&self) -> Result<Headers, Status> {
+    fn call_response_headers(&self) -> Result<Headers, HostError> {
         Ok(self.0.borrow().call_answer.0.clone())
     }
 
-    fn call_response_body(&self, size: usize) -> Result<Vec<u8>, Status> {
+    fn call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         let mut state = self.0.borrow_mut();
         state.call_body_reads += 1;
         let body = &state.call_answer.1;
         Ok(body.get(..size).unwrap_or(body).to_vec())
     }
 
-    fn shared_data(&self, key: &str) -> Result<SharedValue, Status> {
+    fn shared_data(&self, key: &str) -> Result<SharedValue, HostError> {
         Ok(match self.0.borrow().shared.get(key) {
             Some((value, cas)) => (Some(value.clone()), Some(*cas)),
             None => (None, None),
         })
     }
 
-    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
         let mut state = self.state();
         let current = state.shared.get(key).map_or(0, |(_, cas)| *cas);
         if cas.is_some_and(|cas| cas != 0 && cas != current) {
-            return Err(Status::CasMismatch);
+            return Err(HostError::CasMismatch);
         }
         state
             .shared
@@ -248,25 +248,33 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn define_metric(&self, _kind: MetricType, name: &str) -> Result<u32, Status> {
+    fn define_metric(&self, _kind: MetricKind, name: &str) -> Result<u32, HostError> {
         let mut state = self.state();
         state.metric_names.push(name.to_string());
         Ok(state.metric_names.len() as u32 - 1)
     }
 
-    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), Status> {
+    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), HostError> {
         let mut state = self.state();
         let value = state.metric_values.entry(id).or_default();
         *value = value.saturating_add_signed(offset);
         Ok(())
     }
 
-    fn record_metric(&self, id: u32, value: u64) -> Result<(), Status> {
+    fn record_metric(&self, id: u32, value: u64) -> Result<(), HostError> {
         self.state().metric_values.insert(id, value);
         Ok(())
     }
 
     fn now_nanos(&self) -> u64 {
         self.0.borrow().now
+    }
+
+    fn plugin_configuration(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn set_tick_period(&self, _period: Duration) -> Result<(), HostError> {
+        Ok(())
     }
 }

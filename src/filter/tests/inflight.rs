@@ -22,7 +22,7 @@ fn arrive(host: &FakeHost, slots: &Rc<Slots>) -> Request {
         &config_with(LIMIT),
         COMPLETION_HEADERS,
     );
-    assert_eq!(request.headers(false), Action::Pause);
+    assert_eq!(request.headers(false), Flow::Pause);
     request
 }
 
@@ -30,7 +30,7 @@ fn arrive(host: &FakeHost, slots: &Rc<Slots>) -> Request {
 fn prefilling(host: &FakeHost, slots: &Rc<Slots>) -> (Request, Call) {
     let mut request = arrive(host, slots);
     assert!(host.take_sent().is_empty(), "admitted");
-    assert_eq!(request.body(PROMPT), Action::Pause);
+    assert_eq!(request.body(PROMPT), Flow::Pause);
     let call = request.prefill_call();
     (request, call)
 }
@@ -58,8 +58,8 @@ fn a_completion_over_the_limit_is_a_typed_503_before_its_body_is_read() {
     assert_eq!(sent[0].header("retry-after"), Some("1"));
     host.state().request_body = PROMPT.as_bytes().to_vec();
     assert_eq!(
-        request.stream.on_http_request_body(PROMPT.len(), true),
-        Action::Pause,
+        request.stream.on_request_body(PROMPT.len(), true),
+        Flow::Pause,
         "the body of a refused request is not read"
     );
     assert!(host.take_calls().is_empty(), "no hop");
@@ -78,7 +78,7 @@ fn other_paths_take_no_slot() {
     let _held = [prefilling(&host, &slots), prefilling(&host, &slots)];
     let headers = [(":method", "GET"), (":path", "/v1/models")];
     let mut request = Request::on_vm(host.clone(), slots, &config_with(LIMIT), &headers);
-    assert_eq!(request.headers(true), Action::Continue);
+    assert_eq!(request.headers(true), Flow::Continue);
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn the_slot_is_given_back_once_however_the_stream_ends() {
                 Some(200),
                 &format!(r#"{{"kv_transfer_params": {KV}}}"#),
             );
-            assert_eq!(request.respond(200, Some("{}")), Action::Continue);
+            assert_eq!(request.respond(200, Some("{}")), Flow::Continue);
             request
         }),
         ("refused by the filter", |host, slots| {
@@ -181,7 +181,7 @@ fn with_the_limit_off_nothing_is_counted() {
     let config = config_with(r#""max_requests_in_flight": 0"#);
     for _ in 0..3 {
         let mut request = Request::on_vm(host.clone(), slots.clone(), &config, COMPLETION_HEADERS);
-        assert_eq!(request.headers(false), Action::Pause);
+        assert_eq!(request.headers(false), Flow::Pause);
         assert!(host.take_sent().is_empty());
     }
 }

@@ -4,7 +4,7 @@ use super::*;
 
 fn refused(config: &str, headers: &[(&str, &str)]) -> fake_host::Sent {
     let mut request = Request::new(config, headers);
-    assert_eq!(request.headers(false), Action::Pause);
+    assert_eq!(request.headers(false), Flow::Pause);
     assert!(
         request.host.take_calls().is_empty(),
         "no hop for a refused request"
@@ -34,7 +34,7 @@ fn an_operator_can_route_more_paths() {
     let config = config_with(r#""routed_paths": ["/metrics", "/inference/*"]"#);
     for path in ["/metrics", "/inference/v1/generate"] {
         let mut request = Request::new(&config, &[(":method", "GET"), (":path", path)]);
-        assert_eq!(request.headers(true), Action::Continue, "{path}");
+        assert_eq!(request.headers(true), Flow::Continue, "{path}");
     }
     let sent = refused(&config, &[(":method", "GET"), (":path", "/v1/models")]);
     assert_eq!(sent.status, 404, "the list replaces the default one");

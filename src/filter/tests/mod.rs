@@ -15,8 +15,7 @@ mod response;
 use std::cell::Cell;
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use super::host::Flow;
 
 use super::env::Env;
 use super::metrics::Metrics;
@@ -98,18 +97,18 @@ impl Request {
     fn completion_on(host: FakeHost, config: &str, extra: &[(&str, &str)], body: &str) -> Self {
         let headers = [COMPLETION_HEADERS, extra].concat();
         let mut request = Self::on(host, config, &headers);
-        assert_eq!(request.headers(false), Action::Pause);
-        assert_eq!(request.body(body), Action::Pause);
+        assert_eq!(request.headers(false), Flow::Pause);
+        assert_eq!(request.body(body), Flow::Pause);
         request
     }
 
-    fn headers(&mut self, end_of_stream: bool) -> Action {
-        self.stream.on_http_request_headers(0, end_of_stream)
+    fn headers(&mut self, end_of_stream: bool) -> Flow {
+        self.stream.on_request_headers(end_of_stream)
     }
 
-    fn body(&mut self, body: &str) -> Action {
+    fn body(&mut self, body: &str) -> Flow {
         self.host.state().request_body = body.as_bytes().to_vec();
-        self.stream.on_http_request_body(body.len(), true)
+        self.stream.on_request_body(body.len(), true)
     }
 
     /// The only prefill call in flight, taken from the host.
@@ -125,19 +124,18 @@ impl Request {
             .map(|s| vec![(":status".to_string(), s.to_string().into_bytes())])
             .unwrap_or_default();
         self.host.state().call_answer = (headers, body.as_bytes().to_vec());
-        self.stream
-            .on_http_call_response(call.token, 0, body.len(), 0);
+        self.stream.on_call_answer(call.token, body.len());
     }
 
     /// The worker's response headers (and, when `body` is given, its whole body) come back.
-    fn respond(&mut self, status: u16, body: Option<&str>) -> Action {
+    fn respond(&mut self, status: u16, body: Option<&str>) -> Flow {
         let mut state = self.host.state();
         state.response_headers = vec![(":status".into(), status.to_string().into_bytes())];
         state.response_body = body.unwrap_or_default().as_bytes().to_vec();
         drop(state);
-        let action = self.stream.on_http_response_headers(0, body.is_none());
+        let action = self.stream.on_response_headers(body.is_none());
         match body {
-            Some(body) => self.stream.on_http_response_body(body.len(), true),
+            Some(body) => self.stream.on_response_body(body.len(), true),
             None => action,
         }
     }
@@ -156,7 +154,7 @@ impl Request {
     }
 
     fn end(&mut self) {
-        self.stream.on_log();
+        self.stream.on_stream_end();
     }
 }
 

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use proxy_wasm::traits::HttpContext;
-
 use super::*;
 
 #[test]
@@ -264,16 +262,13 @@ fn a_prefill_that_cannot_be_dispatched_is_an_internal_error() {
 #[test]
 fn a_body_arriving_in_pieces_is_read_once_whole() {
     let mut request = Request::new(REGISTRY, COMPLETION_HEADERS);
-    assert_eq!(request.headers(false), Action::Pause);
+    assert_eq!(request.headers(false), Flow::Pause);
     request.host.state().request_body = PROMPT.as_bytes().to_vec();
-    assert_eq!(
-        request.stream.on_http_request_body(10, false),
-        Action::Pause
-    );
+    assert_eq!(request.stream.on_request_body(10, false), Flow::Pause);
     assert!(request.host.take_calls().is_empty());
     assert_eq!(
-        request.stream.on_http_request_body(PROMPT.len(), true),
-        Action::Pause
+        request.stream.on_request_body(PROMPT.len(), true),
+        Flow::Pause
     );
     assert_eq!(request.host.take_calls().len(), 1);
 }

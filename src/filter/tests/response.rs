@@ -22,7 +22,7 @@ fn a_decode_connection_failure_becomes_a_typed_error_and_counts_against_the_work
     let mut request = routed(&[]);
     request.host.state().code_details = Some(CONNECT_FAILURE.into());
     let body = "upstream connect error or disconnect/reset before headers";
-    assert_eq!(request.respond(503, Some(body)), Action::Continue);
+    assert_eq!(request.respond(503, Some(body)), Flow::Continue);
     let header = |name| request.host.response_header(name);
     assert_eq!(header(":status").as_deref(), Some("502"));
     assert_eq!(
@@ -56,13 +56,13 @@ fn a_workers_own_5xx_fails_the_request_but_not_the_worker() {
 fn a_failed_answer_without_a_body_is_answered_whole() {
     let mut request = routed(&[("x-dynamo-worker-instance-id", "202")]);
     request.host.state().code_details = Some(CONNECT_FAILURE.into());
-    assert_eq!(request.respond(503, None), Action::Pause);
+    assert_eq!(request.respond(503, None), Flow::Pause);
     let sent = request.host.take_sent();
     assert_eq!((sent.len(), sent[0].status), (1, 502));
     assert_eq!(sent[0].json()["error"]["code"], "pinned_worker_failed");
     assert_eq!(
         request.respond(502, None),
-        Action::Continue,
+        Flow::Continue,
         "the local reply passes"
     );
     assert!(request.host.take_sent().is_empty());
@@ -162,13 +162,13 @@ fn another_paths_json_body_is_checked_before_any_load_is_counted() {
         ("content-type", "application/json"),
     ];
     let mut request = Request::new(REGISTRY, &headers);
-    assert_eq!(request.headers(false), Action::Pause);
+    assert_eq!(request.headers(false), Flow::Pause);
     assert_eq!(
         request.outstanding(201),
         0,
         "no load while the body arrives"
     );
-    assert_eq!(request.body(r#"{"prompt": "hi"}"#), Action::Continue);
+    assert_eq!(request.body(r#"{"prompt": "hi"}"#), Flow::Continue);
     assert_eq!(request.outstanding(201), 1);
     let upstream = request.host.request_header("x-pinroute-upstream");
     assert_eq!(upstream.as_deref(), Some("10.0.0.21:8000"));
@@ -188,7 +188,7 @@ fn another_paths_json_body_is_checked_before_any_load_is_counted() {
 fn another_path_without_a_body_is_routed_at_once() {
     let headers = [(":method", "GET"), (":path", "/v1/models")];
     let mut request = Request::new(REGISTRY, &headers);
-    assert_eq!(request.headers(true), Action::Continue);
+    assert_eq!(request.headers(true), Flow::Continue);
     assert_eq!(request.outstanding(201), 1);
     assert!(request.host.take_calls().is_empty(), "no prefill hop");
     request.end();

@@ -43,7 +43,7 @@ fn resolve_with(
 }
 
 fn resolve(json: &str, pins: Pins) -> Result<Route, RouteError> {
-    resolve_with(json, &Settings::default(), Choice::Turn(0), &pins)
+    resolve_with(json, &Settings::default(), Choice::RoundRobin(0), &pins)
 }
 
 fn pinned(id: WorkerId, rank: Option<u32>) -> (WorkerId, Option<u32>, bool) {
@@ -251,7 +251,7 @@ fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
         registry: &registry,
         settings: &settings,
         availability: &RegistryOnly,
-        choice: Choice::Turn(0),
+        choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
     };
     assert_eq!(
@@ -369,7 +369,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
         registry: &registry,
         settings: &settings,
         availability: down,
-        choice: Choice::Turn(0),
+        choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
     };
     let down = Down(101);
@@ -399,13 +399,25 @@ fn unpinned_prefill_gets_the_first_plus_the_retries() {
         prefill_retries: 0,
         ..Settings::default()
     };
-    let route = resolve_with(DISAGGREGATED, &settings, Choice::Turn(1), &Pins::default()).unwrap();
+    let route = resolve_with(
+        DISAGGREGATED,
+        &settings,
+        Choice::RoundRobin(1),
+        &Pins::default(),
+    )
+    .unwrap();
     assert_eq!(prefill_ids(&route), vec![102]);
     let settings = Settings {
         prefill_retries: 9,
         ..Settings::default()
     };
-    let route = resolve_with(DISAGGREGATED, &settings, Choice::Turn(1), &Pins::default()).unwrap();
+    let route = resolve_with(
+        DISAGGREGATED,
+        &settings,
+        Choice::RoundRobin(1),
+        &Pins::default(),
+    )
+    .unwrap();
     assert_eq!(prefill_ids(&route), vec![102, 101]);
 }
 
@@ -421,7 +433,12 @@ fn no_prefill_worker_falls_back_to_one_hop_unless_disabled() {
         ..Settings::default()
     };
     assert_eq!(
-        resolve_with(only_decode, &settings, Choice::Turn(0), &Pins::default()),
+        resolve_with(
+            only_decode,
+            &settings,
+            Choice::RoundRobin(0),
+            &Pins::default()
+        ),
         Err(RouteError::NoWorkerAvailable {
             hop: Hop::Prefill,
             role: Role::Prefill
@@ -531,7 +548,7 @@ fn the_token_hop_alone_ignores_prefill_pins() {
         registry: &registry,
         settings: &settings,
         availability: &RegistryOnly,
-        choice: Choice::Turn(0),
+        choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
     };
     let pins = Pins {
@@ -598,7 +615,7 @@ fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, Route
         registry: &registry,
         settings: &settings,
         availability: down,
-        choice: Choice::Turn(0),
+        choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
     }
     .resolve(pins)
@@ -726,7 +743,7 @@ fn by_prefix<'a>(depths: &'a [u64], remembered: &'a [WorkerId]) -> Choice<'a> {
         depths,
         remembered,
         busy: Settings::default().busy(),
-        turn: 0,
+        rotation: 0,
         outstanding: &idle,
     })
 }
@@ -788,7 +805,7 @@ fn unpinned_hops_report_how_their_worker_was_chosen() {
         depths: &depths,
         remembered: &[103],
         busy: strict.busy(),
-        turn: 0,
+        rotation: 0,
         outstanding: &loads,
     });
     let route = resolve_prompt(&strict, choice, PromptFacts::default(), &Pins::default());
@@ -827,32 +844,32 @@ fn a_short_prompt_skips_an_unpinned_prefill_hop() {
         bytes: 2048,
         last_turn: None,
     };
-    let route = resolve_prompt(&settings, Choice::Turn(0), short, &Pins::default());
+    let route = resolve_prompt(&settings, Choice::RoundRobin(0), short, &Pins::default());
     assert_eq!(route.prefill, PrefillPlan::Local(LocalPrefill::ShortPrompt));
     assert_eq!(route.prefill_placement, None);
     let longer = PromptFacts {
         bytes: 2049,
         ..short
     };
-    let route = resolve_prompt(&settings, Choice::Turn(0), longer, &Pins::default());
+    let route = resolve_prompt(&settings, Choice::RoundRobin(0), longer, &Pins::default());
     assert!(matches!(route.prefill, PrefillPlan::Candidates(_)));
     let prefill_pin = Pins {
         prefill_worker_id: Some(103),
         ..Pins::default()
     };
-    let route = resolve_prompt(&settings, Choice::Turn(0), short, &prefill_pin);
+    let route = resolve_prompt(&settings, Choice::RoundRobin(0), short, &prefill_pin);
     assert!(
         matches!(route.prefill, PrefillPlan::Pinned(_)),
         "a pinned prefill hop is always taken"
     );
     let off = Settings::default();
-    let route = resolve_prompt(&off, Choice::Turn(0), short, &Pins::default());
+    let route = resolve_prompt(&off, Choice::RoundRobin(0), short, &Pins::default());
     assert!(
         matches!(route.prefill, PrefillPlan::Candidates(_)),
         "off by default"
     );
     let none = PromptFacts::default();
-    let route = resolve_prompt(&settings, Choice::Turn(0), none, &Pins::default());
+    let route = resolve_prompt(&settings, Choice::RoundRobin(0), none, &Pins::default());
     assert!(
         matches!(route.prefill, PrefillPlan::Candidates(_)),
         "no prompt, no skip"
@@ -870,7 +887,12 @@ fn the_next_turn_on_the_decode_worker_that_served_the_last_skips_prefill() {
         last_turn: last_turn(decode, added),
     };
     let pinned_201 = decode_pin(201);
-    let route = resolve_prompt(&settings, Choice::Turn(0), facts(201, 1000), &pinned_201);
+    let route = resolve_prompt(
+        &settings,
+        Choice::RoundRobin(0),
+        facts(201, 1000),
+        &pinned_201,
+    );
     assert_eq!(route.prefill, PrefillPlan::Local(LocalPrefill::NextTurn));
     assert_eq!(route.decode.target.worker.id, 201);
     for (facts, why) in [
@@ -884,7 +906,7 @@ fn the_next_turn_on_the_decode_worker_that_served_the_last_skips_prefill() {
             "no last turn",
         ),
     ] {
-        let route = resolve_prompt(&settings, Choice::Turn(0), facts, &pinned_201);
+        let route = resolve_prompt(&settings, Choice::RoundRobin(0), facts, &pinned_201);
         assert!(matches!(route.prefill, PrefillPlan::Candidates(_)), "{why}");
     }
     let route = resolve_prompt(
@@ -906,7 +928,7 @@ fn the_next_turn_on_the_decode_worker_that_served_the_last_skips_prefill() {
         "the decode worker the prefix goes to served the last turn, and holds the conversation"
     );
     let off = Settings::default();
-    let route = resolve_prompt(&off, Choice::Turn(0), facts(201, 10), &pinned_201);
+    let route = resolve_prompt(&off, Choice::RoundRobin(0), facts(201, 10), &pinned_201);
     assert!(
         matches!(route.prefill, PrefillPlan::Candidates(_)),
         "off by default"
@@ -924,7 +946,7 @@ fn an_aggregated_deployment_is_never_local_by_choice() {
         registry: &registry,
         settings: &settings,
         availability: &RegistryOnly,
-        choice: Choice::Turn(0),
+        choice: Choice::RoundRobin(0),
         prompt: PromptFacts {
             bytes: 10,
             last_turn: None,

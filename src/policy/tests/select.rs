@@ -28,14 +28,14 @@ fn ids(ranked: &[&Worker]) -> Vec<u64> {
 fn turns_rotate_over_the_pool() {
     let pool = workers(3);
     let firsts: Vec<u64> = (0..6)
-        .map(|t| rank(pool.iter().collect(), Choice::Turn(t))[0].id)
+        .map(|t| rank(pool.iter().collect(), Choice::RoundRobin(t))[0].id)
         .collect();
     assert_eq!(firsts, vec![100, 101, 102, 100, 101, 102]);
     assert_eq!(
-        ids(&rank(pool.iter().collect(), Choice::Turn(1))),
+        ids(&rank(pool.iter().collect(), Choice::RoundRobin(1))),
         vec![101, 102, 100]
     );
-    assert!(rank(Vec::new(), Choice::Turn(5)).is_empty());
+    assert!(rank(Vec::new(), Choice::RoundRobin(5)).is_empty());
 }
 
 #[test]
@@ -95,11 +95,11 @@ fn the_session_weight_is_a_fixed_function() {
 fn the_less_loaded_of_the_next_two_goes_first() {
     let pool = workers(3);
     let loads = |w: &Worker| if w.id == 100 { 5 } else { 1 };
-    let order = |turn| {
+    let order = |rotation| {
         ids(&rank(
             pool.iter().collect(),
             Choice::LeastLoaded {
-                turn,
+                rotation,
                 outstanding: &loads,
             },
         ))
@@ -121,7 +121,7 @@ fn the_less_loaded_of_the_next_two_goes_first() {
         ids(&rank(
             one.iter().collect(),
             Choice::LeastLoaded {
-                turn: 7,
+                rotation: 7,
                 outstanding: &loads
             }
         )),
@@ -147,7 +147,7 @@ fn affinity(
             depths,
             remembered,
             busy: BUSY,
-            turn: 0,
+            rotation: 0,
             outstanding: loads,
         }),
     );
@@ -313,4 +313,39 @@ fn the_prefix_weight_is_a_fixed_function() {
         prefix_weight(42, worker),
         xxhash_rust::xxh3::xxh3_64_with_seed(&42u64.to_le_bytes(), 100)
     );
+}
+
+#[test]
+fn a_session_beats_prefix_affinity_and_affinity_beats_load() {
+    let outstanding = |_: &Worker| 0;
+    let affinity = Affinity {
+        depths: &[1, 2],
+        remembered: &[],
+        busy: Busy {
+            excess: 8,
+            percent: 200,
+        },
+        rotation: 0,
+        outstanding: &outstanding,
+    };
+    let placed = |choice: Choice<'_>| match choice {
+        Choice::Session(key) => format!("session {}", String::from_utf8_lossy(key)),
+        Choice::Prefix(_) => "affinity".to_string(),
+        Choice::LeastLoaded { .. } => "load".to_string(),
+        Choice::RoundRobin(_) => "round robin".to_string(),
+    };
+    let key = b"s1".as_slice();
+    assert_eq!(
+        placed(unpinned_choice(Some(key), Some(affinity), 0, &outstanding)),
+        "session s1"
+    );
+    assert_eq!(
+        placed(unpinned_choice(Some(key), None, 0, &outstanding)),
+        "session s1"
+    );
+    assert_eq!(
+        placed(unpinned_choice(None, Some(affinity), 0, &outstanding)),
+        "affinity"
+    );
+    assert_eq!(placed(unpinned_choice(None, None, 0, &outstanding)), "load");
 }
