@@ -4,27 +4,17 @@
 //! it routed, sends it to the next candidate through the decode cluster, and answers the
 //! client with that answer, whole.
 
-use super::env::Env;
+use super::call::CallAnswer;
+use super::env::{Env, host_failure};
 use super::host::{Headers, Host};
 use super::intake::forwarded_headers;
 use super::metrics::Counter;
-use super::prefill::CallAnswer;
-use super::response::{Answer, Outcome, Routed};
-use super::stream::host_failure;
+use super::phase::{DecodeRetry, Routed};
 use crate::policy::answers;
 use crate::policy::config::DECODE_CLUSTER;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{INTERNAL_PREFIX, RELAYED_HEADER};
-use crate::policy::registry::Worker;
-
-/// The routed request, kept to send it again.
-pub(super) struct DecodeRetry {
-    /// Its headers as routed, but for the steering and hop-by-hop ones.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    /// The call in flight, if one is.
-    pub token: Option<u32>,
-}
+use crate::policy::hop::HopFailure;
 
 /// The request headers a call carries besides the forwarded ones.
 const CALL_HEADERS: &[&str] = &[
@@ -45,60 +35,78 @@ const NOT_RELAYED: &[&str] = &[
     "upgrade",
 ];
 
-impl<H: Host> Env<H> {
-    /// The request as it is routed, with the `body_len` bytes of body Envoy holds.
-    pub(super) fn keep_for_retry(&self, body_len: usize) -> Result<DecodeRetry, RouteError> {
-        let routed = self.host.request_headers().map_err(host_failure)?;
-        let mut headers: Vec<(String, String)> = routed
-            .iter()
-            .filter(|(name, _)| CALL_HEADERS.contains(&name.as_str()))
-            .filter_map(|(name, value)| {
-                Some((name.clone(), String::from_utf8(value.clone()).ok()?))
-            })
-            .collect();
-        headers.extend(forwarded_headers(
-            &routed,
-            &self.config.settings.upstream_header,
-        ));
-        let body = match body_len {
-            0 => Vec::new(),
-            len => self.host.request_body(len).map_err(host_failure)?,
-        };
-        Ok(DecodeRetry {
-            headers,
-            body,
-            token: None,
-        })
-    }
+/// The request as it is routed, with the `body_len` bytes of body Envoy holds.
+pub fn keep_for_retry(env: &Env<impl Host>, body_len: usize) -> Result<DecodeRetry, RouteError> {
+    let routed = env.host.request_headers().map_err(host_failure)?;
+    let mut headers: Vec<(String, String)> = routed
+        .iter()
+        .filter(|(name, _)| CALL_HEADERS.contains(&name.as_str()))
+        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
+        .collect();
+    headers.extend(forwarded_headers(
+        &routed,
+        &env.config.settings.upstream_header,
+    ));
+    let body = match body_len {
+        0 => Vec::new(),
+        len => env.host.request_body(len).map_err(host_failure)?,
+    };
+    Ok(DecodeRetry {
+        headers,
+        body,
+        token: None,
+    })
+}
 
-    /// Sends the kept request to `worker` through the decode cluster; the call's token.
-    pub(super) fn dispatch_decode(&self, retry: &DecodeRetry, worker: &Worker) -> Option<u32> {
-        let settings = &self.config.settings;
-        let address = worker.address.to_string();
-        let mut headers: Vec<(&str, &str)> = retry
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
-        headers.push((&settings.upstream_header, &address));
-        let body = (!retry.body.is_empty()).then_some(retry.body.as_slice());
-        self.call(DECODE_CLUSTER, &headers, body, settings.decode_timeout())
-    }
+/// Sends the kept request to the next candidate, if the filter retries this hop and one is
+/// left: the call's token.
+pub fn send_next(env: &Env<impl Host>, routed: &Routed) -> Option<u32> {
+    let retry = routed.retry.as_ref()?;
+    let next = routed.decode.alternates.first()?;
+    let settings = &env.config.settings;
+    let address = next.address.to_string();
+    let mut headers: Vec<(&str, &str)> = retry
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    headers.push((&settings.upstream_header, &address));
+    let body = (!retry.body.is_empty()).then_some(retry.body.as_slice());
+    let token = env.call(DECODE_CLUSTER, &headers, body, settings.decode_timeout())?;
+    log::info!(
+        "pinroute: request {}: decode worker {} refused the connection, sent to worker {}",
+        env.request_id,
+        routed.decode.target.worker.id,
+        next.id
+    );
+    env.count(Counter::DecodeRetried);
+    Some(token)
+}
 
-    /// Answers the client with a retried hop's answer, naming the workers that served when
-    /// worker ids are shown.
-    pub(super) fn relay(&self, call: &CallAnswer, status: u16, served: &[(&str, String)]) {
-        let mut headers: Vec<(&str, &str)> = relayed(&call.headers).collect();
-        headers.push((RELAYED_HEADER, "decode"));
-        if self.config.settings.worker_id_headers {
-            headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
-        }
-        if let Err(status) = self.host.send_response(status, &headers, &call.body) {
-            log::error!(
-                "pinroute: could not answer {} with its retried hop's answer: {status:?}",
-                self.request_id
-            );
-        }
+/// A retried hop's answer, and how it failed, if it did.
+pub fn read_answer(
+    env: &Env<impl Host>,
+    body_size: usize,
+) -> (CallAnswer, u16, Option<HopFailure>) {
+    let call = CallAnswer::read(&env.host, body_size, usize::MAX);
+    let failure = answers::decode_call_failure(call.status, &call.body);
+    let status = call.status.unwrap_or(0);
+    (call, status, failure)
+}
+
+/// Answers the client with a retried hop's answer, naming the workers that served when
+/// worker ids are shown.
+pub fn relay(env: &Env<impl Host>, call: &CallAnswer, status: u16, served: &[(&str, String)]) {
+    let mut headers: Vec<(&str, &str)> = relayed(&call.headers).collect();
+    headers.push((RELAYED_HEADER, "decode"));
+    if env.config.settings.worker_id_headers {
+        headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
+    }
+    if let Err(error) = env.host.send_response(status, &headers, &call.body) {
+        log::error!(
+            "pinroute: could not answer {} with its retried hop's answer: {error}",
+            env.request_id
+        );
     }
 }
 
@@ -112,61 +120,4 @@ fn relayed(headers: &Headers) -> impl Iterator<Item = (&str, &str)> {
                 && !NOT_RELAYED.contains(&name.as_str())
         })
         .filter_map(|(name, value)| Some((name.as_str(), std::str::from_utf8(value).ok()?)))
-}
-
-impl Routed {
-    /// Sends the kept request to the next candidate, if the filter retries this hop and one
-    /// is left; the hop then counts against that worker.
-    pub(super) fn retry_next<H: Host>(&mut self, env: &Env<H>) -> bool {
-        let Some(retry) = &mut self.retry else {
-            return false;
-        };
-        let Some(next) = self.decode.alternates.first() else {
-            return false;
-        };
-        let Some(token) = env.dispatch_decode(retry, next) else {
-            return false;
-        };
-        retry.token = Some(token);
-        let next = self.decode.alternates.remove(0);
-        log::info!(
-            "pinroute: request {}: decode worker {} refused the connection, sent to worker {}",
-            env.request_id,
-            self.decode.target.worker.id,
-            next.id
-        );
-        env.count(Counter::DecodeRetried);
-        env.count_outstanding(self.decode.target.worker.id, -1);
-        env.count_outstanding(next.id, 1);
-        self.decode.target.worker = next;
-        true
-    }
-
-    /// Whether the filter's retry with this token is what the request waits for.
-    pub fn awaits(&self, token: u32) -> bool {
-        self.retry.as_ref().and_then(|r| r.token) == Some(token)
-    }
-
-    /// The retried hop's answer: on to the next candidate after another refused connection,
-    /// else the client's answer in place of Envoy's — the worker's, whole, or a typed error.
-    pub fn on_retry_answer<H: Host>(&mut self, env: &Env<H>, body_size: usize) {
-        if let Some(retry) = &mut self.retry {
-            retry.token = None;
-        }
-        let call = CallAnswer::read(&env.host, body_size, usize::MAX);
-        let worker = self.worker();
-        let failure = answers::decode_call_failure(call.status, &call.body);
-        let status = call.status.unwrap_or(0);
-        match self.outcome(env, worker, status, failure) {
-            Outcome::Retrying => return,
-            Outcome::Passed => env.relay(&call, status, &self.served(worker)),
-            Outcome::Failed(error) => {
-                log::warn!("pinroute: request {}: {error}", env.request_id);
-                env.metrics.count_error(&env.host, &error);
-                env.send_error(&error);
-            }
-        }
-        self.retry = None;
-        self.answer = Answer::AsItIs;
-    }
 }

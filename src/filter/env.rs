@@ -5,10 +5,9 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::host::{Flow, Host};
+use super::host::{Host, HostError};
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
-use super::stream::{Phase, host_failure};
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
 use crate::policy::error::RouteError;
@@ -278,7 +277,7 @@ impl<H: Host> Env<H> {
     }
 
     /// Answers `error` in place of whatever the request would have got; the request is over.
-    pub fn answer(&self, error: &RouteError) -> (Phase, Flow) {
+    pub fn answer(&self, error: &RouteError) {
         log::debug!(
             "pinroute: request {} answered {}: {error}",
             self.request_id,
@@ -286,7 +285,6 @@ impl<H: Host> Env<H> {
         );
         self.metrics.count_error(&self.host, error);
         self.send_error(error);
-        (Phase::Answered, Flow::Pause)
     }
 
     pub fn send_error(&self, error: &RouteError) {
@@ -302,11 +300,17 @@ impl<H: Host> Env<H> {
             headers.push(("allow", methods));
         }
         let body = error.body();
-        if let Err(status) = self
+        if let Err(failure) = self
             .host
             .send_response(error.status(), &headers, body.as_bytes())
         {
-            log::error!("pinroute: could not send the local response: {status:?}");
+            log::error!("pinroute: could not send the local response: {failure}");
         }
     }
+}
+
+/// A host call that failed where the request cannot go on: logged, and answered 500.
+pub fn host_failure(error: HostError) -> RouteError {
+    log::error!("pinroute: host call failed: {error}");
+    RouteError::Internal("a host call failed")
 }

@@ -1,9 +1,8 @@
 //! Reading what the client sent (`docs/semantics.md` §1, §2, §4): which paths, methods and
 //! sizes are admitted, the request id, the headers the prefill hop carries, the whole body.
 
-use super::env::Env;
+use super::env::{Env, host_failure};
 use super::host::{Headers, Host};
-use super::stream::host_failure;
 use crate::policy::error::{RouteError, quoted};
 use crate::policy::headers;
 use crate::policy::paths::{self, Destination};
@@ -25,68 +24,66 @@ const NOT_FORWARDED: &[&str] = &[
     "accept-encoding",
 ];
 
-impl<H: Host> Env<H> {
-    /// Where the request may go, from its path, method and announced size: only the routed
-    /// paths reach a worker, a completion only by `POST`, no body over the limit.
-    pub(super) fn admit(&self, headers: &Headers) -> Result<Destination, RouteError> {
-        let settings = &self.config.settings;
-        let destination = paths::destination(header_text(headers, ":path"), &settings.routed_paths);
-        let method = header_text(headers, ":method");
-        match &destination {
-            Destination::NotRouted(path) => {
-                let path = quoted(path);
-                return Err(RouteError::UnknownPath { path });
-            }
-            Destination::Completion(path) if method != "POST" => {
-                let method = quoted(method);
-                return Err(RouteError::MethodNotAllowed { method, path });
-            }
-            _ => {}
+/// Where the request may go, from its path, method and announced size: only the routed
+/// paths reach a worker, a completion only by `POST`, no body over the limit.
+pub fn admit(env: &Env<impl Host>, headers: &Headers) -> Result<Destination, RouteError> {
+    let settings = &env.config.settings;
+    let destination = paths::destination(header_text(headers, ":path"), &settings.routed_paths);
+    let method = header_text(headers, ":method");
+    match &destination {
+        Destination::NotRouted(path) => {
+            let path = quoted(path);
+            return Err(RouteError::UnknownPath { path });
         }
-        let limit = settings.max_body_bytes;
-        let length = header_text(headers, "content-length").parse::<u64>();
-        if length.is_ok_and(|n| n > limit as u64) {
-            return Err(RouteError::BodyTooLarge { limit });
+        Destination::Completion(path) if method != "POST" => {
+            let method = quoted(method);
+            return Err(RouteError::MethodNotAllowed { method, path });
         }
-        Ok(destination)
+        _ => {}
     }
-
-    /// The client's `x-request-id`, or one of the filter's own, set on the request.
-    pub(super) fn request_id(&self, headers: &Headers) -> Result<String, RouteError> {
-        let existing = header_text(headers, "x-request-id");
-        if !existing.is_empty() {
-            return Ok(existing.to_string());
-        }
-        let id = format!(
-            "pinroute-{:x}-{:x}",
-            self.host.now_nanos(),
-            self.rotation.get()
-        );
-        self.set_request_header("x-request-id", Some(&id))?;
-        Ok(id)
+    let limit = settings.max_body_bytes;
+    let length = header_text(headers, "content-length").parse::<u64>();
+    if length.is_ok_and(|n| n > limit as u64) {
+        return Err(RouteError::BodyTooLarge { limit });
     }
-
-    /// The request body once Envoy holds all of it (`None` until then), within the limit.
-    pub(super) fn whole_body(
-        &self,
-        body_size: usize,
-        end_of_stream: bool,
-    ) -> Result<Option<Vec<u8>>, RouteError> {
-        let limit = self.config.settings.max_body_bytes;
-        if body_size > limit {
-            return Err(RouteError::BodyTooLarge { limit });
-        }
-        if !end_of_stream {
-            return Ok(None);
-        }
-        self.host
-            .request_body(body_size)
-            .map(Some)
-            .map_err(host_failure)
-    }
+    Ok(destination)
 }
 
-pub(super) fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
+/// The client's `x-request-id`, or one of the filter's own, set on the request.
+pub fn request_id(env: &Env<impl Host>, headers: &Headers) -> Result<String, RouteError> {
+    let existing = header_text(headers, "x-request-id");
+    if !existing.is_empty() {
+        return Ok(existing.to_string());
+    }
+    let id = format!(
+        "pinroute-{:x}-{:x}",
+        env.host.now_nanos(),
+        env.rotation.get()
+    );
+    env.set_request_header("x-request-id", Some(&id))?;
+    Ok(id)
+}
+
+/// The request body once Envoy holds all of it (`None` until then), within the limit.
+pub fn whole_body(
+    env: &Env<impl Host>,
+    body_size: usize,
+    end_of_stream: bool,
+) -> Result<Option<Vec<u8>>, RouteError> {
+    let limit = env.config.settings.max_body_bytes;
+    if body_size > limit {
+        return Err(RouteError::BodyTooLarge { limit });
+    }
+    if !end_of_stream {
+        return Ok(None);
+    }
+    env.host
+        .request_body(body_size)
+        .map(Some)
+        .map_err(host_failure)
+}
+
+pub fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
     headers
         .iter()
         .find(|(n, _)| n == name)
@@ -95,7 +92,7 @@ pub(super) fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
 }
 
 /// The client headers worth copying onto the prefill hop (authorization, tracing, ...).
-pub(super) fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(String, String)> {
+pub fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(String, String)> {
     headers
         .iter()
         .filter(|(name, _)| {

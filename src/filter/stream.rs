@@ -1,24 +1,21 @@
-//! One HTTP request through the filter (`docs/semantics.md` §1–§4): a state machine whose
-//! phases own what they need. Every callback takes the current phase and returns the next.
-//!
-//! ```text
-//! Headers ─┬─ completion path ──► CompletionBody ──► Prefill ──► Routed (─► its retries)
-//!          │                             └────────────────────────┘ (no prefill hop)
-//!          ├─ other path, JSON body ──► PassthroughBody ──► Routed
-//!          └─ other path ──► Routed
-//! any phase ──► Answered (the filter answered itself)
-//! ```
+//! One HTTP request through the filter (`docs/semantics.md` §1–§4): every host callback is an
+//! [`Event`], and [`step`] — the only place a [`Phase`] is made or changed — takes the current
+//! phase and the event to the next phase. The hop modules report what happened
+//! ([`PrefillVerdict`], [`Outcome`]); the phases themselves ([`super::phase`]) only hold data.
 
-use super::env::Env;
-use super::host::{Flow, Host, HostError};
-use super::intake::{forwarded_headers, header_text};
+use super::decode_retry;
+use super::env::{Env, host_failure};
+use super::host::{Flow, Host};
+use super::intake::{self, forwarded_headers, header_text};
 use super::metrics::Counter;
-use super::prefill::Prefilling;
-use super::response::{HeldBody, Routed, RoutedBody};
+use super::phase::{Answer, Completion, Phase, Routed};
+use super::prefill::{self, PrefillVerdict};
+use super::response::{self, HeldBody, Outcome, RoutedBody};
 use crate::policy::error::RouteError;
+use crate::policy::hop::HopFailure;
 use crate::policy::json::JsonObject;
 use crate::policy::paths::Destination;
-use crate::policy::pins::{self, HeaderHints};
+use crate::policy::pins;
 use crate::policy::registry::Deployment;
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
@@ -29,31 +26,34 @@ pub struct Stream<H: Host> {
     phase: Phase,
 }
 
-pub(super) enum Phase {
-    Headers,
-    /// A completion request whose body is arriving.
-    CompletionBody(Completion),
-    /// Another path's JSON body, read whole before it goes on (`policy::passthrough`).
-    PassthroughBody(TokenHop),
-    /// The prefill call is in flight; the request waits for it.
-    Prefill(Box<Prefilling>),
-    /// On its way to the token-generating worker; the response side acts on its answer.
-    Routed(Box<Routed>),
-    /// The filter answered the request itself.
-    Answered,
-}
-
-/// What the headers of a completion request decided, for its body and its prefill hop.
-pub(super) struct Completion {
-    pub hints: HeaderHints,
-    /// The path both hops carry: the plain spelling of the completion path.
-    pub path: &'static str,
-    /// Client headers, minus stripped ones, for the prefill hop.
-    pub forwarded: Vec<(String, String)>,
+/// What the host tells the filter about the stream.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    RequestHeaders {
+        end_of_stream: bool,
+    },
+    RequestBody {
+        size: usize,
+        end: bool,
+    },
+    RequestTrailers,
+    /// The answer of a call the request made (its prefill hop, a decode hop sent again).
+    CallAnswer {
+        token: u32,
+        body_size: usize,
+    },
+    ResponseHeaders {
+        end_of_stream: bool,
+    },
+    ResponseBody {
+        size: usize,
+        end: bool,
+    },
 }
 
 type Step = Result<(Phase, Flow), RouteError>;
 
+/// The host's callbacks: each is one step of the machine.
 impl<H: Host> Stream<H> {
     pub fn new(env: Env<H>) -> Self {
         Self {
@@ -62,190 +62,30 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    /// Runs one callback: `step` gets the current phase and returns the next; an error is
-    /// answered in place of the request.
-    fn advance(&mut self, step: impl FnOnce(&mut Env<H>, Phase) -> Step) -> Flow {
-        let phase = std::mem::replace(&mut self.phase, Phase::Answered);
-        let (next, action) = step(&mut self.env, phase).unwrap_or_else(|e| self.env.answer(&e));
-        self.phase = next;
-        self.env.flush_load();
-        action
-    }
-}
-
-impl<H: Host> Env<H> {
-    fn on_headers(&mut self, end_of_stream: bool) -> Step {
-        self.count(Counter::Requests);
-        let headers = self.host.request_headers().map_err(host_failure)?;
-        let destination = self.admit(&headers)?;
-        let hints = pins::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())))?;
-        let upstream_header = self.config.settings.upstream_header.as_str();
-        for (name, _) in headers
-            .iter()
-            .filter(|(n, _)| headers::must_strip(n, upstream_header))
-        {
-            self.set_request_header(name, None)?;
-        }
-        self.request_id = self.request_id(&headers)?;
-        let Destination::Completion(path) = destination else {
-            let decode = self.with_resolver(&hints, None, |r| r.token_hop(&hints.pins))?;
-            self.count_panics(false, decode.panic);
-            let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
-            if end_of_stream || !reads_body {
-                let body = if end_of_stream {
-                    RoutedBody::Empty
-                } else {
-                    RoutedBody::Unread
-                };
-                return Ok((self.route(decode, body, None)?, Flow::Continue));
-            }
-            return Ok((Phase::PassthroughBody(decode), Flow::Pause));
-        };
-        if end_of_stream {
-            return Err(RouteError::InvalidBody("the body is empty".into()));
-        }
-        if header_text(&headers, ":path") != path {
-            self.set_request_header(":path", Some(path))?;
-        }
-        let forwarded = forwarded_headers(&headers, upstream_header);
-        self.take_slot()?;
-        self.set_request_header("content-length", None)?;
-        let completion = Completion {
-            hints,
-            path,
-            forwarded,
-        };
-        Ok((Phase::CompletionBody(completion), Flow::Pause))
-    }
-
-    fn on_completion_body(&mut self, completion: Completion, size: usize, end: bool) -> Step {
-        let Some(body) = self.whole_body(size, end)? else {
-            return Ok((Phase::CompletionBody(completion), Flow::Pause));
-        };
-        let request =
-            JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
-        steering::check_completion(&request)?;
-        let pins = completion
-            .hints
-            .pins
-            .clone()
-            .or(pins::parse_nvext(&request)?);
-        self.count_pins(&pins, &completion.hints);
-        let raw_prompt = prefix::prompt_member(&request).map_or(&[][..], |p| p.get().as_bytes());
-        let prompt = self.read_prompt(raw_prompt, &pins);
-        let route = self.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
-        self.count_route(&route);
-        self.remember_turn(prompt.as_ref(), &route);
-        let decode_body = DecodeBody::new(&request, &body);
-        let candidates = match route.prefill {
-            PrefillPlan::Skip | PrefillPlan::Local(_) => {
-                if route.prefill == PrefillPlan::Skip
-                    && self.config.registry.deployment() == Deployment::Disaggregated
-                {
-                    self.count(Counter::AggregatedFallback);
-                }
-                let held = HeldBody::edited(size, decode_body.finish(None));
-                return Ok((
-                    self.route(route.decode, RoutedBody::Held(held), None)?,
-                    Flow::Continue,
-                ));
-            }
-            PrefillPlan::Pinned(target) => vec![target],
-            PrefillPlan::Candidates(targets) => targets,
-        };
-        let prefilling = Prefilling::new(
-            &completion,
-            &request,
-            candidates,
-            decode_body,
-            route.decode,
-            size,
-        )?;
-        Ok((self.dispatch_prefill(prefilling)?, Flow::Pause))
-    }
-
-    /// Another path's JSON body, once whole: on to the worker unless it names
-    /// `kv_transfer_params`.
-    fn on_passthrough_body(&mut self, decode: TokenHop, size: usize, end: bool) -> Step {
-        let Some(body) = self.whole_body(size, end)? else {
-            return Ok((Phase::PassthroughBody(decode), Flow::Pause));
-        };
-        passthrough::check_body(&body)?;
-        let body = RoutedBody::Read(body.len());
-        Ok((self.route(decode, body, None)?, Flow::Continue))
-    }
-
-    fn on_call_answer(&mut self, phase: Phase, token: u32, body_size: usize) -> Step {
-        match phase {
-            Phase::Prefill(prefill) if prefill.token == token => {
-                let next = self.on_prefill_answer(prefill, body_size)?;
-                if matches!(next, Phase::Routed(_))
-                    && let Err(status) = self.host.resume_request()
-                {
-                    log::error!(
-                        "pinroute: could not resume request {}: {status:?}",
-                        self.request_id
-                    );
-                }
-                Ok((next, Flow::Continue))
-            }
-            Phase::Routed(mut routed) if routed.awaits(token) => {
-                routed.on_retry_answer(self, body_size);
-                Ok((Phase::Routed(routed), Flow::Continue))
-            }
-            other => Ok((other, Flow::Continue)),
-        }
-    }
-}
-
-/// The host's callbacks: each runs one step of the machine.
-impl<H: Host> Stream<H> {
     pub fn on_request_headers(&mut self, end_of_stream: bool) -> Flow {
-        self.advance(|env, _| env.on_headers(end_of_stream))
+        self.advance(Event::RequestHeaders { end_of_stream })
     }
 
     pub fn on_request_body(&mut self, size: usize, end: bool) -> Flow {
-        self.advance(|env, phase| match phase {
-            Phase::CompletionBody(completion) => env.on_completion_body(completion, size, end),
-            Phase::PassthroughBody(decode) => env.on_passthrough_body(decode, size, end),
-            Phase::Prefill(_) | Phase::Answered => Ok((phase, Flow::Pause)),
-            Phase::Headers | Phase::Routed(_) => Ok((phase, Flow::Continue)),
-        })
+        self.advance(Event::RequestBody { size, end })
     }
 
     /// A body that ends in trailers (HTTP/2) never ends in the body callbacks: a body the
     /// filter must read is refused rather than forwarded unread.
     pub fn on_request_trailers(&mut self) -> Flow {
-        self.advance(|_, phase| match phase {
-            Phase::CompletionBody(_) | Phase::PassthroughBody(_) => Err(RouteError::InvalidBody(
-                "a body followed by trailers is not accepted".into(),
-            )),
-            Phase::Prefill(_) | Phase::Answered => Ok((phase, Flow::Pause)),
-            Phase::Headers | Phase::Routed(_) => Ok((phase, Flow::Continue)),
-        })
+        self.advance(Event::RequestTrailers)
     }
 
-    /// The answer of a call the request made: its prefill hop, or a decode hop the filter
-    /// sent again.
     pub fn on_call_answer(&mut self, token: u32, body_size: usize) {
-        self.advance(|env, phase| env.on_call_answer(phase, token, body_size));
+        self.advance(Event::CallAnswer { token, body_size });
     }
 
     pub fn on_response_headers(&mut self, end_of_stream: bool) -> Flow {
-        let flow = match &mut self.phase {
-            Phase::Routed(routed) => routed.on_response_headers(&self.env, end_of_stream),
-            _ => Flow::Continue,
-        };
-        // A retried hop moved the request to another worker.
-        self.env.flush_load();
-        flow
+        self.advance(Event::ResponseHeaders { end_of_stream })
     }
 
-    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Flow {
-        match &mut self.phase {
-            Phase::Routed(routed) => routed.on_response_body(&self.env, body_size, end_of_stream),
-            _ => Flow::Continue,
-        }
+    pub fn on_response_body(&mut self, size: usize, end: bool) -> Flow {
+        self.advance(Event::ResponseBody { size, end })
     }
 
     /// The stream is over, however it ended (answered, failed, the client gone): its hops no
@@ -254,16 +94,315 @@ impl<H: Host> Stream<H> {
     pub fn on_stream_end(&mut self) {
         self.env.release_slot();
         let worker = match std::mem::replace(&mut self.phase, Phase::Answered) {
-            Phase::Prefill(prefill) => prefill.current.worker.id,
-            Phase::Routed(routed) => routed.worker(),
+            Phase::Prefill(prefilling) => prefilling.attempt.target.worker.id,
+            Phase::Routed(routed) => response::serving_worker(&routed),
             _ => return,
         };
         self.env.count_outstanding(worker, -1);
         self.env.flush_load();
     }
+
+    /// Runs one step; an error is answered in place of the request. The hops the step started
+    /// and ended are counted in one write.
+    fn advance(&mut self, event: Event) -> Flow {
+        let phase = std::mem::replace(&mut self.phase, Phase::Answered);
+        let (next, flow) = step(&mut self.env, phase, event).unwrap_or_else(|error| {
+            self.env.answer(&error);
+            (Phase::Answered, Flow::Pause)
+        });
+        self.phase = next;
+        self.env.flush_load();
+        flow
+    }
 }
 
-pub(super) fn host_failure(error: HostError) -> RouteError {
-    log::error!("pinroute: host call failed: {error}");
-    RouteError::Internal("a host call failed")
+/// The machine: `phase` and `event` to the next phase and what the host does with the stream.
+fn step<H: Host>(env: &mut Env<H>, phase: Phase, event: Event) -> Step {
+    match (phase, event) {
+        (_, Event::RequestHeaders { end_of_stream }) => on_headers(env, end_of_stream),
+        (Phase::CompletionBody(completion), Event::RequestBody { size, end }) => {
+            on_completion_body(env, completion, size, end)
+        }
+        (Phase::PassthroughBody(decode), Event::RequestBody { size, end }) => {
+            on_passthrough_body(env, decode, size, end)
+        }
+        (Phase::CompletionBody(_) | Phase::PassthroughBody(_), Event::RequestTrailers) => Err(
+            RouteError::InvalidBody("a body followed by trailers is not accepted".into()),
+        ),
+        (
+            phase @ (Phase::Prefill(_) | Phase::Answered),
+            Event::RequestBody { .. } | Event::RequestTrailers,
+        ) => Ok((phase, Flow::Pause)),
+        (Phase::Prefill(prefilling), Event::CallAnswer { token, body_size })
+            if prefilling.token == token =>
+        {
+            let verdict = prefill::judge(env, *prefilling, body_size)?;
+            after_prefill(env, verdict)
+        }
+        (Phase::Routed(routed), Event::CallAnswer { token, body_size })
+            if awaits(&routed, token) =>
+        {
+            Ok((on_retry_answer(env, routed, body_size), Flow::Continue))
+        }
+        (Phase::Routed(routed), Event::ResponseHeaders { end_of_stream }) => {
+            let (routed, flow) = on_response_headers(env, routed, end_of_stream);
+            Ok((Phase::Routed(routed), flow))
+        }
+        (Phase::Routed(routed), Event::ResponseBody { size, end }) => {
+            let flow = on_response_body(env, &routed, size, end);
+            Ok((Phase::Routed(routed), flow))
+        }
+        (phase, _) => Ok((phase, Flow::Continue)),
+    }
+}
+
+fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
+    env.count(Counter::Requests);
+    let headers = env.host.request_headers().map_err(host_failure)?;
+    let destination = intake::admit(env, &headers)?;
+    let hints = pins::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())))?;
+    let upstream_header = env.config.settings.upstream_header.as_str();
+    for (name, _) in headers
+        .iter()
+        .filter(|(n, _)| headers::must_strip(n, upstream_header))
+    {
+        env.set_request_header(name, None)?;
+    }
+    env.request_id = intake::request_id(env, &headers)?;
+    let Destination::Completion(path) = destination else {
+        let decode = env.with_resolver(&hints, None, |r| r.token_hop(&hints.pins))?;
+        env.count_panics(false, decode.panic);
+        let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
+        if end_of_stream || !reads_body {
+            let body = if end_of_stream {
+                RoutedBody::Empty
+            } else {
+                RoutedBody::Unread
+            };
+            let routed = response::route(env, decode, body, None)?;
+            return Ok((Phase::Routed(routed), Flow::Continue));
+        }
+        return Ok((Phase::PassthroughBody(decode), Flow::Pause));
+    };
+    if end_of_stream {
+        return Err(RouteError::InvalidBody("the body is empty".into()));
+    }
+    if header_text(&headers, ":path") != path {
+        env.set_request_header(":path", Some(path))?;
+    }
+    let forwarded = forwarded_headers(&headers, upstream_header);
+    env.take_slot()?;
+    env.set_request_header("content-length", None)?;
+    let completion = Completion {
+        hints,
+        path,
+        forwarded,
+    };
+    Ok((Phase::CompletionBody(completion), Flow::Pause))
+}
+
+fn on_completion_body<H: Host>(
+    env: &mut Env<H>,
+    completion: Completion,
+    size: usize,
+    end: bool,
+) -> Step {
+    let Some(body) = intake::whole_body(env, size, end)? else {
+        return Ok((Phase::CompletionBody(completion), Flow::Pause));
+    };
+    let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
+    steering::check_completion(&request)?;
+    let pins = completion
+        .hints
+        .pins
+        .clone()
+        .or(pins::parse_nvext(&request)?);
+    env.count_pins(&pins, &completion.hints);
+    let raw_prompt = prefix::prompt_member(&request).map_or(&[][..], |p| p.get().as_bytes());
+    let prompt = env.read_prompt(raw_prompt, &pins);
+    let route = env.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
+    env.count_route(&route);
+    env.remember_turn(prompt.as_ref(), &route);
+    let decode_body = DecodeBody::new(&request, &body);
+    let candidates = match route.prefill {
+        PrefillPlan::Skip | PrefillPlan::Local(_) => {
+            if route.prefill == PrefillPlan::Skip
+                && env.config.registry.deployment() == Deployment::Disaggregated
+            {
+                env.count(Counter::AggregatedFallback);
+            }
+            let held = HeldBody::edited(size, decode_body.finish(None));
+            let routed = response::route(env, route.decode, RoutedBody::Held(held), None)?;
+            return Ok((Phase::Routed(routed), Flow::Continue));
+        }
+        PrefillPlan::Pinned(target) => vec![target],
+        PrefillPlan::Candidates(targets) => targets,
+    };
+    let attempt = prefill::first_attempt(
+        &completion,
+        &request,
+        candidates,
+        decode_body,
+        route.decode,
+        size,
+    )?;
+    Ok((
+        Phase::Prefill(prefill::dispatch(env, attempt)?),
+        Flow::Pause,
+    ))
+}
+
+/// Another path's JSON body, once whole: on to the worker unless it names
+/// `kv_transfer_params`.
+fn on_passthrough_body<H: Host>(
+    env: &mut Env<H>,
+    decode: TokenHop,
+    size: usize,
+    end: bool,
+) -> Step {
+    let Some(body) = intake::whole_body(env, size, end)? else {
+        return Ok((Phase::PassthroughBody(decode), Flow::Pause));
+    };
+    passthrough::check_body(&body)?;
+    let routed = response::route(env, decode, RoutedBody::Read(body.len()), None)?;
+    Ok((Phase::Routed(routed), Flow::Continue))
+}
+
+/// The prefill hop answered: on to decode (the request resumes), to the next prefill worker,
+/// or the client already has the worker's answer.
+fn after_prefill<H: Host>(env: &mut Env<H>, verdict: PrefillVerdict) -> Step {
+    match verdict {
+        PrefillVerdict::Decode {
+            decode,
+            held,
+            served,
+        } => {
+            let routed = response::route(env, decode, RoutedBody::Held(held), served)?;
+            if let Err(error) = env.host.resume_request() {
+                log::error!(
+                    "pinroute: could not resume request {}: {error}",
+                    env.request_id
+                );
+            }
+            Ok((Phase::Routed(routed), Flow::Continue))
+        }
+        PrefillVerdict::Retry(attempt) => Ok((
+            Phase::Prefill(prefill::dispatch(env, attempt)?),
+            Flow::Continue,
+        )),
+        PrefillVerdict::Answered => Ok((Phase::Answered, Flow::Continue)),
+    }
+}
+
+/// Whether the filter's retry with this token is what the request waits for.
+fn awaits(routed: &Routed, token: u32) -> bool {
+    routed.retry.as_ref().and_then(|r| r.token) == Some(token)
+}
+
+/// The worker's answer headers: passed on, replaced by a typed error (now, when no body
+/// follows), or held while the filter sends the request to the next candidate.
+fn on_response_headers<H: Host>(
+    env: &Env<H>,
+    mut routed: Box<Routed>,
+    end_of_stream: bool,
+) -> (Box<Routed>, Flow) {
+    if !matches!(routed.answer, Answer::Awaited) {
+        return (routed, Flow::Continue);
+    }
+    let error = match response::answer_headers(env, &routed) {
+        Err(failure) => {
+            log::error!(
+                "pinroute: could not edit the response of {}: {failure}",
+                env.request_id
+            );
+            None
+        }
+        Ok((_, Outcome::Passed)) => None,
+        Ok((worker, Outcome::Refused)) => match decode_retry::send_next(env, &routed) {
+            Some(token) => {
+                retried(env, &mut routed, token);
+                return (routed, Flow::Pause);
+            }
+            None => Some(response::failed(env, &routed, worker, HopFailure::Connect)),
+        },
+        Ok((_, Outcome::Failed(error))) => Some(error),
+    };
+    // Answered: the kept request is no longer needed.
+    routed.retry = None;
+    routed.answer = match error {
+        Some(error) => match response::replace_headers(env, &error) {
+            Ok(()) if end_of_stream => {
+                // No body will come to be replaced: the error is answered whole instead.
+                env.send_error(&error);
+                routed.answer = Answer::AsItIs;
+                return (routed, Flow::Pause);
+            }
+            Ok(()) => Answer::Replaced(error),
+            Err(failure) => {
+                log::error!(
+                    "pinroute: could not edit the response of {}: {failure}",
+                    env.request_id
+                );
+                Answer::AsItIs
+            }
+        },
+        None => Answer::AsItIs,
+    };
+    (routed, Flow::Continue)
+}
+
+fn on_response_body<H: Host>(env: &Env<H>, routed: &Routed, size: usize, end: bool) -> Flow {
+    match &routed.answer {
+        Answer::Replaced(error) if end => {
+            response::replace_body(env, error, size);
+            Flow::Continue
+        }
+        Answer::Replaced(_) | Answer::Retrying => Flow::Pause,
+        Answer::Awaited | Answer::AsItIs => Flow::Continue,
+    }
+}
+
+/// The request went on to the next candidate with the call `token`: the hop now counts
+/// against that worker.
+fn retried<H: Host>(env: &Env<H>, routed: &mut Routed, token: u32) {
+    if let Some(retry) = &mut routed.retry {
+        retry.token = Some(token);
+    }
+    let next = routed.decode.alternates.remove(0);
+    env.count_outstanding(routed.decode.target.worker.id, -1);
+    env.count_outstanding(next.id, 1);
+    routed.decode.target.worker = next;
+    routed.answer = Answer::Retrying;
+}
+
+/// A retried hop's answer: on to the next candidate after another refused connection, else
+/// the client's answer in place of Envoy's — the worker's, whole, or a typed error.
+fn on_retry_answer<H: Host>(env: &Env<H>, mut routed: Box<Routed>, body_size: usize) -> Phase {
+    if let Some(retry) = &mut routed.retry {
+        retry.token = None;
+    }
+    let (call, status, failure) = decode_retry::read_answer(env, body_size);
+    let worker = response::serving_worker(&routed);
+    let error = match response::outcome(env, &routed, worker, status, failure) {
+        Outcome::Refused => match decode_retry::send_next(env, &routed) {
+            Some(token) => {
+                retried(env, &mut routed, token);
+                return Phase::Routed(routed);
+            }
+            None => response::failed(env, &routed, worker, HopFailure::Connect),
+        },
+        Outcome::Passed => {
+            decode_retry::relay(env, &call, status, &response::served(&routed, worker));
+            routed.retry = None;
+            routed.answer = Answer::AsItIs;
+            return Phase::Routed(routed);
+        }
+        Outcome::Failed(error) => error,
+    };
+    log::warn!("pinroute: request {}: {error}", env.request_id);
+    env.metrics.count_error(&env.host, &error);
+    env.send_error(&error);
+    routed.retry = None;
+    routed.answer = Answer::AsItIs;
+    Phase::Routed(routed)
 }

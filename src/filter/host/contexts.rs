@@ -4,7 +4,8 @@
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
-use super::{Envoy, Flow};
+use super::Flow;
+use super::envoy::Envoy;
 use crate::filter::root::Root;
 use crate::filter::stream::Stream;
 

@@ -8,8 +8,6 @@ mod envoy;
 
 use std::time::Duration;
 
-pub use envoy::Envoy;
-
 pub type Headers = Vec<(String, Vec<u8>)>;
 
 /// A shared-data value and its compare-and-swap token (`None`: no such key).
