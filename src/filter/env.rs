@@ -15,7 +15,7 @@ use crate::policy::headers;
 use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::prefix::PromptPrefix;
 use crate::policy::registry::{Worker, WorkerId};
-use crate::policy::resolve::{PromptFacts, Resolver, Route};
+use crate::policy::resolve::{self, PromptFacts, PromptUse, Resolver, Route};
 use crate::policy::select::{self, Affinity};
 use crate::policy::turns::{LastTurn, Turn};
 
@@ -191,18 +191,19 @@ impl<H: Host> Env<H> {
     }
 
     /// A completion's prompt (`messages` or `prompt`, as the client wrote it) read for the
-    /// choice of workers: hashed unless both hops are pinned, and looked up in the turn
-    /// memory.
+    /// choice of workers as [`resolve::prompt_use`] says, and looked up in the turn memory.
     pub fn read_prompt<'b>(&self, raw: &'b [u8], pins: &Pins) -> Option<RequestPrompt<'b>> {
         let settings = &self.config.settings;
-        let pinned = pins.prefill_worker_id.is_some()
-            && pins.decode_worker_id.or(pins.backend_instance_id).is_some();
-        if pinned || settings.prefix_affinity_bytes == 0 || raw.len() < settings.prefix_min_bytes {
-            return (!pinned).then(|| RequestPrompt {
-                raw,
-                prefix: PromptPrefix::unhashed(raw.len()),
-                last_turn: None,
-            });
+        match resolve::prompt_use(settings, pins, raw.len()) {
+            PromptUse::Unread => return None,
+            PromptUse::Length => {
+                return Some(RequestPrompt {
+                    raw,
+                    prefix: PromptPrefix::unhashed(raw.len()),
+                    last_turn: None,
+                });
+            }
+            PromptUse::Hashed => {}
         }
         let prefix = PromptPrefix::new(raw, settings.prefix_affinity_bytes);
         let last_turn = settings.turn_memory_nanos().and_then(|memory| {

@@ -8,13 +8,13 @@ use super::env::{Env, host_failure};
 use super::host::{Host, HostError};
 use super::metrics::Counter;
 use super::phase::{Answer, Routed, ServedPrefill};
-use crate::policy::answers;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::HopFailure;
 use crate::policy::registry::WorkerId;
 use crate::policy::resolve::TokenHop;
 use crate::policy::rewrite::BodyEdit;
+use crate::policy::{answers, retries};
 
 /// The request body as the routed hop sends it.
 pub enum RoutedBody {
@@ -62,9 +62,10 @@ pub fn route(
     env.set_request_header(&env.config.settings.upstream_header, Some(&address))?;
     // The client's copies of both headers were removed with the headers (§7): only the
     // filter's own need setting.
-    let pool = pool_header(&decode, &env.config.pool_members);
+    let pool = retries::pool_candidates(&decode, &env.config.pool_members);
     if let Some(pool) = &pool {
-        env.set_request_header(headers::POOL_HEADER, Some(pool))?;
+        let listed: Vec<String> = pool.iter().map(ToString::to_string).collect();
+        env.set_request_header(headers::POOL_HEADER, Some(&listed.join(",")))?;
     }
     if let Some(rank) = target.rank {
         env.set_request_header(DP_RANK_HEADER, Some(&rank.to_string()))?;
@@ -77,7 +78,7 @@ pub fn route(
     };
     // Envoy retries pool members itself; the filter retries the others.
     let retry = match body_len {
-        Some(len) if pool.is_none() && is_retried(&decode) => {
+        Some(len) if retries::filter_retries(&decode, pool.is_some()) => {
             Some(decode_retry::keep_for_retry(env, len)?)
         }
         _ => None,
@@ -125,12 +126,6 @@ fn edit_held_body(env: &Env<impl Host>, held: &HeldBody) -> Result<usize, RouteE
         .map_or(held.size, |e| e.edited_len(held.size));
     env.set_request_header("content-length", Some(&length.to_string()))?;
     Ok(length)
-}
-
-/// Whether a refused connection of this hop may go on to another worker: unpinned, with
-/// candidates left.
-fn is_retried(decode: &TokenHop) -> bool {
-    !decode.target.pinned && !decode.alternates.is_empty()
 }
 
 /// The worker counted as serving the request, until the stream ends.
@@ -235,29 +230,16 @@ pub fn served(routed: &Routed, decode: WorkerId) -> Vec<(&'static str, String)> 
     prefill.into_iter().chain([decode]).collect()
 }
 
-/// The worker Envoy's last attempt went to: the first candidate, or an alternate after
-/// connections to the ones before it failed (then those failures are counted).
+/// The worker Envoy's last attempt went to; the connections that failed before it are
+/// counted.
 fn served_decode_worker(env: &Env<impl Host>, routed: &Routed) -> WorkerId {
-    let first = routed.decode.target.worker.id;
-    let alternates = &routed.decode.alternates;
-    if !routed.pooled {
-        return first;
-    }
-    let Some(served) = env.host.upstream_address() else {
-        return first;
-    };
-    let Some(at) = alternates
-        .iter()
-        .position(|w| w.address.to_string() == served)
-    else {
-        return first;
-    };
-    env.record_connect_failure(first);
-    let skipped = alternates.get(..at).unwrap_or_default();
-    skipped
-        .iter()
-        .for_each(|w| env.record_connect_failure(w.id));
-    alternates.get(at).map_or(first, |w| w.id)
+    let upstream = routed.pooled.then(|| env.host.upstream_address()).flatten();
+    let (served, failed) =
+        retries::served_worker(&routed.decode, routed.pooled, upstream.as_deref());
+    failed
+        .into_iter()
+        .for_each(|worker| env.record_connect_failure(worker));
+    served
 }
 
 /// Replaces the whole answer body with `error`'s.
@@ -271,19 +253,4 @@ pub fn replace_body(env: &Env<impl Host>, error: &RouteError, size: usize) {
             env.request_id
         );
     }
-}
-
-/// `ip:port,ip:port,...`: an unpinned decode hop's candidates for Envoy's connect-failure
-/// retries, when its first choice is a member of the bootstrap's pool cluster. Only members
-/// are listed, so Envoy never picks a host the filter did not choose.
-fn pool_header(decode: &TokenHop, members: &[std::net::SocketAddr]) -> Option<String> {
-    if decode.target.pinned || !members.contains(&decode.target.worker.address) {
-        return None;
-    }
-    let candidates = std::iter::once(&decode.target.worker).chain(&decode.alternates);
-    let listed: Vec<String> = candidates
-        .filter(|w| members.contains(&w.address))
-        .map(|w| w.address.to_string())
-        .collect();
-    Some(listed.join(","))
 }

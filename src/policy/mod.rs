@@ -11,11 +11,13 @@
 //! | §5 Requests in flight per worker | [`load`] |
 //! | §1, §5 The byte encoding of the tables threads share | [`words`] |
 //! | §4 The two hops and how one fails | [`hop`] |
+//! | §4 Who retries a refused decode connection: Envoy on pool members, the filter on the rest | [`retries`] |
 //! | §4, §5 A prompt's beginning as block hashes | [`prefix`] |
 //! | §4, §5 The turn memory: a conversation's last turn | [`turns`] |
 //! | §4 The bodies of the two hops | [`rewrite`] |
 //! | §4, §6 Which worker answers are failures of the hop | [`answers`] |
-//! | §5 Session and prefix affinity, unpinned choice | [`select`] |
+//! | §5 The choice order (session, prefix affinity, load) and each choice | [`select`] |
+//! | §5 How far a prompt is read for placement; which placements the turn memory keeps | [`resolve`] |
 //! | §6 Errors and their answers | [`error`] |
 //! | §4, §7 Body fields a client may not send | [`steering`] |
 //! | §7 Headers a client may not send | [`headers`] |
@@ -38,6 +40,7 @@ pub mod pins;
 pub mod prefix;
 pub mod registry;
 pub mod resolve;
+pub mod retries;
 pub mod rewrite;
 pub mod select;
 pub mod steering;

@@ -84,6 +84,31 @@ pub struct Route {
     pub prefill_placement: Option<Placement>,
 }
 
+/// How much of a completion's prompt its placement reads (`docs/semantics.md` §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptUse {
+    /// Both hops are pinned: there is nothing to choose, the prompt is not read.
+    Unread,
+    /// Only its length counts (conditional disaggregation, §4): affinity is off, or the
+    /// prompt is shorter than the shortest beginning worth placing by.
+    Length,
+    /// Its beginning is hashed for prefix affinity and looked up in the turn memory.
+    Hashed,
+}
+
+/// How a prompt of `bytes` bytes is read, given the request's pins.
+pub fn prompt_use(settings: &Settings, pins: &Pins, bytes: usize) -> PromptUse {
+    let both_pinned = pins.prefill_worker_id.is_some()
+        && pins.decode_worker_id.or(pins.backend_instance_id).is_some();
+    if both_pinned {
+        PromptUse::Unread
+    } else if settings.prefix_affinity_bytes == 0 || bytes < settings.prefix_min_bytes {
+        PromptUse::Length
+    } else {
+        PromptUse::Hashed
+    }
+}
+
 impl Route {
     /// The workers the turn memory may keep for this route's conversation (`docs/semantics.md`
     /// §5): the prefill worker (if a hop was planned) and the decode worker, but only when

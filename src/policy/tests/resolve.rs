@@ -956,3 +956,32 @@ fn an_aggregated_deployment_is_never_local_by_choice() {
     .unwrap();
     assert_eq!(route.prefill, PrefillPlan::Skip);
 }
+
+#[test]
+fn a_prompt_is_read_only_as_far_as_its_placement_needs() {
+    let settings = Settings::default();
+    let long = settings.prefix_min_bytes;
+    let both = Pins {
+        prefill_worker_id: Some(101),
+        decode_worker_id: Some(201),
+        ..Pins::default()
+    };
+    let prefill_only = Pins {
+        prefill_worker_id: Some(101),
+        ..Pins::default()
+    };
+    assert_eq!(prompt_use(&settings, &both, long), PromptUse::Unread);
+    assert_eq!(
+        prompt_use(&settings, &prefill_only, long),
+        PromptUse::Hashed
+    );
+    assert_eq!(
+        prompt_use(&settings, &Pins::default(), long - 1),
+        PromptUse::Length
+    );
+    let off = Settings {
+        prefix_affinity_bytes: 0,
+        ..Settings::default()
+    };
+    assert_eq!(prompt_use(&off, &Pins::default(), long), PromptUse::Length);
+}
