@@ -16,6 +16,12 @@
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |
 //! | [`metrics`] | the filter's stats |
 //!
+//! The shape: [`host`] at the bottom knows the host, [`env`], [`intake`], [`call`] and the
+//! shared tables sit on it, [`phase`] holds each phase's data, [`prefill`], [`response`] and
+//! [`decode_retry`] carry out the hops and say what happened, and [`stream`] alone turns what
+//! happened into the next phase; every rule they apply is [`crate::policy`]'s. No module
+//! imports one above it (`tests/layout`).
+//!
 //! Host calls are made only in the phases where Envoy allows them; the SDK panics on an
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
