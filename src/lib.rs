@@ -4,3 +4,6 @@
 
 mod filter;
 pub mod policy;
+
+/// Envoy's rules for a filter's host calls in each callback, which the test hosts enforce.
+pub use filter::host_rules;

@@ -40,3 +40,5 @@ mod shared;
 mod stream;
 #[cfg(test)]
 mod tests;
+
+pub use host::rules as host_rules;

@@ -12,8 +12,9 @@ use wasmtime::{Caller, Extern, ExternType, Linker, Module, Store};
 use crate::headers::HeaderMap;
 use crate::memory::{HostError, HostResult, copy_out, finish, read_bytes, write_u32, write_u64};
 use crate::pairs;
-use crate::state::{Callback, HostState, HttpCall, LocalReply, Metric};
+use crate::state::{Callback, HostState, HttpCall, LocalReply, Metric, StreamState};
 use crate::types::{BufferType, LogLevel, MapType, MetricType, Status, StreamType};
+use pinroute::host_rules::{self, Access, Refusal};
 
 type C<'a> = Caller<'a, HostState>;
 
@@ -322,14 +323,15 @@ fn buffer_contents(state: &mut HostState, kind: BufferType) -> Result<Vec<u8>, S
             }
         }
         BufferType::VmConfiguration => Ok(state.options.vm_configuration.clone()),
+        // Envoy answers Ok with nothing where it has no body for the filter.
         BufferType::RequestBody => Ok(state
             .current_stream()
-            .filter(|s| s.req.buffering || s.req.chunk_ptr)
+            .filter(|s| allows(Access::ReadBody, s, true))
             .map(|s| s.request_body_buffered.clone())
             .unwrap_or_default()),
         BufferType::ResponseBody => Ok(state
             .current_stream()
-            .filter(|s| s.resp.buffering || s.resp.chunk_ptr)
+            .filter(|s| allows(Access::ReadBody, s, false))
             .map(|s| s.response_body_buffered.clone())
             .unwrap_or_default()),
         BufferType::HttpCallResponseBody => state
@@ -408,12 +410,13 @@ fn set_buffer_bytes(
                     "set_buffer_bytes({kind:?}) from the root context: there is no body"
                 )),
                 Some(s) => {
-                    let (dir, buf) = if request {
-                        (&s.req, &mut s.request_body_buffered)
+                    let reachable = allows(Access::WriteBody, s, request);
+                    let buf = if request {
+                        &mut s.request_body_buffered
                     } else {
-                        (&s.resp, &mut s.response_body_buffered)
+                        &mut s.response_body_buffered
                     };
-                    if !(dir.buffering || dir.chunk_ptr) {
+                    if !reachable {
                         Err(format!(
                             "set_buffer_bytes({kind:?}) in {callback}: Envoy has no body buffer \
                              for the filter here (BadArgument)"
@@ -450,12 +453,11 @@ fn readable_map(state: &HostState, kind: MapType) -> Option<HeaderMap> {
     match kind {
         MapType::RequestHeaders => {
             let s = state.streams.get(&ctx)?;
-            (s.log_phase || s.req.headers_ptr).then(|| s.request_headers.clone())
+            allows(Access::ReadHeaders, s, true).then(|| s.request_headers.clone())
         }
         MapType::ResponseHeaders => {
             let s = state.streams.get(&ctx)?;
-            ((s.log_phase && s.resp.headers_received) || s.resp.headers_ptr)
-                .then(|| s.response_headers.clone())
+            allows(Access::ReadHeaders, s, false).then(|| s.response_headers.clone())
         }
         MapType::HttpCallResponseHeaders => state.call_response.as_ref().map(|r| r.headers.clone()),
         MapType::RequestTrailers
@@ -464,6 +466,12 @@ fn readable_map(state: &HostState, kind: MapType) -> Option<HeaderMap> {
         | MapType::GrpcTrailingMetadata
         | MapType::HttpCallResponseTrailers => None,
     }
+}
+
+/// Whether Envoy's rules (`pinroute::host_rules`) allow `access` to the request (`true`) or
+/// the response of `stream` now.
+fn allows(access: Access, stream: &StreamState, request: bool) -> bool {
+    host_rules::check(access, &stream.direction(request), stream.log_phase).is_ok()
 }
 
 fn in_log_phase(state: &mut HostState) -> bool {
@@ -526,28 +534,34 @@ fn with_writable_map(
             "{what} from the root context: no header map (BadArgument)"
         )),
         Some(s) => {
-            let target = match kind {
-                MapType::RequestHeaders => {
-                    Some((&s.req, s.request_forwarded, &mut s.request_headers))
-                }
-                MapType::ResponseHeaders => {
-                    Some((&s.resp, s.response_forwarded, &mut s.response_headers))
-                }
+            let request = match kind {
+                MapType::RequestHeaders => Some(true),
+                MapType::ResponseHeaders => Some(false),
                 _ => None,
             };
-            match target {
+            match request {
                 None => Some(format!("{what} on {kind:?}: not writable (BadArgument)")),
-                Some((dir, _, _)) if s.log_phase || !dir.headers_ptr => Some(format!(
-                    "{what} on {kind:?} in {callback}: the map is not available in this phase \
-                     (Envoy: BadArgument, the SDK panics)"
-                )),
-                Some((_, true, _)) => Some(format!(
-                    "{what} on {kind:?} in {callback}: the headers already went on (Envoy keeps \
-                     the map reachable but the change is lost; this host refuses: BadArgument)"
-                )),
-                Some((_, false, map)) => {
-                    edit(map);
-                    None
+                Some(request) => {
+                    let direction = s.direction(request);
+                    match host_rules::check(Access::WriteHeaders, &direction, s.log_phase) {
+                        Err(Refusal::WentOn) => Some(format!(
+                            "{what} on {kind:?} in {callback}: the headers already went on \
+                             (Envoy keeps the map reachable but the change is lost; this host \
+                             refuses: BadArgument)"
+                        )),
+                        Err(refusal) => Some(format!(
+                            "{what} on {kind:?} in {callback}: {refusal} (Envoy: BadArgument, \
+                             the SDK panics)"
+                        )),
+                        Ok(()) if request => {
+                            edit(&mut s.request_headers);
+                            None
+                        }
+                        Ok(()) => {
+                            edit(&mut s.response_headers);
+                            None
+                        }
+                    }
                 }
             }
         }

@@ -176,6 +176,22 @@ impl StreamState {
         self.response_headers.get_str(name)
     }
 
+    /// Where the request (`true`) or the response stands, in the terms of Envoy's rules
+    /// (`pinroute::host_rules`), which this host enforces as the filter's native tests do.
+    pub fn direction(&self, request: bool) -> pinroute::host_rules::Direction {
+        let (dir, went_on) = if request {
+            (&self.req, self.request_forwarded)
+        } else {
+            (&self.resp, self.response_forwarded)
+        };
+        pinroute::host_rules::Direction {
+            headers_received: dir.headers_received,
+            headers_held: dir.headers_ptr,
+            went_on,
+            body_reachable: dir.buffering || dir.chunk_ptr,
+        }
+    }
+
     /// Whether the request is still held by the filter: not released upstream, not answered
     /// locally, not reset.
     pub fn request_paused(&self) -> bool {

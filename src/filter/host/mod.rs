@@ -5,6 +5,7 @@
 
 mod contexts;
 mod envoy;
+pub mod rules;
 
 use std::time::Duration;
 

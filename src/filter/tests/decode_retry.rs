@@ -67,8 +67,8 @@ impl Request {
         state.response_headers = vec![(":status".into(), b"503".to_vec())];
         state.response_body = REFUSED.as_bytes().to_vec();
         drop(state);
-        let headers = self.stream.on_response_headers(false);
-        (headers, self.stream.on_response_body(REFUSED.len(), true))
+        let headers = self.response_headers(false);
+        (headers, self.response_chunk(REFUSED.len(), true))
     }
 
     /// The only decode call in flight and the worker it goes to.
@@ -95,7 +95,7 @@ impl Request {
             status.into_iter().chain(headers).collect(),
             body.as_bytes().to_vec(),
         );
-        self.stream.on_call_answer(call.token, body.len());
+        self.call_answer(call.token, body.len());
     }
 
     fn only_sent(&self) -> fake_host::Sent {

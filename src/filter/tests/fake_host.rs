@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::filter::host::{HostError, MetricKind};
+use crate::filter::host::rules::{self as host_rules, Access, Direction};
+use crate::filter::host::{Flow, HostError, MetricKind};
 
 use crate::filter::host::{Headers, Host, SharedValue};
 
@@ -50,6 +51,13 @@ impl Sent {
     }
 }
 
+/// What a callback hands the filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Headers,
+    Body,
+}
+
 #[derive(Default)]
 pub struct State {
     pub now: u64,
@@ -67,9 +75,25 @@ pub struct State {
     /// How often a call's answer body was copied into the VM.
     pub call_body_reads: usize,
     pub fail_dispatch: bool,
+    /// Where the request and the response stand, for Envoy's rules (`host_rules`).
+    pub request: Direction,
+    pub response: Direction,
+    pub log_phase: bool,
+    /// Host calls Envoy would have refused, as `what: why`.
+    pub refusals: Vec<String>,
     shared: HashMap<String, (Vec<u8>, u32)>,
     metric_names: Vec<String>,
     metric_values: HashMap<u32, u64>,
+}
+
+impl State {
+    fn direction(&mut self, request: bool) -> &mut Direction {
+        if request {
+            &mut self.request
+        } else {
+            &mut self.response
+        }
+    }
 }
 
 /// Cheap to clone: every clone is the same host.
@@ -79,6 +103,55 @@ pub struct FakeHost(pub Rc<RefCell<State>>);
 impl FakeHost {
     pub fn state(&self) -> std::cell::RefMut<'_, State> {
         self.0.borrow_mut()
+    }
+
+    /// The host's stream is a new one, with these request headers: its other state (calls,
+    /// shared data, metrics) goes on.
+    pub fn new_stream(&self, request_headers: Headers) {
+        let mut state = self.state();
+        state.request_headers = request_headers;
+        state.request = Direction::default();
+        state.response = Direction::default();
+        state.log_phase = false;
+    }
+
+    /// A callback of the request (`true`) or response side begins: its headers, or a body
+    /// chunk, are handed to the filter.
+    pub fn deliver(&self, request: bool, part: Part) {
+        let mut state = self.state();
+        let direction = state.direction(request);
+        match part {
+            Part::Headers => {
+                direction.headers_received = true;
+                direction.headers_held = true;
+            }
+            Part::Body => direction.body_reachable = true,
+        }
+    }
+
+    /// The callback answered `flow`: on Continue, that side goes on.
+    pub fn answered(&self, request: bool, part: Part, flow: Flow) {
+        if flow == Flow::Pause {
+            return;
+        }
+        let mut state = self.state();
+        let direction = state.direction(request);
+        direction.went_on = true;
+        direction.body_reachable = false;
+        if part == Part::Headers {
+            direction.headers_held = false;
+        }
+    }
+
+    /// Refuses `access` to the request (`true`) or response as Envoy would, and records it.
+    fn check(&self, what: &str, access: Access, request: bool) -> Result<(), HostError> {
+        let mut state = self.state();
+        let log_phase = state.log_phase;
+        let direction = *state.direction(request);
+        host_rules::check(access, &direction, log_phase).map_err(|refusal| {
+            state.refusals.push(format!("{what}: {refusal}"));
+            HostError::Refused("bad argument")
+        })
     }
 
     pub fn request_header(&self, name: &str) -> Option<String> {
@@ -134,40 +207,52 @@ fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
 
 impl Host for FakeHost {
     fn request_headers(&self) -> Result<Headers, HostError> {
+        self.check("request_headers", Access::ReadHeaders, true)?;
         Ok(self.0.borrow().request_headers.clone())
     }
 
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        self.check("set_request_header", Access::WriteHeaders, true)?;
         set(&mut self.state().request_headers, name, value);
         Ok(())
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.check("request_body", Access::ReadBody, true)?;
         let body = &self.0.borrow().request_body;
         Ok(body.get(..size).unwrap_or(body).to_vec())
     }
 
     fn edit_request_body(&self, replaced: usize, with: &[u8]) -> Result<(), HostError> {
+        self.check("edit_request_body", Access::WriteBody, true)?;
         let body = &mut self.state().request_body;
         *body = [with, body.get(replaced..).unwrap_or_default()].concat();
         Ok(())
     }
 
+    /// Envoy goes on with the request once the callback returns.
     fn resume_request(&self) -> Result<(), HostError> {
-        self.state().resumed += 1;
+        let mut state = self.state();
+        state.resumed += 1;
+        state.request.went_on = true;
+        state.request.body_reachable = false;
         Ok(())
     }
 
     fn response_status(&self) -> Option<u16> {
+        self.check("response_status", Access::ReadHeaders, false)
+            .ok()?;
         self.response_header(":status")?.parse().ok()
     }
 
     fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        self.check("set_response_header", Access::WriteHeaders, false)?;
         set(&mut self.state().response_headers, name, value);
         Ok(())
     }
 
     fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), HostError> {
+        self.check("replace_response_body", Access::WriteBody, false)?;
         let held = &mut self.state().response_body;
         *held = [body, held.get(old_size..).unwrap_or_default()].concat();
         Ok(())

@@ -58,7 +58,7 @@ fn a_completion_over_the_limit_is_a_typed_503_before_its_body_is_read() {
     assert_eq!(sent[0].header("retry-after"), Some("1"));
     host.state().request_body = PROMPT.as_bytes().to_vec();
     assert_eq!(
-        request.stream.on_request_body(PROMPT.len(), true),
+        request.body_chunk(PROMPT.len(), true),
         Flow::Pause,
         "the body of a refused request is not read"
     );

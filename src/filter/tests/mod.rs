@@ -11,6 +11,7 @@ mod inflight;
 mod intake;
 mod prefill;
 mod response;
+mod rules;
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -22,7 +23,7 @@ use super::metrics::Metrics;
 use super::shared::Slots;
 use super::stream::Stream;
 use crate::policy::config::Config;
-use fake_host::{Call, FakeHost};
+use fake_host::{Call, FakeHost, Part};
 
 const REGISTRY: &str = r#"{"workers": [
     {"id": 101, "role": "prefill", "address": "10.0.0.11:8000"},
@@ -79,10 +80,12 @@ impl Request {
         let config = Rc::new(config);
         let metrics = Rc::new(Metrics::define(&host));
         let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics, slots);
-        host.state().request_headers = headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-            .collect();
+        host.new_stream(
+            headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        );
         Self {
             host,
             stream: Stream::new(env),
@@ -103,12 +106,51 @@ impl Request {
     }
 
     fn headers(&mut self, end_of_stream: bool) -> Flow {
-        self.stream.on_request_headers(end_of_stream)
+        self.host.deliver(true, Part::Headers);
+        let flow = self.stream.on_request_headers(end_of_stream);
+        self.after(true, Part::Headers, flow)
     }
 
     fn body(&mut self, body: &str) -> Flow {
         self.host.state().request_body = body.as_bytes().to_vec();
-        self.stream.on_request_body(body.len(), true)
+        self.body_chunk(body.len(), true)
+    }
+
+    /// A request body callback: `size` bytes held, the last chunk when `end`.
+    fn body_chunk(&mut self, size: usize, end: bool) -> Flow {
+        self.host.deliver(true, Part::Body);
+        let flow = self.stream.on_request_body(size, end);
+        self.after(true, Part::Body, flow)
+    }
+
+    fn response_headers(&mut self, end_of_stream: bool) -> Flow {
+        self.host.deliver(false, Part::Headers);
+        let flow = self.stream.on_response_headers(end_of_stream);
+        self.after(false, Part::Headers, flow)
+    }
+
+    fn response_chunk(&mut self, size: usize, end: bool) -> Flow {
+        self.host.deliver(false, Part::Body);
+        let flow = self.stream.on_response_body(size, end);
+        self.after(false, Part::Body, flow)
+    }
+
+    fn call_answer(&mut self, token: u32, body_size: usize) {
+        self.stream.on_call_answer(token, body_size);
+        self.no_refusals();
+    }
+
+    /// After a callback answered `flow`: the side goes on if it continued, and the filter
+    /// made no host call Envoy would have refused (`host_rules`).
+    fn after(&mut self, request: bool, part: Part, flow: Flow) -> Flow {
+        self.host.answered(request, part, flow);
+        self.no_refusals();
+        flow
+    }
+
+    fn no_refusals(&self) {
+        let refusals = std::mem::take(&mut self.host.state().refusals);
+        assert!(refusals.is_empty(), "calls Envoy refuses: {refusals:?}");
     }
 
     /// The only prefill call in flight, taken from the host.
@@ -124,7 +166,7 @@ impl Request {
             .map(|s| vec![(":status".to_string(), s.to_string().into_bytes())])
             .unwrap_or_default();
         self.host.state().call_answer = (headers, body.as_bytes().to_vec());
-        self.stream.on_call_answer(call.token, body.len());
+        self.call_answer(call.token, body.len());
     }
 
     /// The worker's response headers (and, when `body` is given, its whole body) come back.
@@ -133,9 +175,9 @@ impl Request {
         state.response_headers = vec![(":status".into(), status.to_string().into_bytes())];
         state.response_body = body.unwrap_or_default().as_bytes().to_vec();
         drop(state);
-        let action = self.stream.on_response_headers(body.is_none());
+        let action = self.response_headers(body.is_none());
         match body {
-            Some(body) => self.stream.on_response_body(body.len(), true),
+            Some(body) => self.response_chunk(body.len(), true),
             None => action,
         }
     }
@@ -154,7 +196,9 @@ impl Request {
     }
 
     fn end(&mut self) {
+        self.host.state().log_phase = true;
         self.stream.on_stream_end();
+        self.no_refusals();
     }
 }
 

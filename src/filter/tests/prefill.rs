@@ -264,11 +264,8 @@ fn a_body_arriving_in_pieces_is_read_once_whole() {
     let mut request = Request::new(REGISTRY, COMPLETION_HEADERS);
     assert_eq!(request.headers(false), Flow::Pause);
     request.host.state().request_body = PROMPT.as_bytes().to_vec();
-    assert_eq!(request.stream.on_request_body(10, false), Flow::Pause);
+    assert_eq!(request.body_chunk(10, false), Flow::Pause);
     assert!(request.host.take_calls().is_empty());
-    assert_eq!(
-        request.stream.on_request_body(PROMPT.len(), true),
-        Flow::Pause
-    );
+    assert_eq!(request.body_chunk(PROMPT.len(), true), Flow::Pause);
     assert_eq!(request.host.take_calls().len(), 1);
 }
