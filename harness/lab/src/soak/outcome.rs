@@ -252,6 +252,9 @@ impl Judge<'_> {
         let Some(problem) = problem else {
             return (actual, Judgement::AsExpected, None);
         };
+        if self.refusal_with_nothing_to_withhold(exchange) {
+            return (actual, Judgement::AsExpected, None);
+        }
         if self.cut_by_kill(exchange) {
             return (actual, Judgement::CutByKill, None);
         }
@@ -293,6 +296,24 @@ impl Judge<'_> {
             && self.planned.pins.decode.is_none()
             && error_code(exchange).as_deref() == Some("upstream_failed");
         decode_killed && (stream_cut || unpinned_decode_failed)
+    }
+
+    /// A request whose decode 4xx would be withheld (`decode_refused`), served with no prefill
+    /// hop (every prefill worker it tried failed — the hostile one, then one being killed —
+    /// and the decode worker prefilled itself): its hop carried no KV, so the worker's own
+    /// 4xx is the answer (`docs/semantics.md` §4).
+    fn refusal_with_nothing_to_withhold(&self, exchange: &Exchange) -> bool {
+        let withheld = matches!(
+            self.expected,
+            Expected::Rejected {
+                code: "decode_refused",
+                ..
+            }
+        );
+        withheld
+            && exchange.status.is_client_error()
+            && error_code(exchange).is_none()
+            && header_id(&exchange.headers, PREFILL_WORKER_HEADER).is_none()
     }
 
     /// The decode worker's 400 for KV its prefill worker lost by being killed: the sim's own

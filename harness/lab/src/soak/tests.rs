@@ -402,6 +402,34 @@ fn an_unpinned_decode_cut_before_its_answer_is_a_typed_502_counted_apart() {
 }
 
 #[test]
+fn a_decode_refusal_with_no_prefill_hop_is_the_workers_own_answer() {
+    let planned = planned(Kind::KvGuess, |_| true);
+    let body = json!({"error": {"message": "`include_usage` must be a boolean", "code": 400}});
+    let own = exchange(
+        400,
+        &[("x-pinroute-decode-worker", "203")],
+        &body.to_string(),
+    );
+    assert_eq!(
+        judged_without_faults(&planned, &own).judgement,
+        Judgement::AsExpected,
+        "no KV to withhold: an aggregated fallback"
+    );
+    let after_a_prefill = exchange(
+        400,
+        &[
+            ("x-pinroute-prefill-worker", "101"),
+            ("x-pinroute-decode-worker", "203"),
+        ],
+        &body.to_string(),
+    );
+    assert_eq!(
+        judged_without_faults(&planned, &after_a_prefill).judgement,
+        Judgement::Mismatch
+    );
+}
+
+#[test]
 fn kv_lost_with_a_killed_prefill_worker_is_counted_apart() {
     let planned = planned(Kind::Unpinned, |_| true);
     let t = timing();
