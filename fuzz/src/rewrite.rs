@@ -5,7 +5,8 @@
 //! Properties, for every client body that is a JSON object:
 //! - the prefill body is a JSON object without duplicate keys; `stream` is `false`,
 //!   `max_tokens` is `1`, `max_completion_tokens` is `1` when the client sent it and absent
-//!   otherwise, `stream_options`, `min_tokens`, `min_completion_tokens` are gone, and
+//!   otherwise, `stream_options`, `min_tokens`, `min_completion_tokens` and the fields that
+//!   only inflate its answer (`echo`, `logprobs`, `n`, `best_of`, ...) are gone, and
 //!   `kv_transfer_params` is exactly the fixed remote-decode request;
 //! - every other client member reaches both bodies byte-identical, in the client's order,
 //!   and nothing else is added — but for the prefill body's `nvext`, which loses the decode
@@ -34,7 +35,20 @@ use crate::{is_duplicate_key, violated};
 const KV: &str = "kv_transfer_params";
 /// Members the prefill body sets to its own values.
 const SET_BY_PREFILL: [&str; 4] = ["stream", "max_tokens", "max_completion_tokens", KV];
-const DROPPED_BY_PREFILL: [&str; 3] = ["stream_options", "min_tokens", "min_completion_tokens"];
+/// Members the prefill body never carries: the stream's and the limits' options, and what
+/// would make its answer larger without changing its KV (§4).
+const DROPPED_BY_PREFILL: [&str; 10] = [
+    "stream_options",
+    "min_tokens",
+    "min_completion_tokens",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "n",
+    "best_of",
+    "return_token_ids",
+];
 /// What a NIXL prefill worker typically answers, used when the input has no response.
 const TYPICAL_KV: &str = r#"{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"10.0.0.1","remote_port":5600}"#;
 
