@@ -73,7 +73,11 @@ pub struct Case {
 
 #[derive(Arbitrary, Debug)]
 struct PromptSpec {
+    /// The prompt's beginning; see [`PromptSpec::prompt`].
     text: Vec<u8>,
+    /// Filler bytes after `text`, modulo 4096: a short input makes a prompt long enough for
+    /// prefix affinity (at least 256 bytes).
+    padding: u16,
     /// Bytes a continuation adds (after dropping the prompt's last byte).
     more: Vec<u8>,
     /// `prefix_affinity_bytes`, modulo 16385.
@@ -203,8 +207,9 @@ pub fn check(case: &Case) {
         local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
         ..Settings::default()
     };
-    check_prompt_hashes(prompt, &settings);
-    let prefix = PromptPrefix::new(&prompt.text, settings.prefix_affinity_bytes);
+    let text = prompt.prompt();
+    check_prompt_hashes(&text, &prompt.more, &settings);
+    let prefix = PromptPrefix::new(&text, settings.prefix_affinity_bytes);
     let health = Health {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
@@ -231,7 +236,7 @@ pub fn check(case: &Case) {
         }),
     };
     let facts = PromptFacts {
-        bytes: prompt.text.len(),
+        bytes: text.len(),
         last_turn: prompt.last_turn.map(|(decode, prefill, added)| LastTurn {
             prefill: prefill.map(|p| p.id(&workers)),
             decode: decode.id(&workers),
@@ -266,6 +271,14 @@ impl Case {
             .filter(|(i, _)| down(i))
             .map(|(_, w)| w.id)
             .collect()
+    }
+}
+
+impl PromptSpec {
+    fn prompt(&self) -> Vec<u8> {
+        let mut prompt = self.text.clone();
+        prompt.resize(self.text.len() + usize::from(self.padding % 4096), b'.');
+        prompt
     }
 }
 
@@ -540,11 +553,10 @@ impl World<'_> {
             "resolution is not deterministic"
         );
         self.check_refusal(pins, &actual);
-        match &actual {
+        match &self.check_local_prefill(pins, &actual) {
             Ok(route) => self.check_route(route, pins),
             Err(error) => self.check_error(error),
         }
-        self.check_local_prefill(pins, &actual);
         self.check_prefill_ignores_token_pins(pins, &actual, other_token_pins);
         self.check_token_hop(pins, &actual);
         self.check_session_stability(pins, &actual);
@@ -743,8 +755,6 @@ impl World<'_> {
                     "a skipped prefill hop's placement, panic"
                 );
             }
-            // Compared with the route it replaces by `check_local_prefill`.
-            (PrefillPlan::Local(_), None) => {}
             (plan, pin) => violated(format!("prefill plan {plan:?} with prefill pin {pin:?}")),
         }
     }
@@ -886,8 +896,12 @@ impl World<'_> {
     /// docs/semantics.md §4's skip by choice: without it (no short-prompt limit, no last
     /// turn) the route is the same but for unpinned candidates where this one prefills
     /// locally, and those are replaced exactly when the prompt is short enough or the decode
-    /// worker served the last turn with little added.
-    fn check_local_prefill(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
+    /// worker served the last turn with little added. Returns the resolution without it.
+    fn check_local_prefill(
+        &self,
+        pins: &Pins,
+        actual: &Result<Route, RouteError>,
+    ) -> Result<Route, RouteError> {
         let settings = Settings {
             local_prefill_max_bytes: 0,
             ..self.settings.clone()
@@ -901,11 +915,11 @@ impl World<'_> {
             ..*self
         };
         let without = world.resolver().resolve(pins);
-        let (Ok(route), Ok(without)) = (actual, &without) else {
+        let (Ok(route), Ok(unskipped)) = (actual, &without) else {
             assert_eq!(actual, &without, "the skip by choice changed a refusal");
-            return;
+            return without;
         };
-        let why = match without.prefill {
+        let why = match unskipped.prefill {
             PrefillPlan::Candidates(_) => self.local_prefill(route),
             _ => None,
         };
@@ -914,11 +928,12 @@ impl World<'_> {
                 prefill: PrefillPlan::Local(why),
                 prefill_panic: false,
                 prefill_placement: None,
-                ..without.clone()
+                ..unskipped.clone()
             },
-            None => without.clone(),
+            None => unskipped.clone(),
         };
         assert_eq!(route, &expected, "the skip by choice");
+        without
     }
 
     fn local_prefill(&self, route: &Route) -> Option<LocalPrefill> {
@@ -1137,13 +1152,12 @@ fn busy_model(busy: Busy, load: u64, total: u64, workers: usize) -> bool {
 }
 
 /// A prompt's hashes and its turn memory, stated directly.
-fn check_prompt_hashes(prompt: &PromptSpec, settings: &Settings) {
+fn check_prompt_hashes(text: &[u8], more: &[u8], settings: &Settings) {
     let window = settings.prefix_affinity_bytes;
     let min = settings.prefix_min_bytes;
-    let text = &prompt.text;
     let base = PromptPrefix::new(text, window);
-    let mut longer = text.clone();
-    longer.extend_from_slice(&prompt.more);
+    let mut longer = text.to_vec();
+    longer.extend_from_slice(more);
     let extended = PromptPrefix::new(&longer, window);
     let (short, long) = (base.depths(BLOCK_BYTES), extended.depths(BLOCK_BYTES));
     assert!(
@@ -1167,7 +1181,7 @@ fn check_prompt_hashes(prompt: &PromptSpec, settings: &Settings) {
     );
     // The client resends the prompt without its closing byte, then what it adds.
     let mut next = text.get(..text.len() - 1).unwrap_or_default().to_vec();
-    next.extend_from_slice(&prompt.more);
+    next.extend_from_slice(more);
     let (deepest, previous) = PromptPrefix::new(&next, window).memory_keys(min);
     for key in [deepest, previous]
         .into_iter()
