@@ -1,7 +1,8 @@
 //! Registry validation and per-hop resolution (docs/semantics.md §3, §4, §5, §8).
 //!
-//! The input describes a worker list, health, settings, the unpinned choice and the pins
-//! (often naming registry workers, so pins hit real, wrong-role and unknown workers).
+//! The input describes a worker list, health, settings, what the request carries for the
+//! choice of unpinned workers, and the pins (often naming registry workers, so pins hit real,
+//! wrong-role and unknown workers).
 //!
 //! §3's checks of a pin are data here ([`CHECKS`]), evaluated against the case; the rest
 //! are properties of what resolution returns, not a second resolver:
@@ -16,12 +17,14 @@
 //!   whatever the unpinned choice (pins beat sessions); a rank is < `dp_size`;
 //! - an unpinned hop offers every worker its pool has available, up to its limit, each once:
 //!   the healthy ones, then, in a pool in panic only, the unhealthy ones;
-//! - the placement of an unpinned hop's first worker (§5): a session's is the worker the key
-//!   weighs highest; with a prompt's hashes or a remembered turn, a remembered worker that is
-//!   not busy, else the shallowest hash's top worker if it is not busy (affinity beats load),
-//!   else a worker that is not busy (busy: over `percent` % of the pool's mean plus
-//!   `excess`), the others in the deepest hash's order; otherwise by load, one of the next two
-//!   in round-robin order and the less loaded of them;
+//! - the placement of an unpinned hop's first worker (§5), from what the request carries (a
+//!   session, a completion's prompt as `prompt_use` reads it, the choice `unpinned_choice`
+//!   makes of them, as in the filter): with a session, the worker the key weighs highest
+//!   (sessions beat prefix affinity); with a prompt's hashes or a remembered turn, a
+//!   remembered worker that is not busy, else the shallowest hash's top worker if it is not
+//!   busy (affinity beats load), else a worker that is not busy (busy: over `percent` % of
+//!   the pool's mean plus `excess`), the others in the deepest hash's order; otherwise by
+//!   load, one of the next two in round-robin order and the less loaded of them;
 //! - the prefill plan depends on P and pr only: changing B, D and r never changes it, but for
 //!   whether the next turn skips it (§4: that depends on the decode worker); the token hop
 //!   depends on D/B and r only and equals `token_hop`;
@@ -45,9 +48,12 @@ use pinroute::policy::pins::Pins;
 use pinroute::policy::prefix::{BLOCK_BYTES, PromptPrefix};
 use pinroute::policy::registry::{Deployment, Registry, Role, Worker, WorkerId};
 use pinroute::policy::resolve::{
-    DECODE_ATTEMPTS, LocalPrefill, PrefillPlan, PromptFacts, Resolver, Route, Target,
+    DECODE_ATTEMPTS, LocalPrefill, PrefillPlan, PromptFacts, PromptUse, Resolver, Route, Target,
+    prompt_use,
 };
-use pinroute::policy::select::{Affinity, Busy, Choice, Placement, prefix_weight, session_weight};
+use pinroute::policy::select::{
+    Affinity, Busy, Placement, prefix_weight, session_weight, unpinned_choice,
+};
 use pinroute::policy::turns::{LastTurn, Turn};
 
 use crate::violated;
@@ -63,7 +69,7 @@ pub struct Case {
     aggregated_fallback: bool,
     /// `panic_threshold_percent`, taken modulo 101.
     panic_threshold: u8,
-    choice: ChoiceSpec,
+    request: RequestSpec,
     pins: PinsSpec,
     /// B, D and r of a second resolution that must leave the prefill plan alone.
     other_token_pins: PinsSpec,
@@ -135,14 +141,16 @@ enum Retries {
     Any(u32),
 }
 
+/// What decides how a request's unpinned hops are placed (docs/semantics.md §5).
 #[derive(Arbitrary, Debug)]
-enum ChoiceSpec {
-    Session(Vec<u8>),
-    Turn(u64),
+struct RequestSpec {
+    /// `x-dynamo-session-id`.
+    session: Option<Vec<u8>>,
+    /// A completion, whose prompt is read for placement; otherwise another routed path.
+    completion: bool,
+    rotation: u64,
     /// Outstanding requests per worker: `load[id % 8]`.
-    LeastLoaded(u64, [u8; 8]),
-    /// Prefix affinity over the prompt's hashes, with these loads.
-    Prefix(u64, [u8; 8]),
+    load: [u8; 8],
 }
 
 fn outstanding(load: &[u8; 8], worker: &Worker) -> u64 {
@@ -195,18 +203,7 @@ pub fn check(case: &Case) {
         None => return,
     };
     let prompt = &case.prompt;
-    let settings = Settings {
-        prefill_retries: case.prefill_retries.value(),
-        aggregated_fallback: case.aggregated_fallback,
-        panic_threshold_percent: u32::from(case.panic_threshold % 101),
-        prefix_affinity_bytes: usize::from(prompt.window % 16385),
-        prefix_min_bytes: BLOCK_BYTES * (1 + usize::from(prompt.min_blocks % 8)),
-        affinity_busy_excess: u64::from(prompt.busy_excess),
-        affinity_busy_percent: 100 + u64::from(prompt.busy_percent % 400),
-        local_prefill_max_bytes: usize::from(prompt.local_max),
-        local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
-        ..Settings::default()
-    };
+    let settings = case.settings();
     let text = prompt.prompt();
     check_prompt_hashes(&text, &prompt.more, &settings);
     let prefix = PromptPrefix::new(&text, settings.prefix_affinity_bytes);
@@ -214,47 +211,75 @@ pub fn check(case: &Case) {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
     };
-    let load = match &case.choice {
-        ChoiceSpec::LeastLoaded(_, load) | ChoiceSpec::Prefix(_, load) => *load,
-        _ => [0; 8],
-    };
-    let by_load = |w: &Worker| outstanding(&load, w);
-    let remembered: Vec<WorkerId> = prompt.remembered.iter().map(|r| r.id(&workers)).collect();
-    let choice = match &case.choice {
-        ChoiceSpec::Session(key) => Choice::Session(key),
-        ChoiceSpec::Turn(turn) => Choice::RoundRobin(*turn),
-        ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded {
-            rotation: *turn,
-            outstanding: &by_load,
+    let pins = case.pins.pins(&workers);
+    let request = &case.request;
+    let by_load = |w: &Worker| outstanding(&request.load, w);
+    // A completion's prompt as the filter reads it: not at all, its length only, or hashed
+    // and looked up in the turn memory.
+    let read = request
+        .completion
+        .then(|| prompt_use(&settings, &pins, text.len()))
+        .filter(|read| *read != PromptUse::Unread);
+    let hashed = read == Some(PromptUse::Hashed);
+    let remembered: Vec<WorkerId> = prompt
+        .remembered
+        .iter()
+        .filter(|_| hashed)
+        .map(|r| r.id(&workers))
+        .collect();
+    let affinity = read.map(|_| Affinity {
+        depths: if hashed {
+            prefix.depths(settings.prefix_min_bytes)
+        } else {
+            &[]
         },
-        ChoiceSpec::Prefix(turn, _) => Choice::Prefix(Affinity {
-            depths: prefix.depths(settings.prefix_min_bytes),
-            remembered: &remembered,
-            busy: settings.busy(),
-            rotation: *turn,
-            outstanding: &by_load,
-        }),
-    };
+        remembered: &remembered,
+        busy: settings.busy(),
+        rotation: request.rotation,
+        outstanding: &by_load,
+    });
+    let last_turn = prompt.last_turn.filter(|_| hashed);
     let facts = PromptFacts {
-        bytes: text.len(),
-        last_turn: prompt.last_turn.map(|(decode, prefill, added)| LastTurn {
+        bytes: read.map_or(0, |_| text.len()),
+        last_turn: last_turn.map(|(decode, prefill, added)| LastTurn {
             prefill: prefill.map(|p| p.id(&workers)),
             decode: decode.id(&workers),
             added_bytes: u64::from(added),
         }),
     };
-    let pins = case.pins.pins(&workers);
+    let request = Request {
+        session: request.session.as_deref(),
+        affinity,
+        rotation: request.rotation,
+        outstanding: &by_load,
+    };
     let world = World {
         registry: &registry,
         settings: &settings,
         health: &health,
-        choice,
+        request,
         prompt: facts,
     };
     world.check(&pins, &case.other_token_pins.pins(&workers));
 }
 
 impl Case {
+    fn settings(&self) -> Settings {
+        let prompt = &self.prompt;
+        Settings {
+            prefill_retries: self.prefill_retries.value(),
+            aggregated_fallback: self.aggregated_fallback,
+            panic_threshold_percent: u32::from(self.panic_threshold % 101),
+            prefix_affinity_bytes: usize::from(prompt.window % 16385),
+            prefix_min_bytes: BLOCK_BYTES * (1 + usize::from(prompt.min_blocks % 8)),
+            affinity_busy_excess: u64::from(prompt.busy_excess),
+            affinity_busy_percent: 100 + u64::from(prompt.busy_percent % 400),
+            local_prefill_max_bytes: usize::from(prompt.local_max),
+            local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
+            ..Settings::default()
+        }
+    }
+
     fn workers(&self) -> Vec<Worker> {
         self.workers
             .iter()
@@ -525,12 +550,22 @@ fn token_pins(pins: &Pins) -> (Option<WorkerId>, Option<u32>) {
     )
 }
 
+/// What a request tells the choice of its unpinned workers.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    session: Option<&'a [u8]>,
+    /// A completion's prompt, when it is read.
+    affinity: Option<Affinity<'a>>,
+    rotation: u64,
+    outstanding: &'a dyn Fn(&Worker) -> u64,
+}
+
 /// Everything a resolution depends on but the pins.
 struct World<'a> {
     registry: &'a Registry,
     settings: &'a Settings,
     health: &'a Health,
-    choice: Choice<'a>,
+    request: Request<'a>,
     prompt: PromptFacts,
 }
 
@@ -540,7 +575,12 @@ impl World<'_> {
             registry: self.registry,
             settings: self.settings,
             availability: self.health,
-            choice: self.choice,
+            choice: unpinned_choice(
+                self.request.session,
+                self.request.affinity,
+                self.request.rotation,
+                self.request.outstanding,
+            ),
             prompt: self.prompt,
         }
     }
@@ -844,37 +884,22 @@ impl World<'_> {
             .copied()
             .take_while(|w| self.health.is_unhealthy(w) == unhealthy)
             .collect();
-        match self.choice {
-            Choice::Session(key) => {
+        // Sessions beat prefix affinity, and affinity beats load.
+        match (self.request.session, self.request.affinity) {
+            (Some(key), _) => {
                 assert_eq!(placement, Placement::Session, "a session's placement");
                 let weight = |w: &Worker| (session_weight(key, w), w.id);
                 check_descending(&group, &chosen, weight, "session weight");
             }
-            Choice::Prefix(affinity)
+            (None, Some(affinity))
                 if !affinity.depths.is_empty() || !affinity.remembered.is_empty() =>
             {
                 check_affinity(&affinity, &group, &chosen, placement);
             }
-            Choice::RoundRobin(turn) => {
-                assert_eq!(placement, Placement::Load, "round robin's placement");
-                let order = round_robin(&group, turn);
-                assert!(
-                    order.starts_with(&ids_of(&chosen)),
-                    "round robin from turn {turn}: {order:?}, offered {:?}",
-                    ids_of(&chosen)
-                );
-            }
-            Choice::LeastLoaded {
-                rotation: turn,
-                outstanding,
-            }
-            | Choice::Prefix(Affinity {
-                rotation: turn,
-                outstanding,
-                ..
-            }) => {
-                assert_eq!(placement, Placement::Load, "least loaded's placement");
-                let next_two: Vec<&Worker> = round_robin(&group, turn)
+            (None, _) => {
+                assert_eq!(placement, Placement::Load, "placement by load");
+                let outstanding = self.request.outstanding;
+                let next_two: Vec<&Worker> = round_robin(&group, self.request.rotation)
                     .into_iter()
                     .take(2)
                     .filter_map(|id| group.iter().copied().find(|w| w.id == id))
@@ -1008,7 +1033,7 @@ impl World<'_> {
 
     /// Rendezvous hashing: another worker leaving keeps a session's choice.
     fn check_session_stability(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
-        let (Choice::Session(_), Ok(route)) = (self.choice, actual) else {
+        let (Some(_), Ok(route)) = (self.request.session, actual) else {
             return;
         };
         if route.decode.target.pinned {
