@@ -1,35 +1,40 @@
-//! Registry validation and per-hop resolution (docs/semantics.md §3, §5, §8).
+//! Registry validation and per-hop resolution (docs/semantics.md §3, §4, §5, §8).
 //!
-//! The input describes a worker list, health, settings, the unpinned choice and the pins
-//! (often naming registry workers, so pins hit real, wrong-role and unknown workers).
+//! The input describes a worker list, health, settings, what the request carries for the
+//! choice of unpinned workers, and the pins (often naming registry workers, so pins hit real,
+//! wrong-role and unknown workers).
 //!
-//! Properties:
+//! §3's checks of a pin are data here ([`CHECKS`]), evaluated against the case; the rest
+//! are properties of what resolution returns, not a second resolver:
 //! - `Registry::new` accepts exactly the lists docs/semantics.md §8 allows, and `from_json` of
 //!   the same list agrees with it;
 //! - resolution never panics and is deterministic, on the empty registry too;
-//! - it equals a model of docs/semantics.md §3 written out here: route, or exact error and
-//!   hop, with §5's panic mode (a pool with too few healthy workers offers its unhealthy ones
-//!   after them, and a pin to one of those is tried);
-//! - every target is a registry worker (so its address is a registry address) of the hop's
-//!   role, never draining, unhealthy only in a pool in panic; a pinned target is exactly the
-//!   pinned worker; a rank is < `dp_size`;
-//! - the prefill plan depends on P and pr only: changing B, D and r never changes it (so
-//!   prefill is never pinned without P and its rank never comes from r), but for whether the
-//!   next turn skips it (§4: that depends on the decode worker); the token hop
+//! - it refuses exactly when a row of [`CHECKS`] holds, prefill hop first, with that row's
+//!   status, code and `Retry-After`; the error names its hop and the pinned worker, its body
+//!   is OpenAI-shaped and never contains a registry address;
+//! - every target is a registry worker of the hop's role, never draining, unhealthy only in
+//!   a pool in panic; a pinned target is exactly the pin, with its rank (0 for `dp_size` 1),
+//!   whatever the unpinned choice (pins beat sessions); a rank is < `dp_size`;
+//! - an unpinned hop offers every worker its pool has available, up to its limit, each once:
+//!   the healthy ones, then, in a pool in panic only, the unhealthy ones;
+//! - the placement of an unpinned hop's first worker (§5), from what the request carries (a
+//!   session, a completion's prompt as `prompt_use` reads it, the choice `unpinned_choice`
+//!   makes of them, as in the filter): with a session, the worker the key weighs highest
+//!   (sessions beat prefix affinity); with a prompt's hashes or a remembered turn, a
+//!   remembered worker that is not busy, else the shallowest hash's top worker if it is not
+//!   busy (affinity beats load), else a worker that is not busy (busy: over `percent` % of
+//!   the pool's mean plus `excess`), the others in the deepest hash's order; otherwise by
+//!   load, one of the next two in round-robin order and the less loaded of them;
+//! - the prefill plan depends on P and pr only: changing B, D and r never changes it, but for
+//!   whether the next turn skips it (§4: that depends on the decode worker); the token hop
 //!   depends on D/B and r only and equals `token_hop`;
+//! - a prefill hop is skipped by choice (§4) only in place of unpinned candidates, exactly
+//!   when the prompt is short enough or its decode worker served the last turn and little was
+//!   added, and the skip changes nothing else;
 //! - with a session, a worker other than the chosen one leaving keeps the choice;
-//! - prefix affinity (§5) equals a model: a remembered worker that is not busy, else depth
-//!   by depth the top worker of each hash among those not yet found busy, else the first
-//!   worker not busy in the deepest hash's order (busy: over `percent` % of the pool's mean
-//!   plus `excess`); the worker it places is never busy, and
-//!   each hop reports how its worker was chosen;
-//! - a prefill hop is skipped by choice (§4) exactly when it is unpinned and the prompt is
-//!   short enough, or its decode worker served the last turn and little was added;
 //! - a prompt's hashes: a longer prompt keeps the hashes of its beginning; a turn
 //!   remembered for a prompt is found by its continuation under a shared key, with the
 //!   bytes it adds; a remembered turn encodes and decodes to itself.
-//! - an error maps to its SPEC status and code, names the worker and hop, and its body
-//!   never contains a registry address.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -43,9 +48,12 @@ use pinroute::policy::pins::Pins;
 use pinroute::policy::prefix::{BLOCK_BYTES, PromptPrefix};
 use pinroute::policy::registry::{Deployment, Registry, Role, Worker, WorkerId};
 use pinroute::policy::resolve::{
-    DECODE_ATTEMPTS, LocalPrefill, PrefillPlan, PromptFacts, Resolver, Route, Target, TokenHop,
+    DECODE_ATTEMPTS, LocalPrefill, PrefillPlan, PromptFacts, PromptUse, Resolver, Route, Target,
+    prompt_use,
 };
-use pinroute::policy::select::{Affinity, Busy, Choice, Placement, prefix_weight, session_weight};
+use pinroute::policy::select::{
+    Affinity, Busy, Placement, prefix_weight, session_weight, unpinned_choice,
+};
 use pinroute::policy::turns::{LastTurn, Turn};
 
 use crate::violated;
@@ -61,7 +69,7 @@ pub struct Case {
     aggregated_fallback: bool,
     /// `panic_threshold_percent`, taken modulo 101.
     panic_threshold: u8,
-    choice: ChoiceSpec,
+    request: RequestSpec,
     pins: PinsSpec,
     /// B, D and r of a second resolution that must leave the prefill plan alone.
     other_token_pins: PinsSpec,
@@ -71,7 +79,11 @@ pub struct Case {
 
 #[derive(Arbitrary, Debug)]
 struct PromptSpec {
+    /// The prompt's beginning; see [`PromptSpec::prompt`].
     text: Vec<u8>,
+    /// Filler bytes after `text`, modulo 4096: a short input makes a prompt long enough for
+    /// prefix affinity (at least 256 bytes).
+    padding: u16,
     /// Bytes a continuation adds (after dropping the prompt's last byte).
     more: Vec<u8>,
     /// `prefix_affinity_bytes`, modulo 16385.
@@ -129,14 +141,16 @@ enum Retries {
     Any(u32),
 }
 
+/// What decides how a request's unpinned hops are placed (docs/semantics.md §5).
 #[derive(Arbitrary, Debug)]
-enum ChoiceSpec {
-    Session(Vec<u8>),
-    Turn(u64),
+struct RequestSpec {
+    /// `x-dynamo-session-id`.
+    session: Option<Vec<u8>>,
+    /// A completion, whose prompt is read for placement; otherwise another routed path.
+    completion: bool,
+    rotation: u64,
     /// Outstanding requests per worker: `load[id % 8]`.
-    LeastLoaded(u64, [u8; 8]),
-    /// Prefix affinity over the prompt's hashes, with these loads.
-    Prefix(u64, [u8; 8]),
+    load: [u8; 8],
 }
 
 fn outstanding(load: &[u8; 8], worker: &Worker) -> u64 {
@@ -189,65 +203,83 @@ pub fn check(case: &Case) {
         None => return,
     };
     let prompt = &case.prompt;
-    let settings = Settings {
-        prefill_retries: case.prefill_retries.value(),
-        aggregated_fallback: case.aggregated_fallback,
-        panic_threshold_percent: u32::from(case.panic_threshold % 101),
-        prefix_affinity_bytes: usize::from(prompt.window % 16385),
-        prefix_min_bytes: BLOCK_BYTES * (1 + usize::from(prompt.min_blocks % 8)),
-        affinity_busy_excess: u64::from(prompt.busy_excess),
-        affinity_busy_percent: 100 + u64::from(prompt.busy_percent % 400),
-        local_prefill_max_bytes: usize::from(prompt.local_max),
-        local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
-        ..Settings::default()
-    };
-    check_prompt_hashes(prompt, &settings);
-    let prefix = PromptPrefix::new(&prompt.text, settings.prefix_affinity_bytes);
+    let settings = case.settings();
+    let text = prompt.prompt();
+    check_prompt_hashes(&text, &prompt.more, &settings);
+    let prefix = PromptPrefix::new(&text, settings.prefix_affinity_bytes);
     let health = Health {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
     };
-    let load = match &case.choice {
-        ChoiceSpec::LeastLoaded(_, load) | ChoiceSpec::Prefix(_, load) => *load,
-        _ => [0; 8],
-    };
-    let by_load = |w: &Worker| outstanding(&load, w);
-    let remembered: Vec<WorkerId> = prompt.remembered.iter().map(|r| r.id(&workers)).collect();
-    let choice = match &case.choice {
-        ChoiceSpec::Session(key) => Choice::Session(key),
-        ChoiceSpec::Turn(turn) => Choice::RoundRobin(*turn),
-        ChoiceSpec::LeastLoaded(turn, _) => Choice::LeastLoaded {
-            rotation: *turn,
-            outstanding: &by_load,
+    let pins = case.pins.pins(&workers);
+    let request = &case.request;
+    let by_load = |w: &Worker| outstanding(&request.load, w);
+    // A completion's prompt as the filter reads it: not at all, its length only, or hashed
+    // and looked up in the turn memory.
+    let read = request
+        .completion
+        .then(|| prompt_use(&settings, &pins, text.len()))
+        .filter(|read| *read != PromptUse::Unread);
+    let hashed = read == Some(PromptUse::Hashed);
+    let remembered: Vec<WorkerId> = prompt
+        .remembered
+        .iter()
+        .filter(|_| hashed)
+        .map(|r| r.id(&workers))
+        .collect();
+    let affinity = read.map(|_| Affinity {
+        depths: if hashed {
+            prefix.depths(settings.prefix_min_bytes)
+        } else {
+            &[]
         },
-        ChoiceSpec::Prefix(turn, _) => Choice::Prefix(Affinity {
-            depths: prefix.depths(settings.prefix_min_bytes),
-            remembered: &remembered,
-            busy: settings.busy(),
-            rotation: *turn,
-            outstanding: &by_load,
-        }),
-    };
+        remembered: &remembered,
+        busy: settings.busy(),
+        rotation: request.rotation,
+        outstanding: &by_load,
+    });
+    let last_turn = prompt.last_turn.filter(|_| hashed);
     let facts = PromptFacts {
-        bytes: prompt.text.len(),
-        last_turn: prompt.last_turn.map(|(decode, prefill, added)| LastTurn {
+        bytes: read.map_or(0, |_| text.len()),
+        last_turn: last_turn.map(|(decode, prefill, added)| LastTurn {
             prefill: prefill.map(|p| p.id(&workers)),
             decode: decode.id(&workers),
             added_bytes: u64::from(added),
         }),
     };
-    let pins = case.pins.pins(&workers);
+    let request = Request {
+        session: request.session.as_deref(),
+        affinity,
+        rotation: request.rotation,
+        outstanding: &by_load,
+    };
     let world = World {
         registry: &registry,
         settings: &settings,
         health: &health,
-        choice,
+        request,
         prompt: facts,
     };
     world.check(&pins, &case.other_token_pins.pins(&workers));
 }
 
 impl Case {
+    fn settings(&self) -> Settings {
+        let prompt = &self.prompt;
+        Settings {
+            prefill_retries: self.prefill_retries.value(),
+            aggregated_fallback: self.aggregated_fallback,
+            panic_threshold_percent: u32::from(self.panic_threshold % 101),
+            prefix_affinity_bytes: usize::from(prompt.window % 16385),
+            prefix_min_bytes: BLOCK_BYTES * (1 + usize::from(prompt.min_blocks % 8)),
+            affinity_busy_excess: u64::from(prompt.busy_excess),
+            affinity_busy_percent: 100 + u64::from(prompt.busy_percent % 400),
+            local_prefill_max_bytes: usize::from(prompt.local_max),
+            local_prefill_suffix_bytes: usize::from(prompt.local_suffix),
+            ..Settings::default()
+        }
+    }
+
     fn workers(&self) -> Vec<Worker> {
         self.workers
             .iter()
@@ -264,6 +296,14 @@ impl Case {
             .filter(|(i, _)| down(i))
             .map(|(_, w)| w.id)
             .collect()
+    }
+}
+
+impl PromptSpec {
+    fn prompt(&self) -> Vec<u8> {
+        let mut prompt = self.text.clone();
+        prompt.resize(self.text.len() + usize::from(self.padding % 4096), b'.');
+        prompt
     }
 }
 
@@ -390,12 +430,142 @@ fn registry_json(workers: &[Worker]) -> String {
     serde_json::json!({ "workers": workers }).to_string()
 }
 
+impl Health {
+    fn is_unhealthy(&self, worker: &Worker) -> bool {
+        matches!(
+            self.unavailability(worker),
+            Some(Unavailability::Unhealthy { .. })
+        )
+    }
+}
+
+/// The `Retry-After` of a refusal.
+#[derive(Debug, Clone, Copy)]
+enum RetryAfter {
+    None,
+    Five,
+    /// The seconds until the unhealthy worker is back.
+    UntilHealthy,
+}
+
+type Condition = fn(&HopFacts) -> bool;
+type Check = (Condition, u16, &'static str, RetryAfter);
+
+/// docs/semantics.md §3's checks of one hop, in order: the first that holds is the hop's
+/// answer, and the prefill hop is checked before the token hop. "Unknown, and the registry has
+/// no worker at all" comes before plain "unknown", as the narrower row of the two. The last
+/// row is an unpinned hop with nothing to go to (§4, §5), which the prefill hop may be when
+/// it can fall back to one hop.
+#[rustfmt::skip]
+const CHECKS: [Check; 8] = [
+    (HopFacts::rank_without_worker,          400, "rank_without_worker",  RetryAfter::None),
+    (HopFacts::unknown_to_an_empty_registry, 503, "no_worker_available",  RetryAfter::Five),
+    (HopFacts::unknown,                      400, "unknown_worker",       RetryAfter::None),
+    (HopFacts::in_another_pool,              400, "wrong_worker_role",    RetryAfter::None),
+    (HopFacts::rank_out_of_range,            400, "dp_rank_out_of_range", RetryAfter::None),
+    (HopFacts::draining,                     503, "worker_unavailable",   RetryAfter::Five),
+    (HopFacts::unhealthy_outside_panic,      503, "worker_unavailable",   RetryAfter::UntilHealthy),
+    (HopFacts::unpinned_with_nowhere_to_go,  503, "no_worker_available",  RetryAfter::Five),
+];
+
+/// What [`CHECKS`] read of one hop: its pins, and what the registry and health say of them.
+struct HopFacts {
+    hop: Hop,
+    role: Role,
+    pin: Option<WorkerId>,
+    rank: Option<u32>,
+    /// The pinned worker, when the registry knows it.
+    worker: Option<Worker>,
+    registry_is_empty: bool,
+    unhealthy: bool,
+    pool: Pool,
+    /// Whether the hop, unpinned, may find no worker: a prefill hop falling back to one hop.
+    optional: bool,
+}
+
+impl HopFacts {
+    fn rank_without_worker(&self) -> bool {
+        self.pin.is_none() && self.rank.is_some()
+    }
+
+    fn unknown_to_an_empty_registry(&self) -> bool {
+        self.unknown() && self.registry_is_empty
+    }
+
+    fn unknown(&self) -> bool {
+        self.pin.is_some() && self.worker.is_none()
+    }
+
+    fn in_another_pool(&self) -> bool {
+        self.worker.as_ref().is_some_and(|w| w.role != self.role)
+    }
+
+    fn rank_out_of_range(&self) -> bool {
+        self.worker
+            .as_ref()
+            .zip(self.rank)
+            .is_some_and(|(w, rank)| rank >= w.dp_size)
+    }
+
+    fn draining(&self) -> bool {
+        self.worker.as_ref().is_some_and(|w| w.draining)
+    }
+
+    fn unhealthy_outside_panic(&self) -> bool {
+        self.unhealthy && !self.pool.in_panic
+    }
+
+    fn unpinned_with_nowhere_to_go(&self) -> bool {
+        self.pin.is_none() && self.pool.available() == 0 && !self.optional
+    }
+}
+
+/// A hop's pool as docs/semantics.md §5 counts it: its role's workers that are not draining.
+#[derive(Debug, Clone, Copy)]
+struct Pool {
+    healthy: usize,
+    unhealthy: usize,
+    /// Fewer than `panic_threshold_percent` of them are healthy.
+    in_panic: bool,
+}
+
+impl Pool {
+    /// How many workers an unpinned hop can be given: the healthy ones, and in panic the
+    /// unhealthy ones too.
+    fn available(&self) -> usize {
+        self.healthy + if self.in_panic { self.unhealthy } else { 0 }
+    }
+}
+
+/// docs/semantics.md §3's first table: the prefill hop's worker and rank pins.
+fn prefill_pins(pins: &Pins) -> (Option<WorkerId>, Option<u32>) {
+    (pins.prefill_worker_id, pins.prefill_dp_rank)
+}
+
+/// The token hop's: D, else B, and r.
+fn token_pins(pins: &Pins) -> (Option<WorkerId>, Option<u32>) {
+    (
+        pins.decode_worker_id.or(pins.backend_instance_id),
+        pins.dp_rank,
+    )
+}
+
+/// What a request tells the choice of its unpinned workers.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    session: Option<&'a [u8]>,
+    /// A completion's prompt, when it is read.
+    affinity: Option<Affinity<'a>>,
+    rotation: u64,
+    outstanding: &'a dyn Fn(&Worker) -> u64,
+}
+
 /// Everything a resolution depends on but the pins.
 struct World<'a> {
     registry: &'a Registry,
     settings: &'a Settings,
     health: &'a Health,
-    choice: Choice<'a>,
+    request: Request<'a>,
     prompt: PromptFacts,
 }
 
@@ -405,7 +575,12 @@ impl World<'_> {
             registry: self.registry,
             settings: self.settings,
             availability: self.health,
-            choice: self.choice,
+            choice: unpinned_choice(
+                self.request.session,
+                self.request.affinity,
+                self.request.rotation,
+                self.request.outstanding,
+            ),
             prompt: self.prompt,
         }
     }
@@ -417,442 +592,128 @@ impl World<'_> {
             actual,
             "resolution is not deterministic"
         );
-        assert_eq!(actual, self.expected(pins), "resolution of {pins:?}");
-        match &actual {
+        self.check_refusal(pins, &actual);
+        match &self.check_local_prefill(pins, &actual) {
             Ok(route) => self.check_route(route, pins),
             Err(error) => self.check_error(error),
         }
         self.check_prefill_ignores_token_pins(pins, &actual, other_token_pins);
         self.check_token_hop(pins, &actual);
         self.check_session_stability(pins, &actual);
-        self.check_affinity_avoids_busy_workers(&actual);
     }
 
-    // ---- the model of docs/semantics.md §3 ----
+    // ---- §3's checks, as data ----
 
-    fn expected(&self, pins: &Pins) -> Result<Route, RouteError> {
-        let (prefill, prefill_panic) = self.expected_prefill(pins)?;
-        let decode = self.expected_token_hop(pins)?;
-        let prefill_placement = match &prefill {
-            PrefillPlan::Candidates(_) => Some(self.expected_placement(Role::Prefill)),
-            _ => None,
-        };
-        let local = matches!(prefill, PrefillPlan::Candidates(_))
-            .then(|| self.expected_local(&decode))
-            .flatten();
-        Ok(match local {
-            Some(why) => Route {
-                prefill: PrefillPlan::Local(why),
-                decode,
-                prefill_panic: false,
-                prefill_placement: None,
-            },
-            None => Route {
-                prefill,
-                decode,
-                prefill_panic,
-                prefill_placement,
-            },
-        })
-    }
-
-    /// docs/semantics.md §4: a short prompt, or the next turn on the decode worker of the last.
-    fn expected_local(&self, decode: &TokenHop) -> Option<LocalPrefill> {
-        let prompt = &self.prompt;
-        if prompt.bytes > 0 && prompt.bytes <= self.settings.local_prefill_max_bytes {
-            return Some(LocalPrefill::ShortPrompt);
+    fn token_hop(&self) -> Hop {
+        match self.registry.deployment() {
+            Deployment::Disaggregated => Hop::Decode,
+            Deployment::Aggregated => Hop::Aggregated,
         }
-        let turn = prompt.last_turn?;
-        let next = turn.decode == decode.target.worker.id
-            && u128::from(turn.added_bytes) <= self.settings.local_prefill_suffix_bytes as u128;
-        next.then_some(LocalPrefill::NextTurn)
     }
 
-    /// How the first unpinned worker of `role` is chosen: from the healthy workers' ranking,
-    /// or the unhealthy ones' when in panic with no healthy worker.
-    fn expected_placement(&self, role: Role) -> Placement {
-        let healthy = !self.of_role(role, true).is_empty() || !self.in_panic(role);
-        self.ranked_with_placement(self.of_role(role, healthy)).1
-    }
-
-    fn of_role(&self, role: Role, healthy: bool) -> Vec<&Worker> {
+    fn serving(&self, role: Role) -> impl Iterator<Item = &Worker> {
         self.registry
             .workers()
             .iter()
-            .filter(|w| w.role == role && !w.draining)
-            .filter(|w| self.health.unavailability(w).is_none() == healthy)
-            .collect()
+            .filter(move |w| w.role == role && !w.draining)
     }
 
-    fn expected_prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool), RouteError> {
-        let hop = Hop::Prefill;
-        if let Some(target) = self.expected_pin(
-            hop,
-            Role::Prefill,
-            pins.prefill_worker_id,
-            pins.prefill_dp_rank,
-        )? {
-            let panic = self.health.unavailability(&target.worker).is_some();
-            return Ok((PrefillPlan::Pinned(target), panic));
-        }
-        if self.registry.deployment() == Deployment::Aggregated {
-            return Ok((PrefillPlan::Skip, false));
-        }
-        let mut order = self.expected_order(Role::Prefill);
-        order.truncate(
-            usize::try_from(self.settings.prefill_retries)
-                .map_or(usize::MAX, |n| n.saturating_add(1)),
-        );
-        if !order.is_empty() {
-            Ok((PrefillPlan::Candidates(order), self.in_panic(Role::Prefill)))
-        } else if self.settings.aggregated_fallback {
-            Ok((PrefillPlan::Skip, false))
-        } else {
-            Err(RouteError::NoWorkerAvailable {
-                hop,
-                role: Role::Prefill,
-            })
-        }
-    }
-
-    /// docs/semantics.md §5's panic mode: fewer than `panic_threshold_percent` of the pool's
-    /// non-draining workers are healthy.
-    fn in_panic(&self, role: Role) -> bool {
-        let serving: Vec<&Worker> = self
-            .registry
-            .workers()
-            .iter()
-            .filter(|w| w.role == role && !w.draining)
-            .collect();
-        let healthy = serving
-            .iter()
-            .filter(|w| self.health.unavailability(w).is_none())
+    fn pool(&self, role: Role) -> Pool {
+        let serving = self.serving(role).count();
+        let unhealthy = self
+            .serving(role)
+            .filter(|w| self.health.is_unhealthy(w))
             .count();
+        let healthy = serving - unhealthy;
         let threshold = u128::from(self.settings.panic_threshold_percent);
-        (healthy as u128) * 100 < threshold * (serving.len() as u128)
-    }
-
-    /// Whether a resolution may hand out `worker`: healthy, or unhealthy in a pool in panic.
-    fn usable(&self, worker: &Worker) -> bool {
-        match self.health.unavailability(worker) {
-            None => true,
-            Some(Unavailability::Unhealthy { .. }) => self.in_panic(worker.role),
-            Some(Unavailability::Draining) => false,
+        Pool {
+            healthy,
+            unhealthy,
+            in_panic: (healthy as u128) * 100 < threshold * serving as u128,
         }
     }
 
-    fn expected_token_hop(&self, pins: &Pins) -> Result<TokenHop, RouteError> {
-        let (hop, role) = match self.registry.deployment() {
-            Deployment::Disaggregated => (Hop::Decode, Role::Decode),
-            Deployment::Aggregated => (Hop::Aggregated, Role::Aggregated),
-        };
-        let pin = pins.decode_worker_id.or(pins.backend_instance_id);
-        if let Some(target) = self.expected_pin(hop, role, pin, pins.dp_rank)? {
-            return Ok(TokenHop {
-                panic: self.health.unavailability(&target.worker).is_some(),
-                target,
-                hop,
-                alternates: Vec::new(),
-                placement: None,
-            });
-        }
-        let mut order = self.expected_order(role).into_iter();
-        let target = order
-            .next()
-            .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
-        let alternates = order.take(DECODE_ATTEMPTS - 1).map(|t| t.worker).collect();
-        Ok(TokenHop {
-            target,
-            hop,
-            alternates,
-            panic: self.in_panic(role),
-            placement: Some(self.expected_placement(role)),
-        })
-    }
-
-    fn expected_pin(
+    fn facts(
         &self,
         hop: Hop,
         role: Role,
-        id: Option<WorkerId>,
-        rank: Option<u32>,
-    ) -> Result<Option<Target>, RouteError> {
-        let Some(id) = id else {
-            return if rank.is_some() {
-                Err(RouteError::RankWithoutWorker { hop })
-            } else {
-                Ok(None)
-            };
-        };
-        let Some(worker) = self.registry.workers().iter().find(|w| w.id == id) else {
-            if self.registry.workers().is_empty() {
-                return Err(RouteError::NoWorkerAvailable { hop, role });
-            }
-            return Err(RouteError::UnknownWorker { hop, worker: id });
-        };
-        if worker.role != role {
-            return Err(RouteError::WrongRole {
-                hop,
-                worker: id,
-                actual: worker.role,
-                expected: role,
-            });
-        }
-        if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
-            return Err(RouteError::RankOutOfRange {
-                hop,
-                worker: id,
-                rank,
-                dp_size: worker.dp_size,
-            });
-        }
-        if let Some(why) = self
-            .health
-            .unavailability(worker)
-            .filter(|_| !self.usable(worker))
-        {
-            return Err(RouteError::WorkerUnavailable {
-                hop,
-                worker: id,
-                why,
-            });
-        }
-        let rank = rank.or(if worker.dp_size == 1 { Some(0) } else { None });
-        Ok(Some(Target {
-            worker: worker.clone(),
+        (pin, rank): (Option<WorkerId>, Option<u32>),
+    ) -> HopFacts {
+        let worker = pin.and_then(|id| self.registry.workers().iter().find(|w| w.id == id));
+        let optional = hop == Hop::Prefill
+            && (self.settings.aggregated_fallback
+                || self.registry.deployment() == Deployment::Aggregated);
+        HopFacts {
+            hop,
+            role,
+            pin,
             rank,
-            pinned: true,
-        }))
-    }
-
-    /// The available workers of a role, best first: by session weight (highest first, ties
-    /// to the higher id), or round robin over ids from the turn; in panic, the unhealthy
-    /// ones follow in the same order among themselves.
-    fn expected_order(&self, role: Role) -> Vec<Target> {
-        let mut order = self.ranked(self.of_role(role, true));
-        if self.in_panic(role) {
-            order.extend(self.ranked(self.of_role(role, false)));
-        }
-        order
-    }
-
-    fn ranked(&self, pool: Vec<&Worker>) -> Vec<Target> {
-        self.ranked_with_placement(pool).0
-    }
-
-    fn ranked_with_placement(&self, mut pool: Vec<&Worker>) -> (Vec<Target>, Placement) {
-        let placement = match self.choice {
-            Choice::Session(key) => {
-                pool.sort_by_key(|w| std::cmp::Reverse((session_weight(key, w), w.id)));
-                Placement::Session
-            }
-            Choice::RoundRobin(turn) => {
-                round_robin(&mut pool, turn);
-                Placement::Load
-            }
-            Choice::LeastLoaded {
-                rotation: turn,
-                outstanding,
-            } => {
-                least_loaded(&mut pool, turn, outstanding);
-                Placement::Load
-            }
-            Choice::Prefix(affinity)
-                if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
-            {
-                least_loaded(&mut pool, affinity.rotation, affinity.outstanding);
-                Placement::Load
-            }
-            Choice::Prefix(affinity) => affinity_model(&mut pool, &affinity),
-        };
-        let targets = pool
-            .into_iter()
-            .map(|w| Target {
-                worker: w.clone(),
-                rank: None,
-                pinned: false,
-            })
-            .collect();
-        (targets, placement)
-    }
-
-    // ---- properties stated directly ----
-
-    /// docs/semantics.md §5: a worker far busier than its share of its (healthy) pool is
-    /// never the one prefix affinity places a hop on.
-    fn check_affinity_avoids_busy_workers(&self, actual: &Result<Route, RouteError>) {
-        let (Choice::Prefix(affinity), Ok(route)) = (self.choice, actual) else {
-            return;
-        };
-        let placed = |p: Option<Placement>| {
-            matches!(
-                p,
-                Some(Placement::Affinity | Placement::Spilled | Placement::Remembered)
-            )
-        };
-        let mut hops = vec![(route.decode.placement, &route.decode.target.worker)];
-        if let PrefillPlan::Candidates(targets) = &route.prefill
-            && let Some(first) = targets.first()
-        {
-            hops.push((route.prefill_placement, &first.worker));
-        }
-        for (placement, worker) in hops {
-            if !placed(placement) || self.health.unavailability(worker).is_some() {
-                continue;
-            }
-            let pool = self.of_role(worker.role, true);
-            let total = pool.iter().map(|w| (affinity.outstanding)(w)).sum();
-            let load = (affinity.outstanding)(worker);
-            assert!(
-                !busy_model(affinity.busy, load, total, pool.len()),
-                "affinity placed a hop on busy worker {}",
-                worker.id
-            );
+            worker: worker.cloned(),
+            registry_is_empty: self.registry.workers().is_empty(),
+            unhealthy: worker.is_some_and(|w| self.health.is_unhealthy(w)),
+            pool: self.pool(role),
+            optional,
         }
     }
 
-    fn check_route(&self, route: &Route, pins: &Pins) {
-        let expected_hop = match self.registry.deployment() {
-            Deployment::Disaggregated => Hop::Decode,
-            Deployment::Aggregated => Hop::Aggregated,
-        };
-        assert_eq!(route.decode.hop, expected_hop);
-        let token_pin = pins.decode_worker_id.or(pins.backend_instance_id);
-        self.check_target(
-            &route.decode.target,
+    /// The first of [`CHECKS`] that holds, prefill hop first, with its hop's facts.
+    fn refusal(&self, pins: &Pins) -> Option<(HopFacts, Check)> {
+        let prefill = self.facts(Hop::Prefill, Role::Prefill, prefill_pins(pins));
+        let token = self.facts(
+            self.token_hop(),
             self.registry.token_role(),
-            token_pin,
-            pins.dp_rank,
+            token_pins(pins),
         );
-        self.check_alternates(&route.decode);
-        match &route.prefill {
-            PrefillPlan::Pinned(target) => self.check_target(
-                target,
-                Role::Prefill,
-                pins.prefill_worker_id,
-                pins.prefill_dp_rank,
-            ),
-            PrefillPlan::Candidates(targets) => self.check_candidates(targets, pins),
-            PrefillPlan::Skip | PrefillPlan::Local(_) => assert!(
-                pins.prefill_worker_id.is_none(),
-                "prefill skipped though P is set"
-            ),
-        }
+        [prefill, token].into_iter().find_map(|facts| {
+            let check = CHECKS.into_iter().find(|(holds, ..)| holds(&facts))?;
+            Some((facts, check))
+        })
     }
 
-    fn check_target(
-        &self,
-        target: &Target,
-        role: Role,
-        pin: Option<WorkerId>,
-        rank_pin: Option<u32>,
-    ) {
-        let worker = &target.worker;
+    fn check_refusal(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
+        let ((facts, (_, status, code, retry_after)), error) = match (self.refusal(pins), actual) {
+            (None, Ok(_)) => return,
+            (None, Err(e)) => violated(format!("no check holds, yet {pins:?} is refused: {e:?}")),
+            (Some((facts, (_, status, code, _))), Ok(_)) => violated(format!(
+                "{pins:?}: the {} hop must be refused with {status} {code}",
+                facts.hop
+            )),
+            (Some(refusal), Err(error)) => (refusal, error),
+        };
         assert_eq!(
-            self.registry.get(worker.id),
-            Some(worker),
-            "target is not the registry's worker"
+            (error_hop(error), error.status(), error.code()),
+            (Some(facts.hop), status, code),
+            "{pins:?} refused with {error:?}"
         );
-        assert!(
-            self.registry
-                .workers()
-                .iter()
-                .any(|w| w.address == worker.address),
-            "address not in registry"
+        let retry_after = match retry_after {
+            RetryAfter::None => None,
+            RetryAfter::Five => Some(5),
+            RetryAfter::UntilHealthy => Some(self.health.retry_after_secs),
+        };
+        assert_eq!(
+            error.retry_after_secs(),
+            retry_after,
+            "Retry-After of {error:?}"
         );
-        assert_eq!(worker.role, role, "target {} has the wrong role", worker.id);
-        assert!(
-            target.rank.is_none_or(|r| r < worker.dp_size),
-            "rank {:?} >= dp_size",
-            target.rank
-        );
-        assert!(
-            self.usable(worker),
-            "target {} is not available: {:?}",
-            worker.id,
-            self.health.unavailability(worker)
-        );
-        match pin {
-            Some(id) => {
-                assert!(
-                    target.pinned && worker.id == id,
-                    "pinned {id}, got {}",
-                    worker.id
-                );
-                let implied = if worker.dp_size == 1 { Some(0) } else { None };
-                assert_eq!(target.rank, rank_pin.or(implied), "rank of pinned {id}");
-            }
-            None => assert!(
-                !target.pinned && target.rank.is_none(),
-                "unpinned target has a pin or rank"
-            ),
-        }
-    }
-
-    /// Alternates: only for an unpinned hop, distinct available registry workers of the
-    /// hop's role other than the target, at most `DECODE_ATTEMPTS - 1`.
-    fn check_alternates(&self, decode: &TokenHop) {
-        let alternates = &decode.alternates;
-        assert!(
-            !decode.target.pinned || alternates.is_empty(),
-            "a pinned hop has alternates"
-        );
-        assert!(
-            alternates.len() < DECODE_ATTEMPTS,
-            "{} alternates",
-            alternates.len()
-        );
-        let mut ids: HashSet<WorkerId> = alternates.iter().map(|w| w.id).collect();
-        assert!(
-            ids.insert(decode.target.worker.id) && ids.len() == alternates.len() + 1,
-            "repeated worker"
-        );
-        for worker in alternates {
-            let target = Target {
-                worker: worker.clone(),
-                rank: None,
-                pinned: false,
-            };
-            self.check_target(&target, self.registry.token_role(), None, None);
-        }
-    }
-
-    fn check_candidates(&self, targets: &[Target], pins: &Pins) {
-        assert!(
-            pins.prefill_worker_id.is_none(),
-            "P is set but prefill is unpinned"
-        );
-        assert!(
-            !targets.is_empty(),
-            "no candidates must be Skip or an error"
-        );
-        let limit = u64::from(self.settings.prefill_retries) + 1;
-        assert!(
-            u64::try_from(targets.len()).is_ok_and(|n| n <= limit),
-            "more than 1 + retries candidates"
-        );
-        let ids: HashSet<WorkerId> = targets.iter().map(|t| t.worker.id).collect();
-        assert_eq!(ids.len(), targets.len(), "a candidate is repeated");
-        for target in targets {
-            self.check_target(target, Role::Prefill, None, None);
+        if let Some((_, Some(worker))) = hop_and_worker(error) {
+            assert_eq!(Some(worker), facts.pin, "{error:?} names another worker");
         }
     }
 
     fn check_error(&self, error: &RouteError) {
-        let (status, code) = expected_status(error);
-        assert_eq!((error.status(), error.code()), (status, code), "{error:?}");
         let body: serde_json::Value = match serde_json::from_str(&error.body()) {
             Ok(body) => body,
             Err(e) => violated(format!("error body is not JSON: {e}")),
         };
+        let kind = if error.status() < 500 {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
         assert_eq!(
-            body.pointer("/error/code").and_then(|c| c.as_str()),
-            Some(code)
-        );
-        assert_eq!(
-            error.retry_after_secs(),
-            expected_retry_after(error),
-            "Retry-After of {error:?}"
+            (body.pointer("/error/code"), body.pointer("/error/type")),
+            (Some(&error.code().into()), Some(&kind.into())),
+            "body of {error:?}"
         );
         let message = error.to_string();
         if let Some((hop, worker)) = hop_and_worker(error) {
@@ -872,6 +733,243 @@ impl World<'_> {
                 "error body leaks {address}"
             );
         }
+    }
+
+    // ---- properties of a route ----
+
+    fn check_route(&self, route: &Route, pins: &Pins) {
+        let decode = &route.decode;
+        assert_eq!(decode.hop, self.token_hop());
+        let role = self.registry.token_role();
+        match token_pins(pins) {
+            (Some(pin), rank) => {
+                self.check_pinned(&decode.target, role, pin, rank);
+                assert!(decode.alternates.is_empty(), "a pinned hop has alternates");
+                assert_eq!(decode.placement, None, "a pinned hop has a placement");
+                let unhealthy = self.health.is_unhealthy(&decode.target.worker);
+                assert_eq!(decode.panic, unhealthy, "panic of a pinned decode hop");
+            }
+            (None, _) => {
+                let mut offered = unpinned_workers([&decode.target]);
+                offered.extend(&decode.alternates);
+                self.check_unpinned(
+                    role,
+                    &offered,
+                    DECODE_ATTEMPTS,
+                    decode.placement,
+                    decode.panic,
+                );
+            }
+        }
+        self.check_prefill(route, pins);
+    }
+
+    fn check_prefill(&self, route: &Route, pins: &Pins) {
+        let (pin, rank) = prefill_pins(pins);
+        let chosen = (route.prefill_placement, route.prefill_panic);
+        match (&route.prefill, pin) {
+            (PrefillPlan::Pinned(target), Some(pin)) => {
+                self.check_pinned(target, Role::Prefill, pin, rank);
+                let unhealthy = self.health.is_unhealthy(&target.worker);
+                assert_eq!(
+                    chosen,
+                    (None, unhealthy),
+                    "a pinned prefill hop's placement, panic"
+                );
+            }
+            (PrefillPlan::Candidates(targets), None) => {
+                let limit = usize::try_from(self.settings.prefill_retries)
+                    .map_or(usize::MAX, |n| n.saturating_add(1));
+                let offered = unpinned_workers(targets);
+                self.check_unpinned(Role::Prefill, &offered, limit, chosen.0, chosen.1);
+            }
+            (PrefillPlan::Skip, None) => {
+                let nowhere = self.pool(Role::Prefill).available() == 0;
+                assert!(
+                    nowhere || self.registry.deployment() == Deployment::Aggregated,
+                    "prefill skipped with prefill workers available"
+                );
+                assert_eq!(
+                    chosen,
+                    (None, false),
+                    "a skipped prefill hop's placement, panic"
+                );
+            }
+            (plan, pin) => violated(format!("prefill plan {plan:?} with prefill pin {pin:?}")),
+        }
+    }
+
+    /// A pinned target is exactly the pinned worker, with the pinned rank, or 0 when it has
+    /// one rank; it is usable.
+    fn check_pinned(&self, target: &Target, role: Role, pin: WorkerId, rank: Option<u32>) {
+        assert!(target.pinned, "pinned {pin}, got an unpinned target");
+        assert_eq!(
+            target.worker.id, pin,
+            "pinned {pin}, got {}",
+            target.worker.id
+        );
+        let implied = (target.worker.dp_size == 1).then_some(0);
+        assert_eq!(target.rank, rank.or(implied), "rank of pinned {pin}");
+        self.check_usable(&target.worker, role);
+        assert!(
+            target.rank.is_none_or(|r| r < target.worker.dp_size),
+            "rank {:?} >= dp_size",
+            target.rank
+        );
+    }
+
+    /// A registry worker of the hop's role, never draining, unhealthy only in a pool in panic.
+    fn check_usable(&self, worker: &Worker, role: Role) {
+        assert_eq!(
+            self.registry.workers().iter().find(|w| w.id == worker.id),
+            Some(worker),
+            "target is not the registry's worker"
+        );
+        assert_eq!(worker.role, role, "target {} has the wrong role", worker.id);
+        assert!(!worker.draining, "target {} is draining", worker.id);
+        assert!(
+            !self.health.is_unhealthy(worker) || self.pool(role).in_panic,
+            "unhealthy target {} outside panic",
+            worker.id
+        );
+    }
+
+    /// An unpinned hop's workers, best first: every available worker of its pool up to
+    /// `limit`, each once, the healthy ones first; the first placed as §5 says.
+    fn check_unpinned(
+        &self,
+        role: Role,
+        offered: &[&Worker],
+        limit: usize,
+        placement: Option<Placement>,
+        panic: bool,
+    ) {
+        let pool = self.pool(role);
+        assert_eq!(panic, pool.in_panic, "the hop's panic flag");
+        assert_eq!(
+            offered.len(),
+            pool.available().min(limit),
+            "an unpinned hop is offered every available worker, up to {limit}"
+        );
+        let ids: HashSet<WorkerId> = offered.iter().map(|w| w.id).collect();
+        assert_eq!(ids.len(), offered.len(), "a worker is offered twice");
+        for worker in offered {
+            self.check_usable(worker, role);
+        }
+        let unhealthy_last = offered
+            .iter()
+            .map(|w| self.health.is_unhealthy(w))
+            .is_sorted();
+        assert!(
+            unhealthy_last,
+            "an unhealthy worker is offered before a healthy one"
+        );
+        let Some(placement) = placement else {
+            violated("an unpinned hop without a placement")
+        };
+        self.check_placement(role, offered, placement);
+    }
+
+    /// How the first worker of an unpinned hop was chosen, among the group it comes from:
+    /// the healthy workers, or the unhealthy ones of a pool in panic with none healthy.
+    fn check_placement(&self, role: Role, offered: &[&Worker], placement: Placement) {
+        let Some(first) = offered.first() else { return };
+        let unhealthy = self.health.is_unhealthy(first);
+        let group: Vec<&Worker> = self
+            .serving(role)
+            .filter(|w| self.health.is_unhealthy(w) == unhealthy)
+            .collect();
+        let chosen: Vec<&Worker> = offered
+            .iter()
+            .copied()
+            .take_while(|w| self.health.is_unhealthy(w) == unhealthy)
+            .collect();
+        // Sessions beat prefix affinity, and affinity beats load.
+        match (self.request.session, self.request.affinity) {
+            (Some(key), _) => {
+                assert_eq!(placement, Placement::Session, "a session's placement");
+                let weight = |w: &Worker| (session_weight(key, w), w.id);
+                check_descending(&group, &chosen, weight, "session weight");
+            }
+            (None, Some(affinity))
+                if !affinity.depths.is_empty() || !affinity.remembered.is_empty() =>
+            {
+                check_affinity(&affinity, &group, &chosen, placement);
+            }
+            (None, _) => {
+                assert_eq!(placement, Placement::Load, "placement by load");
+                let outstanding = self.request.outstanding;
+                let next_two: Vec<&Worker> = round_robin(&group, self.request.rotation)
+                    .into_iter()
+                    .take(2)
+                    .filter_map(|id| group.iter().copied().find(|w| w.id == id))
+                    .collect();
+                assert!(
+                    next_two.contains(first)
+                        && next_two
+                            .iter()
+                            .all(|w| outstanding(first) <= outstanding(w)),
+                    "least loaded chose {} of {next_two:?}",
+                    first.id
+                );
+            }
+        }
+    }
+
+    // ---- metamorphic properties ----
+
+    /// docs/semantics.md §4's skip by choice: without it (no short-prompt limit, no last
+    /// turn) the route is the same but for unpinned candidates where this one prefills
+    /// locally, and those are replaced exactly when the prompt is short enough or the decode
+    /// worker served the last turn with little added. Returns the resolution without it.
+    fn check_local_prefill(
+        &self,
+        pins: &Pins,
+        actual: &Result<Route, RouteError>,
+    ) -> Result<Route, RouteError> {
+        let settings = Settings {
+            local_prefill_max_bytes: 0,
+            ..self.settings.clone()
+        };
+        let world = World {
+            settings: &settings,
+            prompt: PromptFacts {
+                last_turn: None,
+                ..self.prompt
+            },
+            ..*self
+        };
+        let without = world.resolver().resolve(pins);
+        let (Ok(route), Ok(unskipped)) = (actual, &without) else {
+            assert_eq!(actual, &without, "the skip by choice changed a refusal");
+            return without;
+        };
+        let why = match unskipped.prefill {
+            PrefillPlan::Candidates(_) => self.local_prefill(route),
+            _ => None,
+        };
+        let expected = match why {
+            Some(why) => Route {
+                prefill: PrefillPlan::Local(why),
+                prefill_panic: false,
+                prefill_placement: None,
+                ..unskipped.clone()
+            },
+            None => unskipped.clone(),
+        };
+        assert_eq!(route, &expected, "the skip by choice");
+        without
+    }
+
+    fn local_prefill(&self, route: &Route) -> Option<LocalPrefill> {
+        let prompt = &self.prompt;
+        if prompt.bytes > 0 && prompt.bytes <= self.settings.local_prefill_max_bytes {
+            return Some(LocalPrefill::ShortPrompt);
+        }
+        let turn = prompt.last_turn?;
+        let suffix = self.settings.local_prefill_suffix_bytes as u128;
+        (turn.decode == route.decode.target.worker.id && u128::from(turn.added_bytes) <= suffix)
+            .then_some(LocalPrefill::NextTurn)
     }
 
     /// Changing B, D and r leaves the prefill plan, or a prefill error, as it was — but for
@@ -935,7 +1033,7 @@ impl World<'_> {
 
     /// Rendezvous hashing: another worker leaving keeps a session's choice.
     fn check_session_stability(&self, pins: &Pins, actual: &Result<Route, RouteError>) {
-        let (Choice::Session(_), Ok(route)) = (self.choice, actual) else {
+        let (Some(_), Ok(route)) = (self.request.session, actual) else {
             return;
         };
         if route.decode.target.pinned {
@@ -964,65 +1062,108 @@ impl World<'_> {
     }
 }
 
-fn least_loaded(pool: &mut [&Worker], turn: u64, outstanding: &dyn Fn(&Worker) -> u64) {
-    round_robin(pool, turn);
-    let first_two: Vec<u64> = pool.iter().take(2).map(|w| outstanding(w)).collect();
-    if let [first, second] = first_two.as_slice()
-        && second < first
-    {
-        pool.swap(0, 1);
-    }
+/// The workers of unpinned targets, which carry no pin and no rank.
+fn unpinned_workers<'t>(targets: impl IntoIterator<Item = &'t Target>) -> Vec<&'t Worker> {
+    targets
+        .into_iter()
+        .map(|target| {
+            assert!(
+                !target.pinned && target.rank.is_none(),
+                "unpinned target {} has a pin or rank",
+                target.worker.id
+            );
+            &target.worker
+        })
+        .collect()
 }
 
-/// docs/semantics.md §5, prefix affinity, written out: the first worker, then the others in
-/// the deepest hash's order.
-fn affinity_model(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
+/// docs/semantics.md §5's prefix affinity, as properties of its choice: a remembered worker
+/// that is not busy goes first; else the worker the shallowest hash weighs highest, if it is
+/// not busy; else a worker that is not busy. The others follow in the deepest hash's order.
+fn check_affinity(
+    affinity: &Affinity<'_>,
+    group: &[&Worker],
+    chosen: &[&Worker],
+    placement: Placement,
+) {
+    let Some((first, rest)) = chosen.split_first() else {
+        return;
+    };
     let load = |w: &Worker| (affinity.outstanding)(w);
-    let total = pool.iter().map(|w| load(w)).sum();
-    let workers = pool.len();
-    let busy = |w: &Worker| busy_model(affinity.busy, load(w), total, workers);
-    let deepest = affinity.depths.last().copied().unwrap_or(0);
-    let weight = |hash: u64, w: &Worker| (prefix_weight(hash, w), w.id);
-    pool.sort_by_key(|w| std::cmp::Reverse(weight(deepest, w)));
-    let mut first = pool
-        .iter()
-        .find(|w| affinity.remembered.contains(&w.id) && !busy(w))
-        .map(|w| (w.id, Placement::Remembered));
-    let mut passed: Vec<WorkerId> = Vec::new();
-    for (depth, hash) in affinity.depths.iter().enumerate() {
-        if first.is_some() {
-            break;
-        }
-        let Some(top) = pool
-            .iter()
-            .filter(|w| !passed.contains(&w.id))
-            .max_by_key(|w| weight(*hash, w))
-        else {
-            break;
-        };
-        if busy(top) {
-            passed.push(top.id);
-        } else {
-            let placement = if depth == 0 {
-                Placement::Affinity
-            } else {
-                Placement::Spilled
-            };
-            first = Some((top.id, placement));
-        }
-    }
-    let (id, placement) = first
-        .or_else(|| {
-            pool.iter()
-                .find(|w| !busy(w))
-                .map(|w| (w.id, Placement::Spilled))
+    let total = group.iter().map(|w| load(w)).sum();
+    let busy = |w: &Worker| busy_model(affinity.busy, load(w), total, group.len());
+    let remembered = |w: &Worker| affinity.remembered.contains(&w.id) && !busy(w);
+    let affine = affinity
+        .depths
+        .first()
+        .and_then(|hash| {
+            let weight = |w: &&Worker| (prefix_weight(*hash, w), w.id);
+            group.iter().copied().max_by_key(weight)
         })
-        .unwrap_or((pool.first().map_or(0, |w| w.id), Placement::Spilled));
-    if let Some(at) = pool.iter().position(|w| w.id == id) {
-        let chosen = pool.remove(at);
-        pool.insert(0, chosen);
+        .filter(|w| !busy(w));
+    let expected = if group.iter().any(|w| remembered(w)) {
+        Placement::Remembered
+    } else if affine.is_some() {
+        Placement::Affinity
+    } else {
+        Placement::Spilled
+    };
+    assert_eq!(placement, expected, "affinity's placement of {}", first.id);
+    assert!(
+        !busy(first),
+        "affinity placed a hop on busy worker {}",
+        first.id
+    );
+    match placement {
+        Placement::Remembered => assert!(remembered(first), "{} is not remembered", first.id),
+        Placement::Affinity => assert_eq!(Some(*first), affine, "the shallowest hash's worker"),
+        _ => {}
     }
-    placement
+    let deepest = affinity.depths.last().copied().unwrap_or(0);
+    let others: Vec<&Worker> = group.iter().copied().filter(|w| w.id != first.id).collect();
+    check_descending(
+        &others,
+        rest,
+        |w| (prefix_weight(deepest, w), w.id),
+        "deepest hash",
+    );
+}
+
+/// `chosen` is the beginning of `group` in descending `weight`.
+fn check_descending<K: Ord>(
+    group: &[&Worker],
+    chosen: &[&Worker],
+    weight: impl Fn(&Worker) -> K,
+    what: &str,
+) {
+    let descending = chosen
+        .windows(2)
+        .all(|pair| matches!(pair, [a, b] if weight(a) > weight(b)));
+    let rest_below = chosen.last().is_none_or(|last| {
+        group
+            .iter()
+            .filter(|w| !chosen.contains(w))
+            .all(|w| weight(w) < weight(last))
+    });
+    assert!(
+        descending && rest_below,
+        "{:?} is not {:?} by descending {what}",
+        ids_of(chosen),
+        ids_of(group)
+    );
+}
+
+/// Round robin: the ids in order, starting at the `turn`-th.
+fn round_robin(group: &[&Worker], turn: u64) -> Vec<WorkerId> {
+    let mut ids = ids_of(group);
+    ids.sort_unstable();
+    let len = u64::try_from(ids.len()).unwrap_or(u64::MAX).max(1);
+    ids.rotate_left(usize::try_from(turn % len).unwrap_or(0));
+    ids
+}
+
+fn ids_of(workers: &[&Worker]) -> Vec<WorkerId> {
+    workers.iter().map(|w| w.id).collect()
 }
 
 /// docs/semantics.md §5: `load > percent/100 × total/workers + excess`, multiplied out by
@@ -1036,13 +1177,12 @@ fn busy_model(busy: Busy, load: u64, total: u64, workers: usize) -> bool {
 }
 
 /// A prompt's hashes and its turn memory, stated directly.
-fn check_prompt_hashes(prompt: &PromptSpec, settings: &Settings) {
+fn check_prompt_hashes(text: &[u8], more: &[u8], settings: &Settings) {
     let window = settings.prefix_affinity_bytes;
     let min = settings.prefix_min_bytes;
-    let text = &prompt.text;
     let base = PromptPrefix::new(text, window);
-    let mut longer = text.clone();
-    longer.extend_from_slice(&prompt.more);
+    let mut longer = text.to_vec();
+    longer.extend_from_slice(more);
     let extended = PromptPrefix::new(&longer, window);
     let (short, long) = (base.depths(BLOCK_BYTES), extended.depths(BLOCK_BYTES));
     assert!(
@@ -1066,7 +1206,7 @@ fn check_prompt_hashes(prompt: &PromptSpec, settings: &Settings) {
     );
     // The client resends the prompt without its closing byte, then what it adds.
     let mut next = text.get(..text.len() - 1).unwrap_or_default().to_vec();
-    next.extend_from_slice(&prompt.more);
+    next.extend_from_slice(more);
     let (deepest, previous) = PromptPrefix::new(&next, window).memory_keys(min);
     for key in [deepest, previous]
         .into_iter()
@@ -1090,40 +1230,6 @@ fn next_turn(route: &Route) -> bool {
 }
 
 /// Round robin: by id, starting at the `turn`-th worker.
-fn round_robin(pool: &mut [&Worker], turn: u64) {
-    pool.sort_by_key(|w| w.id);
-    let len = u64::try_from(pool.len()).unwrap_or(u64::MAX).max(1);
-    pool.rotate_left(usize::try_from(turn % len).unwrap_or(0));
-}
-
-fn expected_status(error: &RouteError) -> (u16, &'static str) {
-    match error {
-        RouteError::RankWithoutWorker { .. } => (400, "rank_without_worker"),
-        RouteError::UnknownWorker { .. } => (400, "unknown_worker"),
-        RouteError::WrongRole { .. } => (400, "wrong_worker_role"),
-        RouteError::RankOutOfRange { .. } => (400, "dp_rank_out_of_range"),
-        RouteError::WorkerUnavailable { .. } => (503, "worker_unavailable"),
-        RouteError::NoWorkerAvailable { .. } => (503, "no_worker_available"),
-        other => violated(format!(
-            "resolution answered an error it cannot cause: {other:?}"
-        )),
-    }
-}
-
-/// docs/semantics.md §3: a worker out of service answers 503 with `Retry-After`; a 400 has none.
-fn expected_retry_after(error: &RouteError) -> Option<u32> {
-    match error {
-        RouteError::WorkerUnavailable {
-            why: Unavailability::Unhealthy { retry_after_secs },
-            ..
-        } => Some(*retry_after_secs),
-        RouteError::WorkerUnavailable { .. } | RouteError::NoWorkerAvailable { .. } => {
-            Some(pinroute::policy::error::RETRY_AFTER_SECS)
-        }
-        _ => None,
-    }
-}
-
 fn hop_and_worker(error: &RouteError) -> Option<(Hop, Option<WorkerId>)> {
     match *error {
         RouteError::RankWithoutWorker { hop } | RouteError::NoWorkerAvailable { hop, .. } => {
