@@ -1,12 +1,13 @@
 //! `up`: the gateway with its workers on this machine (sim workers, or a real vLLM
 //! prefill/decode pair on CPU or GPUs), and a request through it.
 
-use std::net::SocketAddr;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use pinroute_harness::envoy::{Envoy, repo_root};
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
@@ -80,6 +81,10 @@ const DEMO_BODY: &str =
     r#"{"model":"sim-model","prompt":"Tell me about disaggregated serving","max_tokens":8}"#;
 
 pub async fn run(args: &Args) -> Result<()> {
+    if !args.dry_run {
+        ensure_free(args.listen, "--listen")?;
+        ensure_free(args.admin, "--admin")?;
+    }
     match args.workers {
         Workers::Sim => run_sim(args).await,
         Workers::Vllm => run_vllm(args).await,
@@ -113,6 +118,19 @@ async fn run_sim(args: &Args) -> Result<()> {
     print_deployment(&stack, &work_dir);
     demo_request(&stack).await?;
     serve(args.once, "the workers").await
+}
+
+/// Refuses an address something listens on before any worker starts: Envoy would fail to
+/// bind it only then (minutes later for a vLLM pair).
+fn ensure_free(address: SocketAddr, flag: &str) -> Result<()> {
+    match TcpListener::bind(address) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AddrInUse => bail!(
+            "{address} is already in use (another program, or another gateway, listens there): \
+             choose a free address with {flag}"
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot listen on {address} ({flag})")),
+    }
 }
 
 /// Returns at once with `once`, else when stopped (Ctrl-C or SIGTERM); what is up stops then.
@@ -450,4 +468,41 @@ fn describe_kv(pair: &VllmPair, kv: &KvEvidence) -> Result<String> {
             kv.decode_external_kv_tokens, kv.decode_nixl_bytes
         ),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Up {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn up(flags: &[&str]) -> Args {
+        Up::try_parse_from(std::iter::once("up").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    /// Before anything is built or started, for either kind of workers.
+    #[tokio::test]
+    async fn a_held_address_is_refused_naming_its_flag() {
+        let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+        let held = holder.local_addr().unwrap().to_string();
+        for workers in ["sim", "vllm"] {
+            for (flag, other) in [("--listen", "--admin"), ("--admin", "--listen")] {
+                let args = up(&["--workers", workers, flag, &held, other, "127.0.0.1:0"]);
+                let message = format!("{:#}", run(&args).await.unwrap_err());
+                assert!(
+                    message.contains(&format!("{held} is already in use"))
+                        && message.contains(&format!("with {flag}")),
+                    "{workers} {flag}: {message}"
+                );
+            }
+        }
+    }
 }

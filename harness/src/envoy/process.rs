@@ -573,6 +573,31 @@ mod tests {
         assert_ne!(a.listen(), b.listen());
     }
 
+    /// Linux lets two Envoys with SO_REUSEPORT share a port, each taking part of the
+    /// connections; the rendered bootstrap turns it off, so the second one fails.
+    #[tokio::test]
+    async fn a_second_envoy_on_the_same_listen_address_fails_to_start() {
+        let wasm = stub_wasm();
+        let listen = crate::stack::refusing_address().unwrap();
+        let yaml = render_bootstrap(&BootstrapOptions {
+            listen,
+            admin: "127.0.0.1:0".parse().unwrap(),
+            ..options(DISAGGREGATED_REGISTRY, wasm.path())
+        })
+        .unwrap();
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = Envoy::start(&envoy(), &yaml, dir_a.path()).await.unwrap();
+        assert_eq!(first.listen(), listen);
+        let err = Envoy::start(&envoy(), &yaml, dir_b.path())
+            .await
+            .unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains(&format!("cannot bind '{listen}': Address already in use")),
+            "{message}"
+        );
+    }
+
     #[tokio::test]
     async fn failed_start_reports_the_log_tail() {
         let dir = tempfile::tempdir().unwrap();
