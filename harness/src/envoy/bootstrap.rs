@@ -388,6 +388,33 @@ mod tests {
         }
     }
 
+    /// Only a syntax error is called invalid JSON; a bad address names its worker and value.
+    #[test]
+    fn a_refused_registry_says_what_is_wrong_where() {
+        let decode = r#"{"id": 1, "role": "decode", "address": "127.0.0.1:1"}"#;
+        for (registry, why) in [
+            (
+                r#"{"workers": [{"id": 7, "role": "decode", "address": "10.0.0.1"}]}"#.to_owned(),
+                r#"worker 7: address "10.0.0.1" is not ip:port"#,
+            ),
+            (
+                format!(r#"{{"workers": [{decode}], "prefill_timeout": 5}}"#),
+                "unknown field `prefill_timeout`",
+            ),
+            (
+                format!(r#"{{"workers": [{decode}], "prefill_retries": "2"}}"#),
+                r#"invalid type: string "2", expected u32"#,
+            ),
+            (format!(r#"{{"workers": [{decode}]"#), "invalid JSON: EOF"),
+        ] {
+            let err = render_bootstrap(&options(&registry, Path::new("/x.wasm"))).unwrap_err();
+            let message = err.to_string();
+            assert!(message.contains(why), "{registry}: {message}");
+            let syntax = why.starts_with("invalid JSON");
+            assert_eq!(message.contains("invalid JSON"), syntax, "{message}");
+        }
+    }
+
     #[test]
     fn prefill_cluster_cannot_shadow_the_decode_cluster() {
         let config = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],

@@ -505,6 +505,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("/.cache/vllm-venv/bin/vllm serve "), "{text}");
+        let model = tiny_model_dir(dir.path());
+        let tokenizer = format!(
+            "# the model (a benchmark client's --tokenizer): {}\n",
+            model.display()
+        );
+        assert!(text.contains(&tokenizer), "{text}");
         assert!(text.contains(r#""address":"127.0.0.1:8201""#), "{text}");
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),
