@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pinroute_harness::envoy::{
-    ENVOY_BIN_ENV, ENVOY_VERSION, Envoy, VENV_DIR, envoy_command, envoy_install_command, repo_root,
+    ENVOY_BIN_ENV, ENVOY_VERSION, EdgeOptions, Envoy, VENV_DIR, envoy_command,
+    envoy_install_command, repo_root,
 };
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
@@ -72,6 +73,11 @@ pub struct Args {
     /// Send the demo request and stop, instead of serving until Ctrl-C.
     #[arg(long)]
     once: bool,
+    /// Answer `GET /metrics` on the listener with Envoy's Prometheus stats (pinroute's
+    /// included), for benchmark clients that read the server's metrics (envoy-config's
+    /// `--metrics`).
+    #[arg(long)]
+    metrics: bool,
 }
 
 /// The demo request: pinned to decode worker 202, rank 1, as a client of Dynamo would.
@@ -115,6 +121,7 @@ async fn run_sim(args: &Args) -> Result<()> {
     let mut spec = StackSpec::new(workers, wasm);
     spec.listen = args.listen;
     spec.admin = args.admin;
+    spec.edge.serve_metrics = args.metrics;
     let work_dir = work_dir()?;
     let stack = Stack::start(&spec, &work_dir).await?;
     print_deployment(&stack, &work_dir);
@@ -255,7 +262,12 @@ async fn run_vllm(args: &Args) -> Result<()> {
     let envoy_dir = work_dir.join("envoy");
     std::fs::create_dir_all(&envoy_dir)
         .with_context(|| format!("creating {}", envoy_dir.display()))?;
-    let envoy = start_gateway_on(&config, &wasm, &envoy_dir, args.listen, args.admin).await?;
+    let edge = EdgeOptions {
+        serve_metrics: args.metrics,
+        ..EdgeOptions::default()
+    };
+    let envoy =
+        start_gateway_on(&config, &wasm, &envoy_dir, (args.listen, args.admin), edge).await?;
     println!(
         "\npinroute is up in {:.0?}: Envoy {} (admin {}) in front of a real vLLM pair ({})",
         started.elapsed(),

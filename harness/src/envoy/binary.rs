@@ -165,6 +165,7 @@ mod tests {
                 request_headers_timeout: Duration::ZERO,
                 request_timeout: Duration::ZERO,
                 cors_origins: Vec::new(),
+                serve_metrics: true,
             },
             EdgeOptions {
                 cors_origins: vec!["https://a.example".into(), "http://[::1]:3000".into()],

@@ -45,6 +45,11 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
     values.push(("{{REGISTRY_CLUSTER}}", registry_cluster(&config)?));
     values.push(("{{CORS_POLICY}}", edge::cors_policy(&opts.edge)));
+    values.push(("{{METRICS_ROUTE}}", edge::metrics_route(&opts.edge)));
+    values.push((
+        "{{ADMIN_CLUSTER}}",
+        edge::admin_cluster(&opts.edge, opts.admin)?,
+    ));
     let rendered = values
         .iter()
         .fold(TEMPLATE.to_owned(), |text, (marker, value)| {

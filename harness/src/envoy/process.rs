@@ -551,6 +551,66 @@ mod tests {
         assert_eq!(body["error"]["code"], "unknown_path", "{body}");
     }
 
+    fn metrics_bootstrap(wasm: &Path, serve_metrics: bool) -> String {
+        let edge = crate::envoy::EdgeOptions {
+            serve_metrics,
+            ..Default::default()
+        };
+        render_bootstrap(&BootstrapOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin: crate::stack::refusing_address().unwrap(),
+            edge,
+            ..options(DISAGGREGATED_REGISTRY, wasm)
+        })
+        .unwrap()
+    }
+
+    /// `GET /metrics`, which benchmark clients probe: a typed 404 saying where the metrics
+    /// are, or with `serve_metrics` Envoy's Prometheus stats; any other method is not served.
+    #[tokio::test]
+    async fn metrics_are_a_typed_404_or_envoys_prometheus_stats() {
+        let wasm = stub_wasm();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = metrics_bootstrap(wasm.path(), false);
+        let plain = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let probe = client.get(plain.url("/metrics")).send().await.unwrap();
+        assert_json_error(probe, 404, "unknown_path", "invalid_request_error").await;
+        drop(plain);
+        let yaml = metrics_bootstrap(wasm.path(), true);
+        let serving = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let metrics = client.get(serving.url("/metrics")).send().await.unwrap();
+        assert_eq!(metrics.status(), 200);
+        assert!(metrics.text().await.unwrap().contains("envoy_server_live"));
+        let post = client.post(serving.url("/metrics")).send().await.unwrap();
+        assert_eq!(
+            post.status(),
+            503,
+            "POST /metrics reached the admin interface"
+        );
+    }
+
+    /// The filter never sees `GET /metrics`: a probe is no client error of pinroute's, while
+    /// another path no route serves is.
+    #[tokio::test]
+    async fn a_metrics_probe_counts_as_no_pinroute_error() {
+        let Some(wasm) = real_wasm() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = metrics_bootstrap(&wasm, false);
+        let envoy = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let unknown_path = "wasmcustom.pinroute.errors.unknown_path";
+        for (path, counted) in [("/metrics", 0), ("/sleep", 1)] {
+            let response = client.get(envoy.url(path)).send().await.unwrap();
+            assert_json_error(response, 404, "unknown_path", "invalid_request_error").await;
+            assert_eq!(
+                envoy.stat(unknown_path).await.unwrap(),
+                Some(counted),
+                "{path}"
+            );
+        }
+    }
+
     async fn assert_json_error(response: reqwest::Response, status: u16, code: &str, kind: &str) {
         assert_eq!(response.status(), status);
         let header = |name: &str| response.headers().get(name).unwrap().to_str().unwrap();
