@@ -194,6 +194,10 @@ async fn run_suite(connector: Connector) {
         return;
     }
     let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    eprintln!(
+        "vllm suite ({}): starting the pair (vLLM is installed first if missing)",
+        connector.as_str()
+    );
     let suite = Instant::now();
     let gateway = start(connector).await;
     let _logs = LogsOnFailure(&gateway);
