@@ -55,3 +55,26 @@ pub fn existing_file(path: PathBuf) -> Result<PathBuf> {
         bail!("{} is not a file", path.display())
     }
 }
+
+/// Single-quotes a word unless it is made of characters a shell leaves alone.
+pub fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_only_what_needs_it() {
+        assert_eq!(shell_quote("--port"), "--port");
+        assert_eq!(shell_quote(r#"{"a":1}"#), r#"'{"a":1}'"#);
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

@@ -67,3 +67,33 @@ pub fn run(command: &mut Command) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::envoy::test_support::real_wasm;
+
+    /// The first `about N KB` of `text`.
+    fn documented_kb(text: &str) -> Option<f64> {
+        let (_, after) = text.split_once("about ")?;
+        let (number, rest) = after.split_once(' ')?;
+        rest.starts_with("KB").then(|| number.parse().ok())?
+    }
+
+    /// The README and docs/deploy.md give the filter's size: true to a tenth.
+    #[test]
+    fn the_documented_filter_size_is_true() {
+        let Some(wasm) = real_wasm() else { return };
+        let built_kb = std::fs::metadata(wasm).unwrap().len() as f64 / 1000.0;
+        for (doc, text) in [
+            ("README.md", include_str!("../../README.md")),
+            ("docs/deploy.md", include_str!("../../docs/deploy.md")),
+        ] {
+            let kb = documented_kb(text).unwrap();
+            assert!(
+                (built_kb - kb).abs() <= kb / 10.0,
+                "{doc} says about {kb} KB; the filter is {built_kb} KB"
+            );
+        }
+    }
+}

@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
 use super::prefix::{BLOCK_BYTES, MAX_WINDOW_BYTES};
-use super::registry::{Registry, RegistryError};
+use super::registry::{Registry, RegistryError, workers_from};
 use super::select::Busy;
 
 /// The Envoy cluster of the decode (or aggregated) hop: ORIGINAL_DST, steered by
@@ -235,15 +235,13 @@ impl Settings {
 impl Config {
     pub fn from_json(json: &[u8]) -> Result<Self, ConfigError> {
         let mut doc: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(json).map_err(ConfigError::Json)?;
+            serde_json::from_slice(json).map_err(RegistryError::from)?;
         let workers = doc.remove("workers");
         let settings: Settings =
-            serde_json::from_value(serde_json::Value::Object(doc)).map_err(ConfigError::Json)?;
+            serde_json::from_value(serde_json::Value::Object(doc)).map_err(RegistryError::from)?;
         settings.validate()?;
         let registry = match (workers, &settings.registry) {
-            (Some(workers), _) => {
-                Registry::new(serde_json::from_value(workers).map_err(ConfigError::Json)?)?
-            }
+            (Some(workers), _) => Registry::new(workers_from(workers)?)?,
             (None, Some(_)) => Registry::empty(),
             (None, None) => return Err(ConfigError::MissingWorkers),
         };
@@ -342,8 +340,6 @@ fn is_header_name(name: &str) -> bool {
 /// Why a plugin configuration was refused.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("invalid JSON: {0}")]
-    Json(serde_json::Error),
     #[error("the \"workers\" list is missing")]
     MissingWorkers,
     #[error(transparent)]

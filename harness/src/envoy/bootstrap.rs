@@ -45,6 +45,11 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
     values.push(("{{REGISTRY_CLUSTER}}", registry_cluster(&config)?));
     values.push(("{{CORS_POLICY}}", edge::cors_policy(&opts.edge)));
+    values.push(("{{METRICS_ROUTE}}", edge::metrics_route(&opts.edge)));
+    values.push((
+        "{{ADMIN_CLUSTER}}",
+        edge::admin_cluster(&opts.edge, opts.admin)?,
+    ));
     let rendered = values
         .iter()
         .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
@@ -385,6 +390,33 @@ mod tests {
                 err.to_string().contains("invalid plugin configuration"),
                 "{bad}: {err:#}"
             );
+        }
+    }
+
+    /// Only a syntax error is called invalid JSON; a bad address names its worker and value.
+    #[test]
+    fn a_refused_registry_says_what_is_wrong_where() {
+        let decode = r#"{"id": 1, "role": "decode", "address": "127.0.0.1:1"}"#;
+        for (registry, why) in [
+            (
+                r#"{"workers": [{"id": 7, "role": "decode", "address": "10.0.0.1"}]}"#.to_owned(),
+                r#"worker 7: address "10.0.0.1" is not ip:port"#,
+            ),
+            (
+                format!(r#"{{"workers": [{decode}], "prefill_timeout": 5}}"#),
+                "unknown field `prefill_timeout`",
+            ),
+            (
+                format!(r#"{{"workers": [{decode}], "prefill_retries": "2"}}"#),
+                r#"invalid type: string "2", expected u32"#,
+            ),
+            (format!(r#"{{"workers": [{decode}]"#), "invalid JSON: EOF"),
+        ] {
+            let err = render_bootstrap(&options(&registry, Path::new("/x.wasm"))).unwrap_err();
+            let message = err.to_string();
+            assert!(message.contains(why), "{registry}: {message}");
+            let syntax = why.starts_with("invalid JSON");
+            assert_eq!(message.contains("invalid JSON"), syntax, "{message}");
         }
     }
 

@@ -1,7 +1,8 @@
 //! What the listener asks of clients before the filter sees a request: how long the request
-//! may take to arrive, and which browser origins may call the gateway (`docs/deploy.md`
-//! §2.4, §2.6).
+//! may take to arrive, which browser origins may call the gateway (`docs/deploy.md`
+//! §2.4, §2.6), and what a `GET /metrics` gets (`docs/metrics.md`).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -47,6 +48,8 @@ pub struct EdgeOptions {
     pub request_timeout: Duration,
     /// Browser origins allowed by CORS, exactly (`*`: any); none turns CORS off.
     pub cors_origins: Vec<String>,
+    /// `GET /metrics` answers Envoy's Prometheus stats (pinroute's included) instead of 404.
+    pub serve_metrics: bool,
 }
 
 impl Default for EdgeOptions {
@@ -55,6 +58,7 @@ impl Default for EdgeOptions {
             request_headers_timeout: DEFAULT_REQUEST_HEADERS_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             cors_origins: vec![ANY_ORIGIN.to_owned()],
+            serve_metrics: false,
         }
     }
 }
@@ -111,6 +115,64 @@ pub fn cors_policy(edge: &EdgeOptions) -> String {
         "typed_per_filter_config: {}",
         json!({ "envoy.filters.http.cors": policy })
     )
+}
+
+/// The path benchmark clients (aiperf, `vllm bench serve`) probe for the server's metrics.
+pub const METRICS_PATH: &str = "/metrics";
+/// The cluster of Envoy's own admin interface, for `GET /metrics` with `serve_metrics`.
+pub const ADMIN_CLUSTER: &str = "pinroute_admin";
+const METRICS_NOT_SERVED: &str = "GET /metrics is not served through the gateway: its metrics \
+    (Envoy's and pinroute's) are on Envoy's admin interface, /stats/prometheus";
+
+/// The first route, as one item of the `routes` list (JSON flow style): `GET /metrics`
+/// answered by Envoy without the filter, so a client's probe counts as no pinroute error.
+/// Envoy's Prometheus stats with `serve_metrics` (the admin's `/stats/prometheus`, nothing
+/// else of it), else a 404 `unknown_path` saying where the metrics are.
+pub fn metrics_route(edge: &EdgeOptions) -> String {
+    let mut route = json!({
+        "match": {"path": METRICS_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+        "typed_per_filter_config": {"envoy.filters.http.wasm": {
+            "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true,
+        }},
+    });
+    let action = if edge.serve_metrics {
+        json!({"route": {"cluster": ADMIN_CLUSTER, "prefix_rewrite": "/stats/prometheus"}})
+    } else {
+        let error = json!({"error": {"message": METRICS_NOT_SERVED,
+                                     "type": "invalid_request_error", "code": "unknown_path"}});
+        json!({
+            "direct_response": {"status": 404, "body": {"inline_string": error.to_string()}},
+            "response_headers_to_add": [{"header": {"key": ERROR_CODE_HEADER, "value": "unknown_path"}}],
+        })
+    };
+    if let (Some(route), Some(action)) = (route.as_object_mut(), action.as_object()) {
+        route.extend(action.clone());
+    }
+    format!("- {route}")
+}
+
+/// Envoy's admin interface as a cluster (one more item of `clusters`), with `serve_metrics`.
+pub fn admin_cluster(edge: &EdgeOptions, admin: SocketAddr) -> Result<String> {
+    if !edge.serve_metrics {
+        return Ok(String::new());
+    }
+    ensure!(
+        admin.port() != 0,
+        "serving /metrics needs the admin interface on a port of its own (--admin IP:PORT), not 0"
+    );
+    let ip = match admin.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let address =
+        json!({"socket_address": {"address": ip.to_string(), "port_value": admin.port()}});
+    let cluster = json!({
+        "name": ADMIN_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": ADMIN_CLUSTER,
+                            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}]},
+    });
+    Ok(format!("  - {cluster}"))
 }
 
 #[cfg(test)]

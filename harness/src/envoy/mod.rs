@@ -17,7 +17,10 @@ pub mod vm;
 
 use std::path::{Path, PathBuf};
 
-pub use binary::{ENVOY_BIN_ENV, ENVOY_VERSION, VENV_DIR, envoy_binary, envoy_in_venv, validate};
+pub use binary::{
+    ENVOY_BIN_ENV, ENVOY_VERSION, VENV_DIR, envoy_binary, envoy_command, envoy_in_venv,
+    envoy_install_command, validate,
+};
 pub use bootstrap::{
     BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT,
     MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, exposure_warnings, render_bootstrap,

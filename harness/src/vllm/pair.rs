@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::commands::{CPU_BLOCK_SIZE, Connector, CpuInstance, CpuKv, PairRole, cpu_serve_command};
-use super::install::{VLLM_PYTHON_ENV, VLLM_VENV_DIR, ensure_vllm, venv_python};
+use super::install::{ensure_vllm, planned_python, project_venv, vllm_command};
 use super::metrics::{counter_total, counter_where};
 use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
 use super::nixl_log::{NixlPull, nixl_finished, nixl_pulls};
@@ -18,7 +18,7 @@ use super::plan::{
     plugin_config,
 };
 use super::process::VllmServer;
-use super::scripts::{NIXL_LOGGING_JSON, SERVE_PY, write_script};
+use super::scripts::{NIXL_LOGGING_JSON, write_script};
 use crate::envoy::repo_root;
 
 /// Decode's counter of prompt tokens whose KV a connector loaded from elsewhere.
@@ -44,7 +44,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub struct VllmPairOptions {
     /// Holds the venv (`.cache/vllm-venv`) and the model (`.cache/models`).
     pub repo_root: PathBuf,
-    /// Logs (`prefill.log`, `decode.log`), the shared KV folder (`kv/`) and `serve.py`.
+    /// Logs (`prefill.log`, `decode.log`), the shared KV folder (`kv/`), NIXL's logging
+    /// configuration.
     pub work_dir: PathBuf,
     pub startup_timeout: Duration,
     /// Where each instance listens; `None`: a free loopback port.
@@ -71,6 +72,7 @@ impl VllmPairOptions {
 #[derive(Debug)]
 pub struct VllmPair {
     registry: Vec<Value>,
+    model: Option<String>,
     served_model_name: String,
     prefill: VllmServer,
     decode: VllmServer,
@@ -216,6 +218,7 @@ impl VllmPair {
         );
         Ok(VllmPair {
             registry: vec![plan.prefill.registry_entry(), plan.decode.registry_entry()],
+            model: Some(plan.model),
             served_model_name: plan.served_model_name,
             prefill,
             decode,
@@ -247,6 +250,7 @@ impl VllmPair {
                 entry(&prefill, existing.dp_sizes.0),
                 entry(&decode, existing.dp_sizes.1),
             ],
+            model: None,
             served_model_name,
             prefill,
             decode,
@@ -261,6 +265,12 @@ impl VllmPair {
 
     pub fn decode(&self) -> &VllmServer {
         &self.decode
+    }
+
+    /// The model folder or Hugging Face id the engines loaded (a benchmark client's
+    /// `--tokenizer`); unknown for an [attached](VllmPair::attach) pair.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
     }
 
     /// The `model` name requests must use.
@@ -358,13 +368,13 @@ pub async fn start_cpu_data_parallel(
 ) -> Result<VllmServer> {
     let python = ensure_vllm(&options.repo_root)?;
     let model_dir = ensure_model(&python, &options.repo_root)?;
-    let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
+    let work_dir = &options.work_dir;
+    fs::create_dir_all(work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
     let listen = listen_or_free(options.decode_listen)?;
     let command = cpu_serve_command(&CpuInstance {
         role: PairRole::Decode,
         listen,
-        python: &python,
-        serve_script: &serve_script,
+        vllm: &vllm_command(&python),
         model_dir: &model_dir,
         served_model_name: TINY_MODEL_NAME,
         kv: CpuKv::None,
@@ -384,14 +394,10 @@ pub async fn start_cpu_data_parallel(
 /// python is `$PINROUTE_VLLM_PYTHON` or the project venv's; unset ports show as 8101 and 8201,
 /// NIXL side channels as 5600 and 5610.
 pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
-    let python = std::env::var_os(VLLM_PYTHON_ENV).map_or_else(
-        || venv_python(&options.repo_root.join(VLLM_VENV_DIR)),
-        PathBuf::from,
-    );
     let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
     cpu_plan(&CpuPairLayout {
-        python,
-        serve_script: options.work_dir.join("serve.py"),
+        python: planned_python(&options.repo_root),
+        venv: project_venv(&options.repo_root),
         model_dir: tiny_model_dir(&options.repo_root),
         served_model_name: TINY_MODEL_NAME.to_owned(),
         connector: options.connector,
@@ -419,10 +425,9 @@ fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
             write_script(&options.work_dir, NIXL_LOGGING_FILE, NIXL_LOGGING_JSON)?;
         }
     }
-    let serve_script = write_script(&options.work_dir, "serve.py", SERVE_PY)?;
     Ok(CpuPairLayout {
         python,
-        serve_script,
+        venv: project_venv(&options.repo_root),
         model_dir,
         served_model_name: TINY_MODEL_NAME.to_owned(),
         connector: options.connector,
@@ -499,7 +504,13 @@ mod tests {
             text.contains("--port 8101 ") && text.contains("--port 8201 "),
             "{text}"
         );
-        assert!(text.contains("/run/serve.py serve "), "{text}");
+        assert!(text.contains("/.cache/vllm-venv/bin/vllm serve "), "{text}");
+        let model = tiny_model_dir(dir.path());
+        let tokenizer = format!(
+            "# the model (a benchmark client's --tokenizer): {}\n",
+            model.display()
+        );
+        assert!(text.contains(&tokenizer), "{text}");
         assert!(text.contains(r#""address":"127.0.0.1:8201""#), "{text}");
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),

