@@ -20,6 +20,9 @@ use super::deployment::{DECODE_VICTIM, PREFILL_VICTIM};
 use pinroute_harness::sim::SimConfig;
 use pinroute_harness::stack::Stack;
 
+/// How long after a kill a request can still meet a connection Envoy pooled to the dead
+/// worker (seen once: a `GET /v1/models` sent as its worker was being killed got a reset).
+pub const STALE_CONNECTION_GRACE: Duration = Duration::from_secs(2);
 /// A killed worker stays down at least this long: longer than the passive-health period, so
 /// that unpinned selection takes it back while it is still down (twice per outage), as when
 /// a real worker takes minutes to restart.
@@ -155,10 +158,15 @@ impl Outages {
         }
     }
 
-    /// Whether `worker` was killed while a request open from `from` to `to` ran.
+    /// Whether `worker` was killed while a request open from `from` to `to` ran, or just
+    /// before it began: a connection Envoy pooled to the worker before the kill can still be
+    /// tried for [`STALE_CONNECTION_GRACE`] after it, and its request fails as if cut.
     pub fn killed_during(&self, worker: u64, from: Instant, to: Instant) -> bool {
         self.lock().iter().any(|o| {
-            o.worker == worker && o.kill_began <= to && o.kill_ended.is_none_or(|end| end >= from)
+            o.worker == worker
+                && o.kill_began <= to
+                && o.kill_ended
+                    .is_none_or(|end| end + STALE_CONNECTION_GRACE >= from)
         })
     }
 

@@ -543,6 +543,14 @@ fn a_kill_in_progress_counts_for_requests_that_end_meanwhile() {
     outages.kill_begins(202, t.started + Duration::from_millis(10));
     assert!(outages.killed_during(202, t.started, t.ended));
     assert!(!outages.killed_during(201, t.started, t.ended));
+    outages.kill_ended(202, t.started + Duration::from_millis(20));
+    let after = t.started + super::chaos::STALE_CONNECTION_GRACE;
+    assert!(
+        outages.killed_during(202, after, after + Duration::from_millis(5)),
+        "a pooled connection to the dead worker can still fail a request just after"
+    );
+    let later = after + Duration::from_millis(100);
+    assert!(!outages.killed_during(202, later, later + Duration::from_millis(5)));
     assert!(!outages.killed_during(202, t.started, t.started + Duration::from_millis(5)));
 }
 
