@@ -16,7 +16,7 @@ use crate::policy::hop::HopFailure;
 use crate::policy::json::JsonObject;
 use crate::policy::paths::Destination;
 use crate::policy::pins;
-use crate::policy::registry::Deployment;
+use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
 use crate::policy::{headers, passthrough, prefix, steering};
@@ -318,12 +318,9 @@ fn on_response_headers<H: Host>(
             None
         }
         Ok((_, Outcome::Passed)) => None,
-        Ok((worker, Outcome::Refused)) => match decode_retry::send_next(env, &routed) {
-            Some(token) => {
-                retried(env, &mut routed, token);
-                return (routed, Flow::Pause);
-            }
-            None => Some(response::failed(env, &routed, worker, HopFailure::Connect)),
+        Ok((worker, Outcome::Refused)) => match send_on(env, &mut routed, worker) {
+            Ok(()) => return (routed, Flow::Pause),
+            Err(error) => Some(error),
         },
         Ok((_, Outcome::Failed(error))) => Some(error),
     };
@@ -362,9 +359,12 @@ fn on_response_body<H: Host>(env: &Env<H>, routed: &Routed, size: usize, end: bo
     }
 }
 
-/// The request went on to the next candidate with the call `token`: the hop now counts
-/// against that worker.
-fn retried<H: Host>(env: &Env<H>, routed: &mut Routed, token: u32) {
+/// `worker` refused the connection: the filter sends the request to the next candidate,
+/// which the hop then counts against, or, with none it can send to, the typed error.
+fn send_on<H: Host>(env: &Env<H>, routed: &mut Routed, worker: WorkerId) -> Result<(), RouteError> {
+    let Some(token) = decode_retry::send_next(env, routed) else {
+        return Err(response::failed(env, routed, worker, HopFailure::Connect));
+    };
     if let Some(retry) = &mut routed.retry {
         retry.token = Some(token);
     }
@@ -373,6 +373,7 @@ fn retried<H: Host>(env: &Env<H>, routed: &mut Routed, token: u32) {
     env.count_outstanding(next.id, 1);
     routed.decode.target.worker = next;
     routed.answer = Answer::Retrying;
+    Ok(())
 }
 
 /// A retried hop's answer: on to the next candidate after another refused connection, else
@@ -384,12 +385,9 @@ fn on_retry_answer<H: Host>(env: &Env<H>, mut routed: Box<Routed>, body_size: us
     let (call, status, failure) = decode_retry::read_answer(env, body_size);
     let worker = response::serving_worker(&routed);
     let error = match response::outcome(env, &routed, worker, status, failure) {
-        Outcome::Refused => match decode_retry::send_next(env, &routed) {
-            Some(token) => {
-                retried(env, &mut routed, token);
-                return Phase::Routed(routed);
-            }
-            None => response::failed(env, &routed, worker, HopFailure::Connect),
+        Outcome::Refused => match send_on(env, &mut routed, worker) {
+            Ok(()) => return Phase::Routed(routed),
+            Err(error) => error,
         },
         Outcome::Passed => {
             decode_retry::relay(env, &call, status, &response::served(&routed, worker));
