@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
+use super::picker::PickerSettings;
 use super::prefix::{BLOCK_BYTES, MAX_WINDOW_BYTES};
 use super::registry::{Registry, RegistryError, workers_from};
 use super::select::Busy;
@@ -144,6 +145,8 @@ pub struct Settings {
     pub local_prefill_suffix_bytes: usize,
     /// How long the turn memory trusts a served turn. 0 turns the memory off.
     pub turn_memory_ms: u64,
+    /// Picker mode (`docs/semantics.md` §9): the endpoint picker's choices are obeyed.
+    pub picker: Option<PickerSettings>,
 }
 
 impl Default for Settings {
@@ -171,6 +174,7 @@ impl Default for Settings {
             local_prefill_max_bytes: 0,
             local_prefill_suffix_bytes: 0,
             turn_memory_ms: 30_000,
+            picker: None,
         }
     }
 }

@@ -68,6 +68,11 @@ pub enum RouteError {
         "the gateway holds {limit} completion requests already (max_requests_in_flight); retry shortly"
     )]
     Overloaded { limit: u64 },
+    #[error("picker header {header}: {reason}")]
+    InvalidEppMetadata {
+        header: &'static str,
+        reason: String,
+    },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -101,6 +106,7 @@ impl RouteError {
                 }
             }
             DecodeRefused { status, .. } => (*status).clamp(400, 499),
+            InvalidEppMetadata { .. } => 502,
             Internal(_) => 500,
         }
     }
@@ -124,6 +130,7 @@ impl RouteError {
             UpstreamFailed { .. } => "upstream_failed",
             DecodeRefused { .. } => "decode_refused",
             Overloaded { .. } => "overloaded",
+            InvalidEppMetadata { .. } => "invalid_epp_metadata",
             Internal(_) => "internal_error",
         }
     }
@@ -146,6 +153,7 @@ impl RouteError {
         "upstream_failed",
         "decode_refused",
         "overloaded",
+        "invalid_epp_metadata",
         "internal_error",
     ];
 

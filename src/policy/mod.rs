@@ -23,6 +23,7 @@
 //! | §7 Headers a client may not send | [`headers`] |
 //! | §8 Registry | [`registry`] |
 //! | §8 Plugin configuration | [`config`] |
+//! | §9 Picker mode: an endpoint picker's choices, its allowlist | [`picker`] |
 
 pub mod answers;
 pub mod availability;
@@ -36,6 +37,7 @@ pub mod json;
 pub mod load;
 pub mod passthrough;
 pub mod paths;
+pub mod picker;
 pub mod pins;
 pub mod prefix;
 pub mod registry;
