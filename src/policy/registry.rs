@@ -11,10 +11,6 @@ use thiserror::Error;
 
 pub type WorkerId = u64;
 
-/// Ids from here up are never a registry's: they name the workers a picker chose outside it
-/// (`docs/semantics.md` §9), one per address.
-pub const UNLISTED_IDS: WorkerId = 1 << 63;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -46,25 +42,25 @@ pub struct Worker {
     /// pins to it answer 503 `worker_unavailable` instead of 400 `unknown_worker`.
     #[serde(default)]
     pub draining: bool,
+    /// A worker a picker chose outside the registry (`docs/semantics.md` §9).
+    #[serde(skip)]
+    pub unlisted: bool,
 }
 
 impl Worker {
     /// A worker a picker chose that the registry does not list: nothing is known of it but
-    /// its address, so any rank is passed on for it to check.
+    /// its address, so any rank is passed on for it to check. Its id, a hash of the address,
+    /// only names it in logs and answers: passive health and load are kept for listed
+    /// workers only.
     pub fn unlisted(role: Role, address: SocketAddr) -> Worker {
-        let hash = xxhash_rust::xxh3::xxh3_64(address.to_string().as_bytes());
         Worker {
-            id: UNLISTED_IDS | (hash >> 1),
+            id: xxhash_rust::xxh3::xxh3_64(address.to_string().as_bytes()),
             role,
             address,
             dp_size: u32::MAX,
             draining: false,
+            unlisted: true,
         }
-    }
-
-    /// Whether the registry lists it (passive health and load are kept for listed workers only).
-    pub fn is_listed(&self) -> bool {
-        self.id < UNLISTED_IDS
     }
 }
 
@@ -126,8 +122,6 @@ pub enum RegistryError {
     DuplicateId(WorkerId),
     #[error("address {0} is given to more than one worker")]
     DuplicateAddress(SocketAddr),
-    #[error("worker id {0} is reserved: registry ids are below 2^63")]
-    ReservedId(WorkerId),
     #[error("worker {0} has dp_size 0")]
     ZeroDpSize(WorkerId),
     #[error("aggregated workers cannot be mixed with prefill or decode workers")]
@@ -168,9 +162,6 @@ impl Registry {
             }
             if !addresses.insert(worker.address) {
                 return Err(RegistryError::DuplicateAddress(worker.address));
-            }
-            if worker.id >= UNLISTED_IDS {
-                return Err(RegistryError::ReservedId(worker.id));
             }
             if worker.dp_size == 0 {
                 return Err(RegistryError::ZeroDpSize(worker.id));

@@ -133,6 +133,14 @@ fn each_error_has_its_status_code_and_type() {
             422,
             "decode_refused",
         ),
+        (
+            RouteError::InvalidEppMetadata {
+                header: "x-gateway-destination-endpoint",
+                reason: "x".into(),
+            },
+            502,
+            "invalid_epp_metadata",
+        ),
         (RouteError::Internal("x"), 500, "internal_error"),
     ];
     assert_eq!(

@@ -140,7 +140,7 @@ fn registry_endpoints_are_their_workers() {
     .unwrap();
     assert_eq!(workers.len(), 1);
     assert_eq!((workers[0].id, workers[0].dp_size), (2, 2));
-    assert!(workers[0].is_listed());
+    assert!(!workers[0].unlisted);
 }
 
 #[test]
@@ -206,11 +206,7 @@ fn an_address_in_a_range_is_an_unlisted_worker_of_the_hop() {
         &allow(&["10.0.0.0/16"]),
     )
     .unwrap();
-    assert!(
-        found
-            .iter()
-            .all(|w| !w.is_listed() && w.role == Role::Prefill)
-    );
+    assert!(found.iter().all(|w| w.unlisted && w.role == Role::Prefill));
     assert_ne!(found[0].id, found[1].id);
     assert_eq!(
         found[0],
