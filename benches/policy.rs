@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use pinroute::policy::availability::RegistryOnly;
 use pinroute::policy::config::Config;
 use pinroute::policy::json::JsonObject;
+use pinroute::policy::picker;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
 use pinroute::policy::prefix::{PromptPrefix, prompt_member};
 use pinroute::policy::registry::Worker;
@@ -175,6 +176,7 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
         availability: RegistryOnly,
         choice: Choice::RoundRobin(turn),
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     }
 }
 
@@ -193,6 +195,7 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
             outstanding: &loads,
         },
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     };
     let route = resolver
         .resolve(&Pins::default())
@@ -225,6 +228,7 @@ fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(
             bytes: raw.len(),
             last_turn: None,
         },
+        picked: &picker::NOTHING,
     };
     let route = resolver
         .resolve(&Pins::default())

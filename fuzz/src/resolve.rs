@@ -44,6 +44,7 @@ use pinroute::policy::availability::{Availability, Unavailability};
 use pinroute::policy::config::Settings;
 use pinroute::policy::error::RouteError;
 use pinroute::policy::hop::Hop;
+use pinroute::policy::picker;
 use pinroute::policy::pins::Pins;
 use pinroute::policy::prefix::{BLOCK_BYTES, PromptPrefix};
 use pinroute::policy::registry::{Deployment, Registry, Role, Worker, WorkerId};
@@ -331,6 +332,7 @@ impl WorkerSpec {
             },
             dp_size: self.dp_size.value(),
             draining: self.draining,
+            unlisted: false,
         }
     }
 }
@@ -582,6 +584,7 @@ impl World<'_> {
                 self.request.outstanding,
             ),
             prompt: self.prompt,
+            picked: &picker::NOTHING,
         }
     }
 

@@ -94,14 +94,12 @@ pub fn read_answer(
     (call, status, failure)
 }
 
-/// Answers the client with a retried hop's answer, naming the workers that served when
-/// worker ids are shown.
+/// Answers the client with a retried hop's answer, naming what served
+/// ([`super::response::served`]).
 pub fn relay(env: &Env<impl Host>, call: &CallAnswer, status: u16, served: &[(&str, String)]) {
     let mut headers: Vec<(&str, &str)> = relayed(&call.headers).collect();
     headers.push((RELAYED_HEADER, "decode"));
-    if env.config.settings.worker_id_headers {
-        headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
-    }
+    headers.extend(served.iter().map(|(name, value)| (*name, value.as_str())));
     if let Err(error) = env.host.send_response(status, &headers, &call.body) {
         log::error!(
             "pinroute: could not answer {} with its retried hop's answer: {error}",

@@ -94,7 +94,15 @@ impl<H: Host> Env<H> {
 
     /// A hop to `worker` started (+1) or ended (-1); counted by [`Env::flush_load`].
     pub fn count_outstanding(&self, worker: WorkerId, delta: i64) {
-        self.load_changes.borrow_mut().push((worker, delta));
+        if self.is_listed(worker) {
+            self.load_changes.borrow_mut().push((worker, delta));
+        }
+    }
+
+    /// Whether the registry lists `worker`: load and passive health are kept for listed
+    /// workers only, not for those a picker chose outside it (`docs/semantics.md` §9).
+    fn is_listed(&self, worker: WorkerId) -> bool {
+        self.config.registry.get(worker).is_some()
     }
 
     /// Counts the hops this callback started and ended, for every thread.
@@ -187,6 +195,7 @@ impl<H: Host> Env<H> {
             availability,
             choice,
             prompt: facts,
+            picked: &hints.picked,
         })
     }
 
@@ -262,6 +271,9 @@ impl<H: Host> Env<H> {
     /// Counts a failed connection to `worker`, on every thread; enough in a row take it out
     /// of unpinned selection for a while (`docs/semantics.md` §5).
     pub fn record_connect_failure(&self, worker: WorkerId) {
+        if !self.is_listed(worker) {
+            return;
+        }
         if let Some(rule) = self.config.settings.ejection() {
             self.count(Counter::WorkerConnectFailed);
             if shared::record_connect_failure(&self.host, worker, rule) {
@@ -272,7 +284,9 @@ impl<H: Host> Env<H> {
 
     /// A hop to `worker` got its answer: its connection failures no longer count.
     pub fn record_success(&self, worker: WorkerId) {
-        if let Some(rule) = self.config.settings.ejection() {
+        if let Some(rule) = self.config.settings.ejection()
+            && self.is_listed(worker)
+        {
             shared::record_success(&self.host, worker, rule);
         }
     }

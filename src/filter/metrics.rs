@@ -33,6 +33,7 @@ pub enum Counter {
     RegistryRefreshFailed,
     LocalShortPrompt,
     LocalNextTurn,
+    LocalByPicker,
     Placed(Pool, Placement),
 }
 
@@ -81,6 +82,7 @@ const COUNTERS: &[(Counter, &str)] = &[
         "pinroute.prefill.local_short_prompt",
     ),
     (Counter::LocalNextTurn, "pinroute.prefill.local_next_turn"),
+    (Counter::LocalByPicker, "pinroute.prefill.local_by_picker"),
     placed(
         Pool::Prefill,
         Placement::Load,
@@ -105,6 +107,16 @@ const COUNTERS: &[(Counter, &str)] = &[
         Pool::Prefill,
         Placement::Spilled,
         "pinroute.placement.prefill.spilled",
+    ),
+    placed(
+        Pool::Prefill,
+        Placement::Picker,
+        "pinroute.placement.prefill.picker",
+    ),
+    placed(
+        Pool::Decode,
+        Placement::Picker,
+        "pinroute.placement.decode.picker",
     ),
     placed(
         Pool::Decode,
@@ -210,6 +222,7 @@ impl Metrics {
                 self.count(host, Counter::LocalShortPrompt)
             }
             PrefillPlan::Local(LocalPrefill::NextTurn) => self.count(host, Counter::LocalNextTurn),
+            PrefillPlan::Local(LocalPrefill::Picker) => self.count(host, Counter::LocalByPicker),
             _ => {}
         }
     }

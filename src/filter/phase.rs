@@ -10,6 +10,8 @@
 //! any phase ──► Answered (the filter answered itself)
 //! ```
 
+use std::net::SocketAddr;
+
 use serde_json::value::RawValue;
 
 use crate::policy::error::RouteError;
@@ -78,6 +80,7 @@ pub struct Routed {
 /// The prefill hop that served the request.
 pub struct ServedPrefill {
     pub worker: WorkerId,
+    pub address: SocketAddr,
     /// What locates its KV, sent with the decode hop: it must never reach the client.
     pub kv_transfer_params: Option<Box<RawValue>>,
 }

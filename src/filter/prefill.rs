@@ -16,6 +16,8 @@ use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::{Hop, HopFailure};
 use crate::policy::json::JsonObject;
+use crate::policy::picker;
+use crate::policy::registry::Worker;
 use crate::policy::resolve::{Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
 
@@ -141,13 +143,14 @@ pub fn judge(
                 held: HeldBody::edited(attempt.held_body_size, edit),
                 served: Some(ServedPrefill {
                     worker,
+                    address: attempt.target.worker.address,
                     kv_transfer_params,
                 }),
             })
         }
         PrefillAnswer::Refused(status) => {
             env.record_success(worker);
-            pass_on_refusal(env, worker, status, &call);
+            pass_on_refusal(env, &attempt.target.worker, status, &call);
             Ok(PrefillVerdict::Answered)
         }
         PrefillAnswer::Failed(failure) => after_failure(env, attempt, failure),
@@ -155,13 +158,14 @@ pub fn judge(
 }
 
 /// The prefill worker refused the request (4xx): the client gets the worker's answer.
-fn pass_on_refusal(env: &Env<impl Host>, worker: u64, status: u16, call: &CallAnswer) {
+fn pass_on_refusal(env: &Env<impl Host>, worker: &Worker, status: u16, call: &CallAnswer) {
+    let Worker { id, address, .. } = worker;
     log::debug!(
-        "pinroute: request {}: prefill worker {worker} refused it with {status}",
+        "pinroute: request {}: prefill worker {id} refused it with {status}",
         env.request_id
     );
     env.count(Counter::PrefillRefused);
-    let worker = worker.to_string();
+    let worker = id.to_string();
     let content_type = Some(header_text(&call.headers, "content-type"))
         .filter(|v| !v.is_empty())
         .unwrap_or("application/json");
@@ -171,6 +175,10 @@ fn pass_on_refusal(env: &Env<impl Host>, worker: u64, status: u16, call: &CallAn
     ];
     if env.config.settings.worker_id_headers {
         headers.push((headers::PREFILL_WORKER_HEADER, worker.as_str()));
+    }
+    let address = address.to_string();
+    if env.config.settings.picker.is_some() {
+        headers.push((picker::PREFILL_SERVED_HEADER, address.as_str()));
     }
     if let Err(error) = env.host.send_response(status, &headers, &call.body) {
         log::error!(

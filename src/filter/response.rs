@@ -8,13 +8,14 @@ use super::env::{Env, host_failure};
 use super::host::{Host, HostError};
 use super::metrics::Counter;
 use super::phase::{Answer, Routed, ServedPrefill};
+use crate::policy::config::Settings;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::HopFailure;
 use crate::policy::registry::WorkerId;
 use crate::policy::resolve::TokenHop;
 use crate::policy::rewrite::BodyEdit;
-use crate::policy::{answers, retries};
+use crate::policy::{answers, picker, retries};
 
 /// The request body as the routed hop sends it.
 pub enum RoutedBody {
@@ -141,10 +142,8 @@ pub fn answer_headers(
 ) -> Result<(WorkerId, Outcome), HostError> {
     let host = &env.host;
     let worker = served_decode_worker(env, routed);
-    if env.config.settings.worker_id_headers {
-        for (name, value) in served(routed, worker) {
-            host.set_response_header(name, Some(&value))?;
-        }
+    for (name, value) in served(&env.config.settings, routed, worker) {
+        host.set_response_header(name, Some(&value))?;
     }
     let status = host.response_status().unwrap_or(0);
     // Only a failed hop needs to know why: the property costs a host call.
@@ -222,12 +221,27 @@ pub fn failed(
     }
 }
 
-/// The response headers naming the workers that served.
-pub fn served(routed: &Routed, decode: WorkerId) -> Vec<(&'static str, String)> {
-    let prefill = routed.prefill.as_ref().map(|p| p.worker);
-    let prefill = prefill.map(|w| (headers::PREFILL_WORKER_HEADER, w.to_string()));
-    let decode = (headers::DECODE_WORKER_HEADER, decode.to_string());
-    prefill.into_iter().chain([decode]).collect()
+/// The response headers naming what served: the workers' ids when worker ids are shown, and
+/// in picker mode the endpoints, for the served report (`docs/semantics.md` §9).
+pub fn served(
+    settings: &Settings,
+    routed: &Routed,
+    decode: WorkerId,
+) -> Vec<(&'static str, String)> {
+    let prefill = routed.prefill.as_ref();
+    let mut headers = Vec::new();
+    if settings.worker_id_headers {
+        let prefill = prefill.map(|p| (headers::PREFILL_WORKER_HEADER, p.worker.to_string()));
+        headers.extend(prefill);
+        headers.push((headers::DECODE_WORKER_HEADER, decode.to_string()));
+    }
+    if settings.picker.is_some() {
+        let prefill = prefill.map(|p| (picker::PREFILL_SERVED_HEADER, p.address.to_string()));
+        headers.extend(prefill);
+        let address = retries::address_of(&routed.decode, decode);
+        headers.push((picker::SERVED_HEADER, address.to_string()));
+    }
+    headers
 }
 
 /// The worker Envoy's last attempt went to; the connections that failed before it are

@@ -15,11 +15,11 @@ use crate::policy::error::RouteError;
 use crate::policy::hop::HopFailure;
 use crate::policy::json::JsonObject;
 use crate::policy::paths::Destination;
-use crate::policy::pins;
 use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
 use crate::policy::{headers, passthrough, prefix, steering};
+use crate::policy::{picker, pins};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
@@ -160,7 +160,11 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     env.count(Counter::Requests);
     let headers = env.host.request_headers().map_err(host_failure)?;
     let destination = intake::admit(env, &headers)?;
-    let hints = pins::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())))?;
+    let named = || headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+    let mut hints = pins::parse_headers(named())?;
+    if let Some(picker) = &env.config.settings.picker {
+        hints.picked = picker::parse_headers(picker.protocol, named())?;
+    }
     let upstream_header = env.config.settings.upstream_header.as_str();
     for (name, _) in headers
         .iter()
@@ -390,7 +394,12 @@ fn on_retry_answer<H: Host>(env: &Env<H>, mut routed: Box<Routed>, body_size: us
             Err(error) => error,
         },
         Outcome::Passed => {
-            decode_retry::relay(env, &call, status, &response::served(&routed, worker));
+            decode_retry::relay(
+                env,
+                &call,
+                status,
+                &response::served(&env.config.settings, &routed, worker),
+            );
             routed.retry = None;
             routed.answer = Answer::AsItIs;
             return Phase::Routed(routed);

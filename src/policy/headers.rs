@@ -1,12 +1,13 @@
 //! Request headers a client may not send (`docs/semantics.md` §7): anything that could choose an
 //! upstream, or speak for the filter.
 
+use super::picker::PICKER_HEADERS;
 use super::pins::is_pin_header;
 
 /// Prefix of every header the filter itself sets.
 pub const INTERNAL_PREFIX: &str = "x-pinroute-";
 
-const UPSTREAM_CHOOSING: &[&str] = &["x-envoy-original-dst-host", "x-prefiller-host-port"];
+const UPSTREAM_CHOOSING: &[&str] = &["x-envoy-original-dst-host"];
 const UPSTREAM_CHOOSING_PREFIXES: &[&str] = &["x-gateway-destination-endpoint", INTERNAL_PREFIX];
 
 /// `ip:port,...` of an unpinned decode hop's candidates, best first: the bootstrap routes
@@ -16,12 +17,14 @@ pub const POOL_HEADER: &str = "x-pinroute-pool";
 /// The header vLLM reads to choose a data-parallel rank; only the filter sets it.
 pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 
-/// Whether a client's request header must be removed before anything is routed: it could
-/// steer an upstream, it is the filter's own, or it is a pin (consumed by the filter; a
-/// client's rank header must never reach a worker unchanged).
+/// Whether a request header must be removed before anything is routed: it could steer an
+/// upstream, it is the filter's own, it is a pin (consumed by the filter; a client's rank
+/// header must never reach a worker unchanged) or a picker's (read first in picker mode,
+/// `docs/semantics.md` §9).
 pub fn must_strip(name: &str, upstream_header: &str) -> bool {
     name == upstream_header
         || UPSTREAM_CHOOSING.contains(&name)
+        || PICKER_HEADERS.contains(&name)
         || UPSTREAM_CHOOSING_PREFIXES
             .iter()
             .any(|p| name.starts_with(p))

@@ -109,6 +109,13 @@ pub struct Picked {
     pub mode: Option<RoutingMode>,
 }
 
+/// No choice: outside picker mode, or a picker that named no hop.
+pub static NOTHING: Picked = Picked {
+    token: Vec::new(),
+    prefill: Vec::new(),
+    mode: None,
+};
+
 /// Reads the picker's headers (lowercase names, as Envoy presents them).
 pub fn parse_headers<'a>(
     protocol: Protocol,

@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 
 use super::error::{RouteError, quoted};
 use super::json::JsonObject;
+use super::picker::Picked;
 use super::registry::WorkerId;
 
 /// `prefill_dp_rank` value that means "no rank pinned".
@@ -49,6 +50,8 @@ impl Pins {
 pub struct HeaderHints {
     pub pins: Pins,
     pub session: Option<Vec<u8>>,
+    /// An endpoint picker's choices, in picker mode (`super::picker`).
+    pub picked: Picked,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

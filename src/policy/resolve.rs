@@ -10,6 +10,7 @@ use super::availability::{Availability, Unavailability, pool_in_panic};
 use super::config::Settings;
 use super::error::RouteError;
 use super::hop::Hop;
+use super::picker::{self, Allowed, Picked, RoutingMode};
 use super::pins::Pins;
 use super::registry::{Deployment, Registry, Role, Worker, WorkerId};
 use super::select::{Choice, Placement, rank_candidates};
@@ -45,6 +46,8 @@ pub enum LocalPrefill {
     /// The decode worker served the conversation's last turn, and the prompt adds at most
     /// `local_prefill_suffix_bytes` to it.
     NextTurn,
+    /// The picker routed the request as one hop (`x-dynamo-routing-mode: aggregated`).
+    Picker,
 }
 
 /// What the request's prompt tells the prefill plan.
@@ -115,8 +118,9 @@ impl Route {
     /// pinroute chose both from the prompt. A pinned hop or a session's placement was the
     /// client's choice, and one client's choice never becomes another's placement.
     pub fn remembered_workers(&self) -> Option<(Option<WorkerId>, WorkerId)> {
-        let chosen_from_prompt =
-            |placement: Option<Placement>| placement.is_some_and(|p| p != Placement::Session);
+        let chosen_from_prompt = |placement: Option<Placement>| {
+            placement.is_some_and(|p| !matches!(p, Placement::Session | Placement::Picker))
+        };
         let prefill = match &self.prefill {
             PrefillPlan::Pinned(_) => return None,
             PrefillPlan::Candidates(_) if !chosen_from_prompt(self.prefill_placement) => {
@@ -146,6 +150,8 @@ pub struct Resolver<'a, A: Availability> {
     pub availability: A,
     pub choice: Choice<'a>,
     pub prompt: PromptFacts,
+    /// What an endpoint picker chose (picker mode, `docs/semantics.md` §9); empty otherwise.
+    pub picked: &'a Picked,
 }
 
 impl<A: Availability> Resolver<'_, A> {
@@ -160,8 +166,10 @@ impl<A: Availability> Resolver<'_, A> {
             prefill_panic,
             prefill_placement,
         };
+        let picker_decided = route.prefill_placement == Some(Placement::Picker)
+            || self.picked.mode == Some(RoutingMode::Disaggregated);
         Ok(match (&route.prefill, self.local_prefill(&route.decode)) {
-            (PrefillPlan::Candidates(_), Some(why)) => Route {
+            (PrefillPlan::Candidates(_), Some(why)) if !picker_decided => Route {
                 prefill: PrefillPlan::Local(why),
                 prefill_panic: false,
                 prefill_placement: None,
@@ -193,6 +201,9 @@ impl<A: Availability> Resolver<'_, A> {
         };
         let worker_pin = pins.decode_worker_id.or(pins.backend_instance_id);
         let role = self.registry.token_role();
+        if worker_pin.is_none() && !self.picked.token.is_empty() {
+            return self.picked_token_hop(hop, role, pins.dp_rank);
+        }
         if let Some(target) = self.pinned(hop, role, worker_pin, pins.dp_rank)? {
             return Ok(TokenHop {
                 panic: self.is_unhealthy(&target.worker),
@@ -223,11 +234,12 @@ impl<A: Availability> Resolver<'_, A> {
     /// The prefill plan, whether the prefill pool's panic decided it, and how its first
     /// candidate was chosen.
     fn prefill(&self, pins: &Pins) -> Result<(PrefillPlan, bool, Option<Placement>), RouteError> {
+        let picker_rank = pins.prefill_worker_id.is_none() && !self.picked.prefill.is_empty();
         let pinned = self.pinned(
             Hop::Prefill,
             Role::Prefill,
             pins.prefill_worker_id,
-            pins.prefill_dp_rank,
+            pins.prefill_dp_rank.filter(|_| !picker_rank),
         )?;
         if let Some(target) = pinned {
             let panic = self.is_unhealthy(&target.worker);
@@ -235,6 +247,17 @@ impl<A: Availability> Resolver<'_, A> {
         }
         if self.registry.deployment() == Deployment::Aggregated {
             return Ok((PrefillPlan::Skip, false, None));
+        }
+        if self.picked.mode == Some(RoutingMode::Aggregated) {
+            return Ok((PrefillPlan::Local(LocalPrefill::Picker), false, None));
+        }
+        if !self.picked.prefill.is_empty() {
+            let targets = self.picked_prefill(pins.prefill_dp_rank)?;
+            return Ok((
+                PrefillPlan::Candidates(targets),
+                false,
+                Some(Placement::Picker),
+            ));
         }
         let Candidates {
             targets: mut candidates,
@@ -251,6 +274,63 @@ impl<A: Availability> Resolver<'_, A> {
                 role: Role::Prefill,
             }),
         }
+    }
+
+    /// The token-generating hop to the picker's endpoints: the first with the rank header's
+    /// rank, the next ones for a connection that fails. The picker has its own view of load
+    /// and health: pinroute's passive health does not overrule it.
+    fn picked_token_hop(
+        &self,
+        hop: Hop,
+        role: Role,
+        rank: Option<u32>,
+    ) -> Result<TokenHop, RouteError> {
+        let header = picker::DESTINATION_HEADER;
+        let workers = picker::workers(
+            header,
+            &self.picked.token,
+            role,
+            self.registry,
+            self.allowed(),
+        )?;
+        let mut workers = workers.into_iter().take(DECODE_ATTEMPTS);
+        let first = workers.next().ok_or(RouteError::Internal(
+            "a picker endpoint list is never empty",
+        ))?;
+        Ok(TokenHop {
+            target: picked_target(hop, first, rank)?,
+            hop,
+            alternates: workers.collect(),
+            panic: false,
+            placement: Some(Placement::Picker),
+        })
+    }
+
+    /// The prefill candidates the picker named, in its order: the first plus at most
+    /// `prefill_retries` more.
+    fn picked_prefill(&self, rank: Option<u32>) -> Result<Vec<Target>, RouteError> {
+        let header = picker::PREFILLER_HEADER;
+        let workers = picker::workers(
+            header,
+            &self.picked.prefill,
+            Role::Prefill,
+            self.registry,
+            self.allowed(),
+        )?;
+        let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
+        workers
+            .into_iter()
+            .take(attempts.saturating_add(1))
+            .zip(std::iter::once(rank).chain(std::iter::repeat(None)))
+            .map(|(worker, rank)| picked_target(Hop::Prefill, worker, rank))
+            .collect()
+    }
+
+    fn allowed(&self) -> &[Allowed] {
+        self.settings
+            .picker
+            .as_ref()
+            .map_or(&[], |p| p.allow.as_slice())
     }
 
     /// The pinned worker of a hop, checked against the registry; `None` when not pinned. An
@@ -370,6 +450,25 @@ impl<A: Availability> Resolver<'_, A> {
             Some(Unavailability::Unhealthy { .. })
         )
     }
+}
+
+/// A picker's worker for a hop, with the rank a rank header gives it (checked against a
+/// registry worker's `dp_size`; an unlisted worker checks it itself).
+fn picked_target(hop: Hop, worker: Worker, rank: Option<u32>) -> Result<Target, RouteError> {
+    if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
+        return Err(RouteError::RankOutOfRange {
+            hop,
+            worker: worker.id,
+            rank,
+            dp_size: worker.dp_size,
+        });
+    }
+    let rank = rank.or((worker.dp_size == 1).then_some(0));
+    Ok(Target {
+        worker,
+        rank,
+        pinned: false,
+    })
 }
 
 #[cfg(test)]

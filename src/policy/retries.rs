@@ -53,6 +53,15 @@ pub fn served_worker(
     (alternates.get(at).map_or(first, |w| w.id), failed)
 }
 
+/// The address of `worker`, the hop's first choice or one of its alternates.
+pub fn address_of(decode: &TokenHop, worker: WorkerId) -> SocketAddr {
+    decode
+        .alternates
+        .iter()
+        .find(|w| w.id == worker)
+        .map_or(decode.target.worker.address, |w| w.address)
+}
+
 #[cfg(test)]
 #[path = "tests/retries.rs"]
 mod tests;

@@ -68,6 +68,8 @@ pub enum Placement {
     Affinity,
     /// A worker further down the prompt's hashes: those before it were busy.
     Spilled,
+    /// The endpoint picker's choice (picker mode, `docs/semantics.md` §9).
+    Picker,
 }
 
 /// A pool in order of preference, and how its first worker was chosen.

@@ -38,6 +38,7 @@ fn resolve_with(
         availability: &RegistryOnly,
         choice,
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     }
     .resolve(pins)
 }
@@ -253,6 +254,7 @@ fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
         availability: &RegistryOnly,
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     };
     assert_eq!(
         resolver.resolve(&decode_pin(201)),
@@ -371,6 +373,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
         availability: down,
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     };
     let down = Down(101);
     let pins = Pins {
@@ -550,6 +553,7 @@ fn the_token_hop_alone_ignores_prefill_pins() {
         availability: &RegistryOnly,
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     };
     let pins = Pins {
         prefill_worker_id: Some(999),
@@ -617,6 +621,7 @@ fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, Route
         availability: down,
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
     }
     .resolve(pins)
 }
@@ -761,6 +766,7 @@ fn resolve_prompt(
         availability: &RegistryOnly,
         choice,
         prompt,
+        picked: &picker::NOTHING,
     }
     .resolve(pins)
     .unwrap()
@@ -951,6 +957,7 @@ fn an_aggregated_deployment_is_never_local_by_choice() {
             bytes: 10,
             last_turn: None,
         },
+        picked: &picker::NOTHING,
     }
     .resolve(&Pins::default())
     .unwrap();
@@ -985,3 +992,6 @@ fn a_prompt_is_read_only_as_far_as_its_placement_needs() {
     };
     assert_eq!(prompt_use(&off, &Pins::default(), long), PromptUse::Length);
 }
+
+#[path = "resolve_picker.rs"]
+mod picker_mode;
