@@ -164,15 +164,15 @@ fn endpoints(header: &'static str, text: &str) -> Result<Vec<SocketAddr>, RouteE
         );
         return Err(invalid(header, reason));
     }
-    let parse = |entry: &&str| match entry.parse::<SocketAddr>() {
+    let parse = |(at, entry): (usize, &&str)| match entry.parse::<SocketAddr>() {
         Ok(address) if address.port() != 0 => Ok(address),
-        _ if entry.is_empty() => Err(invalid(header, "has an empty entry".into())),
+        _ if entry.is_empty() => Err(invalid(header, format!("entry {} is empty", at + 1))),
         _ => Err(invalid(
             header,
-            format!("{} is not ip:port (IPv6 as [::1]:8000)", quoted(entry)),
+            format!("entry {} is not ip:port (IPv6 as [::1]:8000)", at + 1),
         )),
     };
-    entries.iter().map(parse).collect()
+    entries.iter().enumerate().map(parse).collect()
 }
 
 fn routing_mode(text: &str) -> Result<RoutingMode, RouteError> {
@@ -188,6 +188,7 @@ fn routing_mode(text: &str) -> Result<RoutingMode, RouteError> {
 
 /// The workers behind a picker's endpoints for a hop whose workers have `role`, in its
 /// order; an endpoint outside the allowlist, or a registry worker of another role, is refused.
+/// Errors name an endpoint by its place in the list: answers never carry a worker address.
 pub fn workers(
     header: &'static str,
     endpoints: &[SocketAddr],
@@ -195,13 +196,14 @@ pub fn workers(
     registry: &Registry,
     allow: &[Allowed],
 ) -> Result<Vec<Worker>, RouteError> {
-    let worker = |address: &SocketAddr| {
+    let worker = |(at, address): (usize, &SocketAddr)| {
+        let at = at + 1;
         let listed = registry.workers().iter().find(|w| w.address == *address);
         match listed {
             Some(worker) if worker.role != role => Err(invalid(
                 header,
                 format!(
-                    "{address} is {} worker {}, not a {role} worker",
+                    "entry {at} is {} worker {}, not a {role} worker",
                     worker.role, worker.id
                 ),
             )),
@@ -211,11 +213,11 @@ pub fn workers(
                 .unwrap_or_else(|| Worker::unlisted(role, *address))),
             _ => Err(invalid(
                 header,
-                format!("{address} is outside the allowlist"),
+                format!("entry {at} is outside the allowlist"),
             )),
         }
     };
-    endpoints.iter().map(worker).collect()
+    endpoints.iter().enumerate().map(worker).collect()
 }
 
 fn in_ranges(ip: IpAddr, allow: &[Allowed]) -> bool {
