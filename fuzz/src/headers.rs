@@ -10,10 +10,15 @@
 //!   the canonical name wins over its aliases, aliases without the canonical name must
 //!   agree; `x-dynamo-worker-instance-id` sets B and D; prefill rank 4294967295 is unset;
 //! - an error is `invalid_header` (400) and names a pin header that is present and wrong;
-//! - every pin header name is consumed (`is_pin_header`) and stripped (`must_strip`).
+//! - every pin header name is consumed (`is_pin_header`) and stripped (`must_strip`);
+//! - picker mode (§9), for each protocol: `picker::parse_headers` never panics; an error is
+//!   `invalid_epp_metadata` (502) naming a picker header that is present; a success lists
+//!   at most 16 endpoints a header, none with port 0, and for Dynamo one prefill endpoint at
+//!   most; every picker header is stripped.
 
 use pinroute::policy::error::RouteError;
 use pinroute::policy::headers::must_strip;
+use pinroute::policy::picker::{self, MAX_ENDPOINTS, PICKER_HEADERS, Protocol};
 use pinroute::policy::pins::{HeaderHints, Pins, is_pin_header, parse_headers};
 
 use crate::violated;
@@ -97,6 +102,7 @@ pub fn decode(data: &[u8]) -> Vec<(&str, &[u8])> {
 pub fn check(data: &[u8]) {
     let headers = decode(data);
     check_names(&headers);
+    check_picker(&headers);
     let actual = parse_headers(headers.iter().copied());
     match (expected(&headers), actual) {
         (Ok(want), Ok(got)) => assert_eq!(got, want, "pins of {headers:?}"),
@@ -107,6 +113,34 @@ pub fn check(data: &[u8]) {
         (Err(bad), Ok(got)) => violated(format!(
             "{headers:?} accepted as {got:?}, model refuses {bad:?}"
         )),
+    }
+}
+
+fn check_picker(headers: &[(&str, &[u8])]) {
+    for protocol in [Protocol::Gie, Protocol::LlmD, Protocol::Dynamo] {
+        match picker::parse_headers(protocol, headers.iter().copied()) {
+            Ok(picked) => {
+                for list in [&picked.token, &picked.prefill] {
+                    assert!(list.len() <= MAX_ENDPOINTS && list.iter().all(|a| a.port() != 0));
+                }
+                if protocol == Protocol::Dynamo {
+                    assert!(picked.prefill.len() <= 1, "{picked:?}");
+                }
+            }
+            Err(RouteError::InvalidEppMetadata { header, .. }) => assert!(
+                headers.iter().any(|(name, _)| *name == header),
+                "error names {header}, absent from {headers:?}"
+            ),
+            Err(other) => violated(format!(
+                "a picker error must be InvalidEppMetadata: {other:?}"
+            )),
+        }
+    }
+    for name in PICKER_HEADERS {
+        assert!(
+            must_strip(name, "x-pinroute-upstream"),
+            "{name} must be stripped"
+        );
     }
 }
 

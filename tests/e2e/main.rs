@@ -19,6 +19,7 @@ mod errors;
 mod hostile;
 mod inflight;
 mod operations;
+mod picker;
 mod prefix;
 #[path = "../common/reply.rs"]
 mod reply;
