@@ -1,7 +1,7 @@
 //! Shared by the Envoy tests, here and (feature `test-support`) in `pinroute-tests`:
 //! registries, options, the Envoy binary and wasm modules.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
