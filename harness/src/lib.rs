@@ -3,6 +3,7 @@
 //! are `pinroute-lab` (`harness/lab/`), so that `up` builds none of their dependencies.
 pub mod cli;
 pub mod envoy;
+pub mod picker;
 pub mod registry_server;
 pub mod sim;
 pub mod stack;

@@ -22,7 +22,8 @@ enum Command {
     Up(commands::up::Args),
     /// Run every test suite (builds the filter and installs Envoy first).
     Test(commands::test::Args),
-    /// Print the Envoy bootstrap that runs the pinroute filter for a worker registry.
+    /// Print the Envoy bootstrap that runs the pinroute filter for a worker registry (with
+    /// `--picker`, behind an endpoint picker).
     EnvoyConfig(commands::envoy_config::Args),
     /// Run one simulated vLLM worker until Ctrl-C.
     SimWorker(commands::sim_worker::Args),

@@ -11,6 +11,7 @@ use crate::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, envoy_binary, render_bootstrap,
     repo_root,
 };
+use crate::picker::StandInPicker;
 use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
 
@@ -38,6 +39,27 @@ pub struct StackSpec {
     pub edge: EdgeOptions,
     /// Serve the registry over HTTP and let the filter refresh it on this period.
     pub live_registry: Option<Duration>,
+    /// Picker mode, with a [`StandInPicker`] as the endpoint picker.
+    pub picker: Option<PickerSpec>,
+}
+
+/// The plugin configuration's `picker`, but for the address (the stand-in's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PickerSpec {
+    /// `gie`, `llm-d` or `dynamo`.
+    pub protocol: String,
+    /// `registry` and CIDR ranges.
+    pub allow: Vec<String>,
+}
+
+impl PickerSpec {
+    /// `protocol`, allowing the registry's workers only.
+    pub fn new(protocol: &str) -> Self {
+        PickerSpec {
+            protocol: protocol.to_owned(),
+            allow: vec!["registry".to_owned()],
+        }
+    }
 }
 
 impl StackSpec {
@@ -55,6 +77,7 @@ impl StackSpec {
             route_timeout: DEFAULT_ROUTE_TIMEOUT,
             edge: EdgeOptions::default(),
             live_registry: None,
+            picker: None,
         }
     }
 }
@@ -65,11 +88,16 @@ pub struct Stack {
     pub workers: Vec<SimWorker>,
     pub plugin_config: Value,
     pub registry: Option<RegistryServer>,
+    pub picker: Option<StandInPicker>,
     bootstrap: String,
 }
 
 impl Stack {
     pub async fn start(spec: &StackSpec, work_dir: &Path) -> Result<Stack> {
+        let picker = match &spec.picker {
+            Some(_) => Some(StandInPicker::start().await?),
+            None => None,
+        };
         let mut workers = Vec::new();
         for (config, port) in spec
             .workers
@@ -83,6 +111,9 @@ impl Stack {
             workers.push(worker);
         }
         let mut plugin_config = plugin_config(spec, &workers)?;
+        if let (Some(picker_spec), Some(picker)) = (&spec.picker, &picker) {
+            set_picker(&mut plugin_config, picker_spec, picker.address());
+        }
         let registry = match spec.live_registry {
             Some(refresh) => Some(serve_registry(&mut plugin_config, refresh).await?),
             None => None,
@@ -102,6 +133,7 @@ impl Stack {
             workers,
             plugin_config,
             registry,
+            picker,
             bootstrap,
         })
     }
@@ -207,6 +239,16 @@ fn registry_entry(worker: &SimWorker, draining: bool) -> Value {
     })
 }
 
+/// Points the filter at the stand-in picker.
+fn set_picker(plugin_config: &mut Value, spec: &PickerSpec, address: SocketAddr) {
+    let picker = json!({
+        "protocol": spec.protocol, "allow": spec.allow, "address": address.to_string(),
+    });
+    if let Some(config) = plugin_config.as_object_mut() {
+        config.insert("picker".into(), picker);
+    }
+}
+
 /// Serves the configured workers as the live registry and points the filter at it.
 async fn serve_registry(plugin_config: &mut Value, refresh: Duration) -> Result<RegistryServer> {
     let workers = json!({ "workers": plugin_config.get("workers").cloned().unwrap_or_default() });
@@ -225,4 +267,43 @@ async fn serve_registry(plugin_config: &mut Value, refresh: Duration) -> Result<
 pub fn refusing_address() -> Result<SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
     listener.local_addr().context("reading a bound port")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::envoy::test_support::stub_wasm;
+    use crate::picker::PLAN_HEADER;
+
+    #[tokio::test]
+    async fn a_picker_stack_runs_its_stand_in_in_front_of_the_filter() {
+        let wasm = stub_wasm();
+        let workers = vec![SimConfig::new(201, SimRole::Decode)];
+        let mut spec = StackSpec::new(workers, wasm.path().to_owned());
+        spec.picker = Some(PickerSpec {
+            allow: vec!["registry".into(), "10.0.0.0/8".into()],
+            ..PickerSpec::new("llm-d")
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let stack = Stack::start(&spec, dir.path()).await.unwrap();
+        let picker = stack.picker.as_ref().unwrap();
+        assert_eq!(
+            stack.plugin_config["picker"],
+            json!({"protocol": "llm-d", "allow": ["registry", "10.0.0.0/8"],
+                   "address": picker.address().to_string()})
+        );
+        let plan = json!({"status": 429});
+        let response = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(stack.url("/v1/models"))
+            .header(PLAN_HEADER, plan.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429);
+        assert_eq!(picker.seen().len(), 1);
+    }
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 use pinroute_harness::envoy::{
     ANY_ORIGIN, BootstrapOptions, DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, exposure_warnings, render_bootstrap,
@@ -46,6 +46,69 @@ pub struct Args {
     /// included) instead of a 404, for benchmark clients that read the server's metrics.
     #[arg(long)]
     metrics: bool,
+    #[command(flatten)]
+    picker: PickerArgs,
+}
+
+/// Picker mode's flags, merged into the plugin configuration's `picker`.
+#[derive(clap::Args, Debug, Default, Clone, PartialEq, Eq)]
+struct PickerArgs {
+    /// Picker mode: an endpoint picker (GIE EPP, llm-d, Dynamo), called by Envoy's ext_proc
+    /// before the filter, chooses the workers, and the filter obeys it inside the allowlist
+    /// (docs/semantics.md §9). Sets `picker.protocol`.
+    #[arg(long = "picker", value_name = "PROTOCOL", value_parser = ["gie", "llm-d", "dynamo"])]
+    protocol: Option<String>,
+    /// The picker's gRPC ext_proc service (`picker.address`), which the bootstrap's
+    /// `pinroute_picker` cluster dials: an IP address, or a name resolved by DNS.
+    #[arg(long = "picker-address", value_name = "HOST:PORT")]
+    address: Option<String>,
+    /// Where the filter obeys the picker's endpoints: `registry` (the registry's workers of
+    /// the hop's role) or a CIDR range (`10.0.0.0/8`); repeatable, replaces `picker.allow`
+    /// [default: the configuration's `picker.allow`, else `registry`].
+    #[arg(long = "picker-allow", value_name = "ENTRY")]
+    allow: Vec<String>,
+}
+
+impl PickerArgs {
+    fn is_empty(&self) -> bool {
+        self.protocol.is_none() && self.address.is_none() && self.allow.is_empty()
+    }
+
+    /// The plugin configuration with these flags merged into its `picker`.
+    fn merged_into(&self, plugin_config: String) -> Result<String> {
+        if self.is_empty() {
+            return Ok(plugin_config);
+        }
+        let mut config: serde_json::Value =
+            serde_json::from_str(&plugin_config).context("the plugin configuration is not JSON")?;
+        let Some(settings) = config.as_object_mut() else {
+            bail!("the plugin configuration is not a JSON object");
+        };
+        let picker = settings
+            .entry("picker")
+            .or_insert_with(|| serde_json::json!({}));
+        let Some(picker) = picker.as_object_mut() else {
+            bail!("the plugin configuration's `picker` is not a JSON object");
+        };
+        if let Some(protocol) = &self.protocol {
+            picker.insert("protocol".into(), protocol.as_str().into());
+        }
+        if let Some(address) = &self.address {
+            picker.insert("address".into(), address.as_str().into());
+        }
+        if !self.allow.is_empty() {
+            picker.insert("allow".into(), self.allow.clone().into());
+        }
+        picker
+            .entry("allow")
+            .or_insert_with(|| serde_json::json!(["registry"]));
+        ensure!(
+            picker.contains_key("protocol"),
+            "--picker-address and --picker-allow need --picker PROTOCOL (or a `picker` in the \
+             configuration)"
+        );
+        Ok(config.to_string())
+    }
 }
 
 impl Args {
@@ -66,6 +129,7 @@ impl Args {
 pub fn run(args: &Args) -> Result<()> {
     let plugin_config = std::fs::read_to_string(&args.workers)
         .with_context(|| format!("reading {}", args.workers.display()))?;
+    let plugin_config = args.picker.merged_into(plugin_config)?;
     let wasm = args.wasm.clone().unwrap_or_else(default_wasm_path);
     if !wasm.is_file() {
         log::warn!(
@@ -89,4 +153,72 @@ pub fn run(args: &Args) -> Result<()> {
     std::io::stdout()
         .write_all(bootstrap.as_bytes())
         .context("writing the bootstrap")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const WORKERS: &str = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}]}"#;
+
+    fn picker_of(flags: &PickerArgs, config: &str) -> Value {
+        let merged: Value =
+            serde_json::from_str(&flags.merged_into(config.into()).unwrap()).unwrap();
+        merged.get("picker").cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn no_picker_flag_leaves_the_configuration_as_written() {
+        let config = "{\"workers\": []}\n".to_owned();
+        assert_eq!(
+            PickerArgs::default().merged_into(config.clone()).unwrap(),
+            config
+        );
+    }
+
+    #[test]
+    fn the_picker_flags_make_the_configurations_picker() {
+        let flags = PickerArgs {
+            protocol: Some("dynamo".into()),
+            address: Some("epp:9002".into()),
+            allow: Vec::new(),
+        };
+        assert_eq!(
+            picker_of(&flags, WORKERS),
+            json!({"protocol": "dynamo", "address": "epp:9002", "allow": ["registry"]})
+        );
+        let flags = PickerArgs {
+            allow: vec!["10.0.0.0/8".into(), "registry".into()],
+            ..flags
+        };
+        assert_eq!(
+            picker_of(&flags, WORKERS)["allow"],
+            json!(["10.0.0.0/8", "registry"])
+        );
+    }
+
+    #[test]
+    fn a_flag_overrides_the_configurations_picker_only_where_given() {
+        let config = r#"{"workers": [], "picker": {"protocol": "gie", "allow": ["10.0.0.0/8"]}}"#;
+        let flags = PickerArgs {
+            address: Some("127.0.0.1:9002".into()),
+            ..PickerArgs::default()
+        };
+        assert_eq!(
+            picker_of(&flags, config),
+            json!({"protocol": "gie", "address": "127.0.0.1:9002", "allow": ["10.0.0.0/8"]})
+        );
+    }
+
+    #[test]
+    fn an_address_without_a_protocol_is_refused() {
+        let flags = PickerArgs {
+            address: Some("127.0.0.1:9002".into()),
+            ..PickerArgs::default()
+        };
+        let err = flags.merged_into(WORKERS.into()).unwrap_err();
+        assert!(err.to_string().contains("need --picker"), "{err:#}");
+    }
 }

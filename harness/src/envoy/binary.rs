@@ -144,7 +144,8 @@ fn combined_output(output: &Output) -> String {
 mod tests {
     use super::*;
     use crate::envoy::test_support::{
-        AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, envoy, options, real_wasm, stub_wasm,
+        AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, PICKER_PROTOCOLS, envoy, options, real_wasm,
+        stub_wasm, with_picker,
     };
     use crate::envoy::{BootstrapOptions, EdgeOptions, render_bootstrap};
     use std::time::Duration;
@@ -179,6 +180,18 @@ mod tests {
                     ..options(registry, wasm.path())
                 };
                 validate(&envoy(), &render_bootstrap(&opts).unwrap()).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn envoy_accepts_the_picker_bootstraps() {
+        let wasm = stub_wasm();
+        for protocol in PICKER_PROTOCOLS {
+            for address in ["127.0.0.1:9002", "epp.inference.svc:9002"] {
+                let config = with_picker(DISAGGREGATED_REGISTRY, protocol, address);
+                let yaml = render_bootstrap(&options(&config, wasm.path())).unwrap();
+                validate(&envoy(), &yaml).unwrap();
             }
         }
     }

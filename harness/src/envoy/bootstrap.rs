@@ -9,6 +9,7 @@ use pinroute::policy::config::{Config, Settings};
 use serde_json::json;
 
 use super::edge::{self, EdgeOptions};
+use super::picker_mode::{PICKER_CLUSTER, render_picker_blocks};
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
@@ -50,11 +51,10 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
         "{{ADMIN_CLUSTER}}",
         edge::admin_cluster(&opts.edge, opts.admin)?,
     ));
-    let rendered = values
-        .iter()
-        .fold(TEMPLATE.to_owned(), |text, (marker, value)| {
-            text.replace(marker, value)
-        });
+    let template = render_picker_blocks(TEMPLATE, config.settings.picker.as_ref())?;
+    let rendered = values.iter().fold(template, |text, (marker, value)| {
+        text.replace(marker, value)
+    });
     ensure_no_marker_left(&rendered)?;
     Ok(rendered)
 }
@@ -67,6 +67,10 @@ fn check_cluster_names(settings: &Settings) -> Result<()> {
     ensure!(
         settings.prefill_cluster != DECODE_CLUSTER,
         "prefill_cluster must not be {DECODE_CLUSTER:?}: that name is the decode hop's cluster"
+    );
+    ensure!(
+        settings.picker.is_none() || settings.prefill_cluster != PICKER_CLUSTER,
+        "prefill_cluster must not be {PICKER_CLUSTER:?}: that name is the picker's cluster"
     );
     Ok(())
 }
@@ -141,10 +145,7 @@ fn registry_cluster(config: &Config) -> Result<String> {
             source.cluster
         )
     };
-    let (host, port) = address
-        .rsplit_once(':')
-        .and_then(|(host, port)| Some((host.trim_matches(['[', ']']), port.parse::<u16>().ok()?)))
-        .with_context(|| format!("registry.address {address:?} is not host:port"))?;
+    let (host, port) = host_and_port("registry.address", address)?;
     let endpoint =
         json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}});
     let cluster = json!({
@@ -156,8 +157,16 @@ fn registry_cluster(config: &Config) -> Result<String> {
     Ok(format!("  - {cluster}"))
 }
 
+/// `host:port` (IPv6 in brackets) as host and port; `setting` names it in the error.
+pub(super) fn host_and_port<'a>(setting: &str, address: &'a str) -> Result<(&'a str, u16)> {
+    address
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.trim_matches(['[', ']']), port.parse::<u16>().ok()?)))
+        .with_context(|| format!("{setting} {address:?} is not host:port"))
+}
+
 /// A JSON string literal: a valid YAML double-quoted scalar for any string.
-fn yaml_string(value: &str) -> Result<String> {
+pub(super) fn yaml_string(value: &str) -> Result<String> {
     serde_json::to_string(value).context("encoding a string for the bootstrap")
 }
 
@@ -261,7 +270,10 @@ fn ensure_no_marker_left(rendered: &str) -> Result<()> {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::envoy::test_support::{AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, options};
+    use crate::envoy::test_support::{
+        AGGREGATED_REGISTRY, DISAGGREGATED_REGISTRY, PICKER_PROTOCOLS, options, with_picker,
+    };
+    use pinroute::policy::picker::{PICKER_HEADERS, PREFILL_SERVED_HEADER, SERVED_HEADER};
 
     #[test]
     fn renders_every_placeholder() {
@@ -469,6 +481,101 @@ mod tests {
             remote.len() == 1 && remote[0].contains("plain HTTP"),
             "{remote:?}"
         );
+    }
+
+    fn picker_bootstrap(protocol: &str, address: &str) -> String {
+        let config = with_picker(DISAGGREGATED_REGISTRY, protocol, address);
+        render_bootstrap(&options(&config, Path::new("/x.wasm"))).unwrap()
+    }
+
+    /// Where each filter of the listener's chain is, in the order of the chain.
+    fn filter_positions(yaml: &str, filters: &[&str]) -> Vec<usize> {
+        let position = |name: &&str| yaml.find(&format!("- name: {name}\n")).unwrap();
+        filters.iter().map(position).collect()
+    }
+
+    #[test]
+    fn picker_mode_asks_the_picker_between_cors_and_the_filter() {
+        for protocol in PICKER_PROTOCOLS {
+            let yaml = picker_bootstrap(protocol, "127.0.0.1:9002");
+            let chain = [
+                "envoy.filters.http.header_mutation",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.ext_proc",
+                "envoy.filters.http.header_to_metadata",
+                "envoy.filters.http.wasm",
+                "envoy.filters.http.router",
+            ];
+            let positions = filter_positions(&yaml, &chain);
+            assert!(positions.is_sorted(), "{protocol}: {positions:?}\n{yaml}");
+            for header in PICKER_HEADERS {
+                let removal = format!("- remove: \"{header}\"");
+                assert_eq!(yaml.matches(&removal).count(), 1, "{header}\n{yaml}");
+                assert!(
+                    yaml.find(&removal) < Some(positions[1]),
+                    "{header} at the edge"
+                );
+            }
+            assert!(
+                !yaml.contains("instance-id\""),
+                "Dynamo's pins stay: {yaml}"
+            );
+            for expected in [
+                "cluster_name: \"pinroute_picker\"",
+                "request_body_mode: FULL_DUPLEX_STREAMED",
+                "failure_mode_allow: false",
+                "message_timeout: 1000s",
+                "untyped: [\"envoy.lb\"]",
+                r#"{"address":"127.0.0.1","port_value":9002}"#,
+                r#""type":"STATIC""#,
+                r#""http2_protocol_options":{}"#,
+            ] {
+                assert!(yaml.contains(expected), "{expected}\n{yaml}");
+            }
+            for served in [SERVED_HEADER, PREFILL_SERVED_HEADER] {
+                let rule = format!("- header: \"{served}\"");
+                assert!(yaml.contains(&rule), "{served}\n{yaml}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_picker_by_name_is_resolved_by_dns() {
+        let yaml = picker_bootstrap("gie", "epp.inference.svc:9002");
+        assert!(yaml.contains(r#""type":"STRICT_DNS""#), "{yaml}");
+        assert!(yaml.contains(r#""address":"epp.inference.svc""#), "{yaml}");
+    }
+
+    #[test]
+    fn a_picker_needs_an_address() {
+        let config = r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1"}],
+                         "picker": {"protocol": "gie"}}"#;
+        let err = render_bootstrap(&options(config, Path::new("/x.wasm"))).unwrap_err();
+        assert!(err.to_string().contains("picker.address"), "{err:#}");
+        let bad = with_picker(DISAGGREGATED_REGISTRY, "gie", "epp");
+        let err = render_bootstrap(&options(&bad, Path::new("/x.wasm"))).unwrap_err();
+        assert!(err.to_string().contains("is not host:port"), "{err:#}");
+    }
+
+    /// Without `picker` the bootstrap is the template with the picker's marker lines gone.
+    #[test]
+    fn without_a_picker_nothing_of_picker_mode_is_rendered() {
+        for registry in [DISAGGREGATED_REGISTRY, AGGREGATED_REGISTRY] {
+            let yaml = render_bootstrap(&options(registry, Path::new("/x.wasm"))).unwrap();
+            for absent in [
+                "envoy.filters.http.ext_proc",
+                "envoy.filters.http.header_to_metadata",
+                "pinroute_picker",
+                "- remove: \"x-gateway",
+                "- remove: \"x-prefiller",
+                "- remove: \"x-dynamo",
+                "Picker mode",
+            ] {
+                assert!(!yaml.contains(absent), "{absent}\n{yaml}");
+            }
+            let blank_but_indented = |line: &&str| !line.is_empty() && line.trim().is_empty();
+            assert_eq!(yaml.lines().find(blank_but_indented), None, "{yaml}");
+        }
     }
 
     #[test]

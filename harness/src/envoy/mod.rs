@@ -5,11 +5,14 @@
 //! steering headers, CORS answers browsers' preflights, the pinroute wasm filter chooses the workers (prefill through
 //! `dispatch_http_call` to the ORIGINAL_DST prefill cluster with `x-envoy-original-dst-host`,
 //! decode by setting the upstream header), the router sends the request to the ORIGINAL_DST
-//! decode cluster, which dials the address in that header.
+//! decode cluster, which dials the address in that header. In picker mode (`picker_mode`)
+//! `ext_proc` asks an endpoint picker before the filter, and `header_to_metadata` hands the
+//! endpoints that served back to it.
 
 mod binary;
 mod bootstrap;
 mod edge;
+mod picker_mode;
 mod process;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
@@ -29,6 +32,7 @@ pub use edge::{
     ANY_ORIGIN, CORS_ALLOW_HEADERS, CORS_ALLOW_METHODS, CORS_EXPOSE_HEADERS, CORS_MAX_AGE,
     DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, EdgeOptions, request_timeout,
 };
+pub use picker_mode::{PICKER_CLUSTER, PICKER_MESSAGE_TIMEOUT};
 pub use process::{Envoy, EnvoyOptions, HotRestart, admin_stat};
 
 /// The pinroute repository: the parent of the harness crate, as it was at compile time.

@@ -1,7 +1,7 @@
 //! Shared by the Envoy tests, here and (feature `test-support`) in `pinroute-tests`:
 //! registries, options, the Envoy binary and wasm modules.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,18 @@ pub const AGGREGATED_REGISTRY: &str = r#"{
     "prefill_cluster": "prefill: #1 'odd' \"name\"",
     "max_body_bytes": 1048576
 }"#;
+
+/// The protocols of picker mode's `picker.protocol`.
+pub const PICKER_PROTOCOLS: [&str; 3] = ["gie", "llm-d", "dynamo"];
+
+/// `registry` (a JSON object) in picker mode with `protocol`, the picker at `address`.
+pub fn with_picker(registry: &str, protocol: &str, address: &str) -> String {
+    let mut config: serde_json::Value = serde_json::from_str(registry).unwrap();
+    config["picker"] = serde_json::json!({
+        "protocol": protocol, "allow": ["registry", "10.0.0.0/8"], "address": address,
+    });
+    config.to_string()
+}
 
 pub fn options(plugin_config: &str, wasm: &Path) -> BootstrapOptions {
     BootstrapOptions {
