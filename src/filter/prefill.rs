@@ -16,7 +16,6 @@ use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::{Hop, HopFailure};
 use crate::policy::json::JsonObject;
-use crate::policy::picker;
 use crate::policy::registry::Worker;
 use crate::policy::resolve::{Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
@@ -159,7 +158,7 @@ pub fn judge(
 
 /// The prefill worker refused the request (4xx): the client gets the worker's answer.
 fn pass_on_refusal(env: &Env<impl Host>, worker: &Worker, status: u16, call: &CallAnswer) {
-    let Worker { id, address, .. } = worker;
+    let id = worker.id;
     log::debug!(
         "pinroute: request {}: prefill worker {id} refused it with {status}",
         env.request_id
@@ -175,10 +174,6 @@ fn pass_on_refusal(env: &Env<impl Host>, worker: &Worker, status: u16, call: &Ca
     ];
     if env.config.settings.worker_id_headers {
         headers.push((headers::PREFILL_WORKER_HEADER, worker.as_str()));
-    }
-    let address = address.to_string();
-    if env.config.settings.picker.is_some() {
-        headers.push((picker::PREFILL_SERVED_HEADER, address.as_str()));
     }
     if let Err(error) = env.host.send_response(status, &headers, &call.body) {
         log::error!(

@@ -142,7 +142,12 @@ pub fn answer_headers(
 ) -> Result<(WorkerId, Outcome), HostError> {
     let host = &env.host;
     let worker = served_decode_worker(env, routed);
-    for (name, value) in served(&env.config.settings, routed, worker) {
+    let settings = &env.config.settings;
+    let endpoints = served_endpoints(settings, routed, worker);
+    for (name, value) in served(settings, routed, worker)
+        .into_iter()
+        .chain(endpoints)
+    {
         host.set_response_header(name, Some(&value))?;
     }
     let status = host.response_status().unwrap_or(0);
@@ -221,27 +226,40 @@ pub fn failed(
     }
 }
 
-/// The response headers naming what served: the workers' ids when worker ids are shown, and
-/// in picker mode the endpoints, for the served report (`docs/semantics.md` §9).
+/// The response headers naming the workers that served, when worker ids are shown.
 pub fn served(
     settings: &Settings,
     routed: &Routed,
     decode: WorkerId,
 ) -> Vec<(&'static str, String)> {
+    if !settings.worker_id_headers {
+        return Vec::new();
+    }
     let prefill = routed.prefill.as_ref();
-    let mut headers = Vec::new();
-    if settings.worker_id_headers {
-        let prefill = prefill.map(|p| (headers::PREFILL_WORKER_HEADER, p.worker.to_string()));
-        headers.extend(prefill);
-        headers.push((headers::DECODE_WORKER_HEADER, decode.to_string()));
+    let prefill = prefill.map(|p| (headers::PREFILL_WORKER_HEADER, p.worker.to_string()));
+    let decode = (headers::DECODE_WORKER_HEADER, decode.to_string());
+    prefill.into_iter().chain([decode]).collect()
+}
+
+/// In picker mode, the endpoints that served, for the served report (`docs/semantics.md` §9).
+/// Only on a worker's answer routed through Envoy: the bootstrap's filters before pinroute
+/// turn them into `envoy.lb` metadata and remove them, which an answer the filter sends
+/// itself would skip, reaching the client with them.
+fn served_endpoints(
+    settings: &Settings,
+    routed: &Routed,
+    decode: WorkerId,
+) -> Vec<(&'static str, String)> {
+    if settings.picker.is_none() {
+        return Vec::new();
     }
-    if settings.picker.is_some() {
-        let prefill = prefill.map(|p| (picker::PREFILL_SERVED_HEADER, p.address.to_string()));
-        headers.extend(prefill);
-        let address = retries::address_of(&routed.decode, decode);
-        headers.push((picker::SERVED_HEADER, address.to_string()));
-    }
-    headers
+    let prefill = routed.prefill.as_ref();
+    let prefill = prefill.map(|p| (picker::PREFILL_SERVED_HEADER, p.address.to_string()));
+    let address = retries::address_of(&routed.decode, decode);
+    prefill
+        .into_iter()
+        .chain([(picker::SERVED_HEADER, address.to_string())])
+        .collect()
 }
 
 /// The worker Envoy's last attempt went to; the connections that failed before it are

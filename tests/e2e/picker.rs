@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use pinroute_harness::picker::SeenRequest;
 use pinroute_harness::sim::{SimRole, SimWorker};
-use pinroute_harness::stack::{PickerSpec, StackSpec, refusing_address};
+use pinroute_harness::stack::{PickerSpec, refusing_address};
 use serde_json::{Value, json};
 
 use crate::client::{Reply, complete, prompt};
@@ -72,16 +72,34 @@ async fn the_picker_chooses_both_hops_and_hears_which_endpoints_served() {
         clear(&deployment);
         let reply = picked(&deployment, &plan, &[]).await;
         reply.assert_ok("a request the picker placed");
-        assert_eq!((reply.worker("prefill"), reply.worker("decode")), (Some(102), Some(202)));
-        assert_eq!(reply.json()["sim"]["kv_from"], 102, "decode loaded the picked prefill's KV");
-        assert_eq!(reply.header(SERVED), None, "no internal address reaches the client");
+        assert_eq!(
+            (reply.worker("prefill"), reply.worker("decode")),
+            (Some(102), Some(202))
+        );
+        assert_eq!(
+            reply.json()["sim"]["kv_from"],
+            102,
+            "decode loaded the picked prefill's KV"
+        );
+        assert_eq!(
+            reply.header(SERVED),
+            None,
+            "no internal address reaches the client"
+        );
         assert_eq!(reply.header(PREFILL_SERVED), None);
         let report = seen(&deployment);
         assert_eq!(value(&report.served, SERVED), Some(decode.as_str()));
-        assert_eq!(value(&report.served, PREFILL_SERVED), Some(prefill.as_str()));
+        assert_eq!(
+            value(&report.served, PREFILL_SERVED),
+            Some(prefill.as_str())
+        );
         let decode_request = deployment.worker(202).unwrap().requests();
         assert_eq!(decode_request.len(), 1);
-        assert_eq!(decode_request[0].header(DESTINATION), None, "picker headers stay in Envoy");
+        assert_eq!(
+            decode_request[0].header(DESTINATION),
+            None,
+            "picker headers stay in Envoy"
+        );
         assert_eq!(decode_request[0].header(PREFILLER), None);
     }
     let hops = [("prefill", 102), ("decode", 202)].map(|(hop, id)| {
@@ -93,7 +111,10 @@ async fn the_picker_chooses_both_hops_and_hears_which_endpoints_served() {
     let [prefill_hop, decode_hop] = hops;
     assert_eq!(prefill_hop["body"]["stream"], false);
     assert_eq!(prefill_hop["body"]["max_tokens"], 1);
-    assert_eq!(decode_hop["body"]["kv_transfer_params"]["do_remote_prefill"], true);
+    assert_eq!(
+        decode_hop["body"]["kv_transfer_params"]["do_remote_prefill"],
+        true
+    );
 }
 
 #[tokio::test]
@@ -103,7 +124,10 @@ async fn forged_client_copies_of_picker_headers_never_reach_the_picker_nor_choos
     let forged = [
         (DESTINATION, forged_decode.as_str()),
         (PREFILLER, forged_prefill.as_str()),
-        ("x-gateway-destination-endpoint-subset", forged_decode.as_str()),
+        (
+            "x-gateway-destination-endpoint-subset",
+            forged_decode.as_str(),
+        ),
         ("x-dynamo-routing-mode", "aggregated"),
     ];
     // The picker names the decode hop only; the forged prefill must not choose either.
@@ -115,9 +139,16 @@ async fn forged_client_copies_of_picker_headers_never_reach_the_picker_nor_choos
         assert_eq!(reply.worker("decode"), Some(202));
         let report = seen(&deployment);
         for (name, _) in forged {
-            assert_eq!(value(&report.headers, name), None, "the picker saw a client's {name}");
+            assert_eq!(
+                value(&report.headers, name),
+                None,
+                "the picker saw a client's {name}"
+            );
         }
-        assert!(reply.worker("prefill").is_some(), "not one hop: the forged routing mode was obeyed");
+        assert!(
+            reply.worker("prefill").is_some(),
+            "not one hop: the forged routing mode was obeyed"
+        );
     }
     assert!(deployment.worker(201).unwrap().requests().is_empty());
 }
@@ -128,8 +159,16 @@ async fn endpoints_outside_the_allowlist_and_malformed_ones_are_invalid_epp_meta
     let outside = refusing_address().unwrap().to_string();
     let prefill_as_decode = address(&deployment, 101);
     let cases = [
-        (DESTINATION, outside.as_str(), "entry 1 is outside the allowlist"),
-        (DESTINATION, prefill_as_decode.as_str(), "entry 1 is prefill worker 101, not a decode worker"),
+        (
+            DESTINATION,
+            outside.as_str(),
+            "entry 1 is outside the allowlist",
+        ),
+        (
+            DESTINATION,
+            prefill_as_decode.as_str(),
+            "entry 1 is prefill worker 101, not a decode worker",
+        ),
         (PREFILLER, "prefill-0.llm:8000", "entry 1 is not ip:port"),
         (DESTINATION, "", "entry 1 is empty"),
     ];
@@ -137,9 +176,15 @@ async fn endpoints_outside_the_allowlist_and_malformed_ones_are_invalid_epp_meta
         clear(&deployment);
         let reply = picked(&deployment, &sets(&[(header, value)]), &[]).await;
         let message = reply.error(502, "invalid_epp_metadata");
-        assert!(message.contains(header) && message.contains(reason), "{message}");
+        assert!(
+            message.contains(header) && message.contains(reason),
+            "{message}"
+        );
         for id in [101, 102, 201, 202] {
-            assert!(deployment.worker(id).unwrap().requests().is_empty(), "{header}={value:?} reached worker {id}");
+            assert!(
+                deployment.worker(id).unwrap().requests().is_empty(),
+                "{header}={value:?} reached worker {id}"
+            );
         }
     }
 }
@@ -164,52 +209,90 @@ async fn the_next_endpoint_serves_when_the_first_refuses_its_connection() {
         .to_string();
     let dead_unlisted = refusing_address().unwrap().to_string();
     let serving = address(&deployment, 201);
-    // A pool member refused (Envoy retries it), then an address only the range allows (the
-    // filter retries it itself).
-    for first in [dead_member, dead_unlisted] {
-        clear(&deployment);
-        let list = format!("{first},{serving}");
-        let reply = picked(&deployment, &sets(&[(DESTINATION, &list)]), &[]).await;
-        reply.assert_ok("a fallback after a refused endpoint");
-        assert_eq!(reply.worker("decode"), Some(201), "{first}");
-        assert_eq!(value(&seen(&deployment).served, SERVED), Some(serving.as_str()));
-    }
+    // A pool member refused: Envoy retries it on the next, and the picker hears who served.
+    let list = format!("{dead_member},{serving}");
+    let reply = picked(&deployment, &sets(&[(DESTINATION, &list)]), &[]).await;
+    reply.assert_ok("a fallback after a refused pool member");
+    assert_eq!(reply.worker("decode"), Some(201));
+    assert_eq!(
+        value(&seen(&deployment).served, SERVED),
+        Some(serving.as_str())
+    );
+    // An address only the range allows: the filter sends the request on itself and relays the
+    // answer, which skips the filters before it: no served report, and no address leaks.
+    clear(&deployment);
+    let list = format!("{dead_unlisted},{serving}");
+    let reply = picked(&deployment, &sets(&[(DESTINATION, &list)]), &[]).await;
+    reply.assert_ok("a fallback after a refused unlisted endpoint");
+    assert_eq!(reply.worker("decode"), Some(201));
+    assert_eq!(reply.header("x-pinroute-relayed"), Some("decode"));
+    assert_eq!(
+        (reply.header(SERVED), reply.header(PREFILL_SERVED)),
+        (None, None)
+    );
+    assert!(seen(&deployment).served.is_empty());
 }
 
 #[tokio::test]
 async fn a_worker_in_an_allowed_range_serves_though_the_registry_does_not_list_it() {
     let deployment = behind_picker("llm-d", &["10.0.0.0/8", "127.0.0.0/8"]).await;
-    let unlisted = SimWorker::start(worker(299, SimRole::Decode, 1), SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .unwrap();
+    let unlisted = SimWorker::start(
+        worker(299, SimRole::Decode, 4),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .await
+    .unwrap();
     let decode = unlisted.addr().to_string();
-    let plan = sets(&[(DESTINATION, &decode), (PREFILLER, &address(&deployment, 101))]);
+    let plan = sets(&[
+        (DESTINATION, &decode),
+        (PREFILLER, &address(&deployment, 101)),
+    ]);
     let reply = picked(&deployment, &plan, &[("x-dynamo-dp-rank", "3")]).await;
     reply.assert_ok("an unlisted decode worker");
     assert_eq!(reply.json()["sim"]["worker_id"], 299);
     assert_eq!(reply.json()["sim"]["kv_from"], 101);
     let request = unlisted.requests();
-    assert_eq!(request[0].header("x-data-parallel-rank"), Some("3"), "the rank is passed on unchecked");
-    assert_eq!(value(&seen(&deployment).served, SERVED), Some(decode.as_str()));
+    assert_eq!(
+        request[0].header("x-data-parallel-rank"),
+        Some("3"),
+        "the rank is passed on unchecked"
+    );
+    assert_eq!(
+        value(&seen(&deployment).served, SERVED),
+        Some(decode.as_str())
+    );
 }
 
 #[tokio::test]
 async fn dynamo_routing_mode_and_its_single_prefill_endpoint() {
     let deployment = behind_picker("dynamo", &["registry"]).await;
     let decode = address(&deployment, 201);
-    let aggregated = sets(&[(DESTINATION, &decode), ("x-dynamo-routing-mode", "aggregated")]);
+    let aggregated = sets(&[
+        (DESTINATION, &decode),
+        ("x-dynamo-routing-mode", "aggregated"),
+    ]);
     let reply = picked(&deployment, &aggregated, &[]).await;
     reply.assert_ok("one hop by the picker's routing mode");
-    assert_eq!((reply.worker("prefill"), reply.worker("decode")), (None, Some(201)));
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (None, Some(201))
+    );
     for id in [101, 102] {
         assert!(deployment.worker(id).unwrap().requests().is_empty());
     }
-    let two = format!("{},{}", address(&deployment, 101), address(&deployment, 102));
+    let two = format!(
+        "{},{}",
+        address(&deployment, 101),
+        address(&deployment, 102)
+    );
     let reply = picked(&deployment, &sets(&[(PREFILLER, &two)]), &[]).await;
     let message = reply.error(502, "invalid_epp_metadata");
     assert!(message.contains("exactly one"), "{message}");
     // Dynamo's worker-id headers are pins (§3), whatever the picker's endpoints say.
-    let pinned = sets(&[("x-dynamo-worker-instance-id", "202"), (DESTINATION, &decode)]);
+    let pinned = sets(&[
+        ("x-dynamo-worker-instance-id", "202"),
+        (DESTINATION, &decode),
+    ]);
     let reply = picked(&deployment, &pinned, &[]).await;
     reply.assert_ok("a pin from Dynamo's EPP");
     assert_eq!(reply.worker("decode"), Some(202));
@@ -238,5 +321,8 @@ async fn what_the_picker_leaves_open_pinroute_chooses() {
     assert!([101, 102].contains(&reply.worker("prefill").unwrap()));
     let report = seen(&deployment);
     let served = value(&report.served, SERVED).unwrap();
-    assert_eq!(served, address(&deployment, reply.worker("decode").unwrap()));
+    assert_eq!(
+        served,
+        address(&deployment, reply.worker("decode").unwrap())
+    );
 }

@@ -36,6 +36,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use pinroute_harness::envoy::{Envoy, default_wasm_path, repo_root};
+use pinroute_harness::picker::StandInPicker;
 use pinroute_harness::vllm::{
     Connector, ExistingPair, VllmPair, VllmPairOptions, ensure_vllm, start_gateway, vllm_command,
 };
@@ -68,6 +69,10 @@ pub struct Gateway {
     /// Bytes NIXL moves per KV block, when the model is known (the CPU pair's).
     pub nixl_block_bytes: Option<u64>,
     pub envoy: Envoy,
+    /// A second Envoy, with the same registry, behind a stand-in endpoint picker (llm-d's
+    /// protocol, `docs/semantics.md` §9).
+    pub behind_picker: Envoy,
+    pub picker: StandInPicker,
     pub http: reqwest::Client,
     _dir: TempDir,
 }
@@ -149,6 +154,15 @@ async fn start(connector: Connector) -> Gateway {
     let envoy = start_gateway(&config, &wasm(), &envoy_dir)
         .await
         .expect("starting Envoy");
+    let picker = StandInPicker::start()
+        .await
+        .expect("starting the stand-in picker");
+    config["picker"] = json!({"protocol": "llm-d", "address": picker.address().to_string()});
+    let picker_dir = dir.path().join("envoy-picker");
+    std::fs::create_dir_all(&picker_dir).unwrap();
+    let behind_picker = start_gateway(&config, &wasm(), &picker_dir)
+        .await
+        .expect("starting Envoy behind the picker");
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     Gateway {
         pair,
@@ -157,6 +171,8 @@ async fn start(connector: Connector) -> Gateway {
         decode_tap,
         nixl_block_bytes,
         envoy,
+        behind_picker,
+        picker,
         http,
         _dir: dir,
     }

@@ -48,6 +48,9 @@ pub async fn run_all(gateway: &Gateway) {
             ("the client's X-Request-Id reaches the engines", |g| {
                 Box::pin(client_request_id_reaches_the_engines(g))
             }),
+            ("behind an endpoint picker (llm-d's protocol)", |g| {
+                Box::pin(behind_a_picker(g))
+            }),
         ],
         // About two seconds a request on 2 cores: the scenarios where the hand-off differs.
         Connector::Nixl => &[
@@ -62,6 +65,9 @@ pub async fn run_all(gateway: &Gateway) {
             }),
             ("a client's kv_transfer_params are dropped", |g| {
                 Box::pin(client_kv_transfer_params_dropped(g))
+            }),
+            ("behind an endpoint picker (llm-d's protocol)", |g| {
+                Box::pin(behind_a_picker(g))
             }),
             // Last: the prefill's unread blocks stay leased (30 s) and would then expire.
             (
@@ -226,6 +232,50 @@ async fn client_request_id_reaches_the_engines(gateway: &Gateway) {
         id.contains("pinroute-vllm-request-id"),
         "the client's X-Request-Id was replaced: decode answered {id}"
     );
+}
+
+/// `docs/semantics.md` §9: the picker names both engines by address, pinroute performs the two
+/// hops, the KV is handed over, and the picker hears which endpoint served.
+async fn behind_a_picker(gateway: &Gateway) {
+    let decode = gateway.decode_tap.address().to_string();
+    let prefill = gateway.prefill_tap.address().to_string();
+    let plan = json!({"set": {"x-gateway-destination-endpoint": decode,
+                              "x-prefiller-host-port": prefill}})
+    .to_string();
+    let (prompt, tokens) = fresh_prompt(gateway, "picker").await;
+    gateway.picker.clear();
+    let before = evidence(gateway).await;
+    let url = gateway.behind_picker.url("/v1/completions");
+    let headers = [("x-stand-in-picker", plan.as_str())];
+    let reply = post(
+        gateway,
+        url,
+        &headers,
+        &completion(gateway, &prompt, MAX_TOKENS),
+    )
+    .await;
+    assert_eq!(assert_two_hops(&reply, "behind a picker"), tokens);
+    assert_handoff(
+        gateway,
+        &before,
+        tokens,
+        MAX_TOKENS.into(),
+        "behind a picker",
+    )
+    .await;
+    let seen = gateway.picker.seen();
+    let served = seen.last().map(|s| s.served.clone()).unwrap_or_default();
+    let served = |key: &str| {
+        served
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        served("x-gateway-destination-endpoint-served"),
+        Some(decode)
+    );
+    assert_eq!(served("x-pinroute-prefill-endpoint-served"), Some(prefill));
 }
 
 async fn prefill_pin_only(gateway: &Gateway) {
