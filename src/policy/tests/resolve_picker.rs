@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::policy::picker::{Allowed, Picked, PickerSettings, Protocol, RoutingMode};
+use crate::policy::testing::test;
 
 fn picker_settings(allow: Vec<Allowed>) -> Settings {
     Settings {
