@@ -128,14 +128,24 @@ fn allow(entries: &[&str]) -> Vec<Allowed> {
         .collect()
 }
 
+/// The workers behind `endpoints` for a hop of `role`, against [`registry`] and `allowed`.
+fn resolved(
+    header: &'static str,
+    endpoints: &[&str],
+    role: Role,
+    allowed: &[&str],
+) -> Result<Vec<Worker>, RouteError> {
+    let endpoints: Vec<SocketAddr> = endpoints.iter().map(|e| address(e)).collect();
+    workers(header, &endpoints, role, &registry(), &allow(allowed))
+}
+
 #[test]
 fn registry_endpoints_are_their_workers() {
-    let workers = workers(
+    let workers = resolved(
         DESTINATION_HEADER,
-        &[address("10.0.0.2:8000")],
+        &["10.0.0.2:8000"],
         Role::Decode,
-        &registry(),
-        &allow(&["registry"]),
+        &["registry"],
     )
     .unwrap();
     assert_eq!(workers.len(), 1);
@@ -145,84 +155,62 @@ fn registry_endpoints_are_their_workers() {
 
 #[test]
 fn an_endpoint_outside_the_allowlist_is_refused() {
-    let outside = [address("10.0.0.9:8000")];
-    let registry = registry();
-    let error = workers(
-        DESTINATION_HEADER,
-        &outside,
-        Role::Decode,
-        &registry,
-        &allow(&["registry"]),
-    )
-    .unwrap_err();
+    let outside = |allowed| {
+        resolved(
+            DESTINATION_HEADER,
+            &["10.0.0.9:8000"],
+            Role::Decode,
+            allowed,
+        )
+    };
+    let error = outside(&["registry"]).unwrap_err();
     assert!(
         error
             .to_string()
             .contains("entry 1 is outside the allowlist"),
         "{error}"
     );
-    let error = workers(
-        DESTINATION_HEADER,
-        &outside,
-        Role::Decode,
-        &registry,
-        &allow(&["10.1.0.0/16"]),
-    )
-    .unwrap_err();
-    assert_eq!(error.status(), 502);
+    assert_eq!(outside(&["10.1.0.0/16"]).unwrap_err().status(), 502);
     // A registry address is not allowed by a list without "registry" unless a range holds it.
-    let listed = [address("10.0.0.2:8000")];
-    assert!(
-        workers(
+    let listed = |allowed| {
+        resolved(
             DESTINATION_HEADER,
-            &listed,
+            &["10.0.0.2:8000"],
             Role::Decode,
-            &registry,
-            &allow(&["10.1.0.0/16"])
+            allowed,
         )
-        .is_err()
-    );
-    assert!(
-        workers(
-            DESTINATION_HEADER,
-            &listed,
-            Role::Decode,
-            &registry,
-            &allow(&["10.0.0.0/24"])
-        )
-        .is_ok()
-    );
+    };
+    assert!(listed(&["10.1.0.0/16"]).is_err());
+    assert!(listed(&["10.0.0.0/24"]).is_ok());
 }
 
 #[test]
 fn an_address_in_a_range_is_an_unlisted_worker_of_the_hop() {
-    let registry = registry();
-    let endpoints = [address("10.0.7.7:8000"), address("[::ffff:10.0.7.8]:8000")];
-    let found = workers(
+    let endpoints = ["10.0.7.7:8000", "[::ffff:10.0.7.8]:8000"];
+    let found = resolved(
         PREFILLER_HEADER,
         &endpoints,
         Role::Prefill,
-        &registry,
-        &allow(&["10.0.0.0/16"]),
+        &["10.0.0.0/16"],
     )
     .unwrap();
     assert!(found.iter().all(|w| w.unlisted && w.role == Role::Prefill));
     assert_ne!(found[0].id, found[1].id);
     assert_eq!(
         found[0],
-        Worker::unlisted(Role::Prefill, endpoints[0]),
+        Worker::unlisted(Role::Prefill, address(endpoints[0])),
         "one id per address"
     );
 }
 
 #[test]
 fn a_registry_worker_of_another_role_is_refused() {
-    let error = workers(
+    let allowed = ["registry", "10.0.0.0/8"];
+    let error = resolved(
         PREFILLER_HEADER,
-        &[address("10.0.0.2:8000")],
+        &["10.0.0.2:8000"],
         Role::Prefill,
-        &registry(),
-        &allow(&["registry", "10.0.0.0/8"]),
+        &allowed,
     )
     .unwrap_err();
     assert!(
