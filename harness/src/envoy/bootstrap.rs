@@ -212,8 +212,8 @@ pub fn buffer_limit_bytes(settings: &Settings) -> Result<u32> {
 }
 
 /// What an operator should know before serving this bootstrap: an admin interface reachable
-/// from other hosts (it can change and stop Envoy), and a live registry fetched in clear text
-/// from another host (`docs/security.md`).
+/// from other hosts (it can change and stop Envoy), and a live registry or an endpoint picker
+/// reached in clear text on another host (`docs/security.md`): either chooses where prompts go.
 pub fn exposure_warnings(opts: &BootstrapOptions) -> Vec<String> {
     let mut warnings = Vec::new();
     if !opts.admin.ip().is_loopback() {
@@ -223,15 +223,28 @@ pub fn exposure_warnings(opts: &BootstrapOptions) -> Vec<String> {
             opts.admin
         ));
     }
-    let registry = Config::from_json(opts.plugin_config.as_bytes())
+    let settings = Config::from_json(opts.plugin_config.as_bytes())
         .ok()
-        .and_then(|config| config.settings.registry)
-        .and_then(|source| source.address);
+        .map(|config| config.settings);
+    let registry = settings
+        .as_ref()
+        .and_then(|s| s.registry.as_ref())
+        .and_then(|source| source.address.clone());
     if let Some(address) = registry.filter(|a| !is_loopback_address(a)) {
         warnings.push(format!(
             "the live registry is fetched from {address} over plain HTTP with no integrity \
              check: serve it through the mesh's mutual TLS or on this host \
              (docs/security.md, \"The live registry\")"
+        ));
+    }
+    let picker = settings
+        .and_then(|s| s.picker)
+        .and_then(|picker| picker.address);
+    if let Some(address) = picker.filter(|a| !is_loopback_address(a)) {
+        warnings.push(format!(
+            "the endpoint picker at {address} is reached over plain HTTP/2: whoever answers for \
+             it chooses workers within the allowlist; reach it through the mesh's mutual TLS or \
+             on this host (docs/security.md, \"Behind an endpoint picker\")"
         ));
     }
     warnings
@@ -479,6 +492,16 @@ mod tests {
         let remote = exposure_warnings(&registry("registry.internal:8080"));
         assert!(
             remote.len() == 1 && remote[0].contains("plain HTTP"),
+            "{remote:?}"
+        );
+        let picker = |address: &str| BootstrapOptions {
+            plugin_config: with_picker(DISAGGREGATED_REGISTRY, "gie", address),
+            ..quiet.clone()
+        };
+        assert!(exposure_warnings(&picker("127.0.0.1:9002")).is_empty());
+        let remote = exposure_warnings(&picker("epp.llm.svc:9002"));
+        assert!(
+            remote.len() == 1 && remote[0].contains("epp.llm.svc:9002"),
             "{remote:?}"
         );
     }
