@@ -18,8 +18,7 @@ use crate::policy::paths::Destination;
 use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::rewrite::DecodeBody;
-use crate::policy::{headers, passthrough, prefix, steering};
-use crate::policy::{picker, pins};
+use crate::policy::{headers, passthrough, picker, pins, prefix, steering};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
