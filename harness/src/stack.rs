@@ -1,6 +1,6 @@
 //! A whole deployment on this machine: sim workers, their registry, Envoy with the filter.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -263,10 +263,10 @@ async fn serve_registry(plugin_config: &mut Value, refresh: Duration) -> Result<
     Ok(server)
 }
 
-/// A loopback address nothing listens on: a port bound and released at once.
+/// A loopback address nothing listens on: a port bound and released at once, outside the
+/// ephemeral range so that no outgoing connection is given it meanwhile.
 pub fn refusing_address() -> Result<SocketAddr> {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
-    listener.local_addr().context("reading a bound port")
+    crate::vllm::free_loopback_address()
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
@@ -312,16 +313,43 @@ fn gpu_setup(vllm: &Path) -> Vec<String> {
     ]
 }
 
-/// A loopback address with a port free right now (bound and released).
+/// Ports handed to vLLM lie below Linux's ephemeral range (32768 and up by default): a port
+/// the kernel assigns (port 0) is free only until another process's outgoing connection or
+/// ZMQ socket takes it, which happened to a NIXL side channel between our pick and vLLM's bind.
+const HANDED_OUT_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback address with a port free right now (bound and released), outside the ephemeral
+/// range so that nothing else is given it before vLLM binds it.
 pub fn free_loopback_address() -> Result<SocketAddr> {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
-    listener.local_addr().context("reading a bound port")
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let span = HANDED_OUT_PORTS.end - HANDED_OUT_PORTS.start;
+    // Processes start apart; successive calls in one process walk on.
+    let seed = std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add(CALLS.fetch_add(1, Ordering::Relaxed));
+    let first = u16::try_from(seed % u32::from(span)).unwrap_or(0);
+    (0..span)
+        .map(|step| HANDED_OUT_PORTS.start + (first + step) % span)
+        .find_map(|port| TcpListener::bind(("127.0.0.1", port)).ok())
+        .context("no free port below the ephemeral range")?
+        .local_addr()
+        .context("reading a bound port")
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handed_out_ports_are_distinct_and_below_the_ephemeral_range() {
+        let first = free_loopback_address().unwrap();
+        let second = free_loopback_address().unwrap();
+        assert_ne!(first, second);
+        for address in [first, second] {
+            assert!(HANDED_OUT_PORTS.contains(&address.port()), "{address}");
+        }
+    }
 
     /// docs/real-engines.md shows this dry run verbatim.
     #[test]
