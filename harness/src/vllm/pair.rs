@@ -456,6 +456,7 @@ async fn wait_healthy(servers: &[&VllmServer], deadline: Instant) -> Result<()> 
         let mut still_pending = Vec::new();
         for server in pending {
             server.ensure_running()?;
+            server.ensure_no_startup_fault()?;
             if server.is_healthy().await {
                 eprintln!(
                     "pinroute-harness: vLLM {} healthy after {:.0?}",

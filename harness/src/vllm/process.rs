@@ -16,6 +16,9 @@ use nix::unistd::Pid;
 use super::commands::{PairRole, ServeCommand};
 use super::metrics::counter_total;
 
+/// What ZMQ raises when a port vLLM binds is taken.
+const STARTUP_FAULT: &str = "Address already in use";
+
 /// How long a stopped instance gets to exit after SIGTERM before its group is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -205,6 +208,18 @@ impl VllmServer {
         }
     }
 
+    /// Fails when the log shows a fault vLLM survives but never recovers from while starting,
+    /// such as a side channel whose port was taken (its listener thread dies, the engine waits).
+    pub fn ensure_no_startup_fault(&self) -> Result<()> {
+        match self.log_lines_containing(STARTUP_FAULT) {
+            Ok(0) | Err(_) => Ok(()),
+            Ok(_) => Err(self.with_log_tail(anyhow!(
+                "vLLM {} cannot start: {STARTUP_FAULT}",
+                self.name()
+            ))),
+        }
+    }
+
     /// Adds the log tail to an error about this instance.
     pub fn with_log_tail(&self, error: anyhow::Error) -> anyhow::Error {
         error.context(format!(
@@ -299,5 +314,29 @@ fn wait_for_exit(child: &mut Child, grace: Duration) {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_side_channel_port_ends_the_start_up_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("decode.log");
+        fs::write(&log, "INFO starting\n").unwrap();
+        let address = "127.0.0.1:1".parse().unwrap();
+        let server = VllmServer::attach(201, PairRole::Decode, address, &log).unwrap();
+        server.ensure_no_startup_fault().unwrap();
+        fs::write(
+            &log,
+            "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:43263')\n",
+        )
+        .unwrap();
+        let error = format!("{:#}", server.ensure_no_startup_fault().unwrap_err());
+        assert!(error.contains("cannot start"), "{error}");
+        assert!(error.contains("43263"), "the log tail is shown: {error}");
     }
 }
