@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{envoy_binary, repo_root};
-use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, run};
+use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, ensure_target, run};
 
 /// The project's habits, checked before any test: formatting, and clippy with warnings
 /// denied natively, for the filter's own target and on the fuzz workspace (its own).
@@ -55,6 +55,8 @@ pub struct Args {
 pub fn run_all(args: &Args) -> Result<()> {
     let root = repo_root();
     let mut steps: Vec<(&str, f64)> = Vec::new();
+    // The habits include clippy for wasm32-wasip1: the target must be there first.
+    ensure_target()?;
     for (name, cargo_args) in HABITS {
         timed(
             &mut steps,
