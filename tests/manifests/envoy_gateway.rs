@@ -12,10 +12,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE,
-    bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter, documents, find,
-    local_code, plugin_config, pool_header_matcher, pool_retry_policy, rendered_clusters, router,
-    seconds, steering_headers, typed,
+    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, InferencePoolSpec, Resource,
+    WASM_FILTER_TYPE, bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter,
+    documents, edge_removals, find, local_code, picker_member, plugin_config, pool_header_matcher,
+    pool_retry_policy, rendered_clusters, router, seconds, typed, with_member,
 };
 
 pub const ENVOY_GATEWAY: &str = include_str!("../../envoy/envoy-gateway/pinroute.yaml");
@@ -112,7 +112,91 @@ pub struct TargetRef {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ExtensionPolicySpec {
     pub target_refs: Vec<TargetRef>,
+    #[serde(default)]
     pub wasm: Vec<Wasm>,
+    #[serde(default)]
+    pub ext_proc: Vec<ExtProc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtProc {
+    pub backend_refs: Vec<PolicyBackendRef>,
+    pub processing_mode: ExtProcProcessingMode,
+    pub fail_open: bool,
+    pub metadata: ExtProcMetadata,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBackendRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtProcProcessingMode {
+    pub request: ProcessingModeOptions,
+    pub response: ProcessingModeOptions,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessingModeOptions {
+    pub body: ExtProcBodyMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum ExtProcBodyMode {
+    Streamed,
+    Buffered,
+    BufferedPartial,
+    FullDuplexStreamed,
+}
+
+impl ExtProcBodyMode {
+    fn envoy(self) -> &'static str {
+        match self {
+            ExtProcBodyMode::Streamed => "STREAMED",
+            ExtProcBodyMode::Buffered => "BUFFERED",
+            ExtProcBodyMode::BufferedPartial => "BUFFERED_PARTIAL",
+            ExtProcBodyMode::FullDuplexStreamed => "FULL_DUPLEX_STREAMED",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtProcMetadata {
+    pub accessible_namespaces: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    pub endpoints: Vec<BackendEndpoint>,
+    pub tls: Option<BackendTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendEndpoint {
+    pub fqdn: FqdnEndpoint,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FqdnEndpoint {
+    pub hostname: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendTls {
+    pub insecure_skip_verify: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,7 +407,7 @@ pub enum ResourceType {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct JsonPatchOperation {
     pub op: JsonPatchOp,
-    pub path: String,
+    pub path: Option<String>,
     pub json_path: Option<String>,
     pub from: Option<String>,
     pub value: Option<Value>,
@@ -357,12 +441,24 @@ fn quantity_bytes(text: &str) -> u64 {
 }
 
 pub struct EnvoyGatewayManifest {
-    gateway: Resource<GatewaySpec>,
+    pub gateway: Resource<GatewaySpec>,
     route: Resource<HttpRouteSpec>,
-    extension: Resource<ExtensionPolicySpec>,
+    pub extension: Resource<ExtensionPolicySpec>,
     traffic: Resource<ClientTrafficPolicySpec>,
     security: Resource<SecurityPolicySpec>,
     patch: Resource<PatchPolicySpec>,
+    /// `picker.yaml` applied as well, with its `picker` member in the plugin configuration.
+    pub picker: Option<EnvoyGatewayPicker>,
+}
+
+/// The documents of `envoy/envoy-gateway/picker.yaml`.
+pub struct EnvoyGatewayPicker {
+    pub pool: Resource<InferencePoolSpec>,
+    pub backend: Resource<BackendSpec>,
+    pub extension: Resource<ExtensionPolicySpec>,
+    pub patch: Resource<PatchPolicySpec>,
+    /// The member the overlay's header asks to add to the plugin configuration.
+    pub settings: Value,
 }
 
 pub fn envoy_gateway_manifest(text: &str) -> EnvoyGatewayManifest {
@@ -375,12 +471,114 @@ pub fn envoy_gateway_manifest(text: &str) -> EnvoyGatewayManifest {
         traffic: typed(find(&docs, "ClientTrafficPolicy")),
         security: typed(find(&docs, "SecurityPolicy")),
         patch: typed(find(&docs, "EnvoyPatchPolicy")),
+        picker: None,
+    }
+}
+
+/// Both Envoy Gateway manifests, as applied behind an endpoint picker.
+pub fn envoy_gateway_behind_picker(base: &str, overlay: &str) -> EnvoyGatewayManifest {
+    let docs = documents(overlay);
+    assert_eq!(
+        docs.len(),
+        4,
+        "InferencePool, Backend, EnvoyExtensionPolicy, EnvoyPatchPolicy"
+    );
+    EnvoyGatewayManifest {
+        picker: Some(EnvoyGatewayPicker {
+            pool: typed(find(&docs, "InferencePool")),
+            backend: typed(find(&docs, "Backend")),
+            extension: typed(find(&docs, "EnvoyExtensionPolicy")),
+            patch: typed(find(&docs, "EnvoyPatchPolicy")),
+            settings: picker_member(overlay),
+        }),
+        ..envoy_gateway_manifest(base)
     }
 }
 
 impl EnvoyGatewayManifest {
     pub fn plugin_config(&self) -> String {
-        self.extension.spec.wasm[0].config.to_string()
+        let text = self.extension.spec.wasm[0].config.to_string();
+        match &self.picker {
+            Some(picker) => with_member(&text, &picker.settings),
+            None => text,
+        }
+    }
+
+    /// The name of the picker's `ext_proc` filter, as Envoy Gateway names it.
+    pub fn ext_proc_filter_name(picker: &EnvoyGatewayPicker) -> String {
+        format!(
+            "envoy.filters.http.ext_proc/envoyextensionpolicy/{}/{}/extproc/0",
+            picker.extension.metadata.namespace, picker.extension.metadata.name
+        )
+    }
+
+    /// The picker's `ext_proc` filter as Envoy Gateway translates the EnvoyExtensionPolicy
+    /// (FullDuplexStreamed also sends trailers); its gRPC cluster is [`Self::picker_cluster`].
+    fn ext_proc_filter(picker: &EnvoyGatewayPicker) -> Value {
+        let ext_proc = &picker.extension.spec.ext_proc[0];
+        let mode = &ext_proc.processing_mode;
+        let trailers = |body: ExtProcBodyMode| {
+            if body == ExtProcBodyMode::FullDuplexStreamed {
+                "SEND"
+            } else {
+                "SKIP"
+            }
+        };
+        json!({
+            "name": Self::ext_proc_filter_name(picker),
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": {"envoy_grpc": {"cluster_name": Self::picker_cluster_name(picker)}},
+                "failure_mode_allow": ext_proc.fail_open,
+                "processing_mode": {
+                    "request_header_mode": "SEND",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": mode.request.body.envoy(),
+                    "response_body_mode": mode.response.body.envoy(),
+                    "request_trailer_mode": trailers(mode.request.body),
+                    "response_trailer_mode": trailers(mode.response.body),
+                },
+                "metadata_options": {
+                    "forwarding_namespaces": {"untyped": ext_proc.metadata.accessible_namespaces},
+                },
+            },
+        })
+    }
+
+    fn picker_cluster_name(picker: &EnvoyGatewayPicker) -> String {
+        let backend = &picker.backend.metadata;
+        format!("backend/{}/{}", backend.namespace, backend.name)
+    }
+
+    /// The Backend's cluster: gRPC (HTTP/2) to its endpoint, TLS as its `tls` says.
+    pub fn picker_cluster(picker: &EnvoyGatewayPicker) -> Value {
+        let endpoint = &picker.backend.spec.endpoints[0].fqdn;
+        let name = Self::picker_cluster_name(picker);
+        let mut cluster = json!({
+            "name": name,
+            "type": "STRICT_DNS",
+            "connect_timeout": "10s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}},
+                },
+            },
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": endpoint.hostname, "port_value": endpoint.port}}}},
+            ]}]},
+        });
+        if picker.backend.spec.tls.is_some() {
+            cluster["transport_socket"] = json!({
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "sni": endpoint.hostname,
+                    "common_tls_context": {"alpn_protocols": ["h2"]},
+                },
+            });
+        }
+        cluster
     }
 
     /// Envoy Gateway's xDS names: listener and route configuration
@@ -396,7 +594,7 @@ impl EnvoyGatewayManifest {
 
     /// `envoyextensionpolicy/<namespace>/<name>/wasm/<index>` (its vm_id), and the HTTP
     /// filter is `envoy.filters.http.wasm/` followed by it.
-    fn wasm_ir_name(&self) -> String {
+    pub fn wasm_ir_name(&self) -> String {
         format!(
             "envoyextensionpolicy/{}/{}/wasm/0",
             self.extension.metadata.namespace, self.extension.metadata.name
@@ -420,11 +618,14 @@ impl EnvoyGatewayManifest {
             .collect()
     }
 
-    fn clusters(&self) -> Vec<Value> {
-        self.cluster_patches()
+    pub fn clusters(&self) -> Vec<Value> {
+        let mut clusters: Vec<Value> = self
+            .cluster_patches()
             .iter()
             .map(|p| p.operation.value.clone().unwrap())
-            .collect()
+            .collect();
+        clusters.extend(self.picker.as_ref().map(Self::picker_cluster));
+        clusters
     }
 
     /// The listener (route configuration inlined) as Envoy Gateway generates it before the
@@ -494,6 +695,16 @@ impl EnvoyGatewayManifest {
                 })
             })
             .collect();
+        // Envoy Gateway's order: CORS, then ext_proc, then Wasm filters, the router last.
+        let http_filters: Vec<Value> = [
+            Some(cors_filter()),
+            self.picker.as_ref().map(Self::ext_proc_filter),
+            Some(wasm_filter),
+            Some(router()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let timeout = &self.traffic.spec.timeout.http;
         let underscores = self.traffic.spec.headers.with_underscores_action.envoy();
         let hcm = json!({
@@ -517,8 +728,7 @@ impl EnvoyGatewayManifest {
                     "routes": routes,
                 }],
             },
-            // Envoy Gateway puts the CORS filter first when a route has a CORS policy.
-            "http_filters": [cors_filter(), wasm_filter, router()],
+            "http_filters": http_filters,
         });
         json!({
             "name": self.listener_name(),
@@ -529,9 +739,16 @@ impl EnvoyGatewayManifest {
     }
 
     /// The generated listener with the EnvoyPatchPolicy's listener and route patches applied.
-    fn patched_listener(&self, wasm: &Path) -> Value {
+    pub fn patched_listener(&self, wasm: &Path) -> Value {
         let mut listener = self.generated_listener(wasm);
-        for patch in &self.patch.spec.json_patches {
+        let overlay = self.picker.as_ref().map(|p| &p.patch.spec.json_patches);
+        for patch in self
+            .patch
+            .spec
+            .json_patches
+            .iter()
+            .chain(overlay.into_iter().flatten())
+        {
             let target = match patch.kind {
                 ResourceType::Cluster => continue,
                 ResourceType::Listener => &mut listener,
@@ -549,21 +766,31 @@ impl EnvoyGatewayManifest {
 
 /// One EnvoyPatchPolicy operation on `doc`: `add` at each node `jsonPath` selects, `path`
 /// appended (Envoy Gateway's semantics; a `jsonPath` that selects nothing is an error).
+/// Without `path`, the selected node is the JSON Patch target: an array element, before
+/// which the value is inserted.
 fn apply_json_patch(doc: &mut Value, operation: &JsonPatchOperation) {
     assert_eq!(operation.op, JsonPatchOp::Add, "only add is used");
     let json_path = operation.json_path.as_deref().expect("jsonPath");
     let pointers = select(doc, json_path);
     assert!(!pointers.is_empty(), "jsonPath {json_path} selects nothing");
+    let value = operation.value.clone().unwrap();
     for pointer in pointers {
+        let Some(path) = &operation.path else {
+            let (array, index) = pointer.rsplit_once('/').unwrap();
+            let index: usize = index.parse().expect("an array element is selected");
+            let items = doc.pointer_mut(array).unwrap().as_array_mut().unwrap();
+            items.insert(index, value.clone());
+            continue;
+        };
         let node = doc.pointer_mut(&pointer).unwrap();
-        let key = operation.path.trim_start_matches('/');
+        let key = path.trim_start_matches('/');
         assert!(
             !key.contains('/'),
             "one key appended to the selected node: {key}"
         );
         node.as_object_mut()
             .unwrap()
-            .insert(key.to_owned(), operation.value.clone().unwrap());
+            .insert(key.to_owned(), value.clone());
     }
 }
 
@@ -719,7 +946,7 @@ fn envoy_gateway_manifest_is_consistent() {
     let settings = &plugin.settings;
     assert_eq!(
         m.traffic.spec.headers.early_request_headers.remove,
-        steering_headers(settings)
+        edge_removals(settings)
     );
     assert_eq!(
         quantity_bytes(&m.traffic.spec.connection.buffer_limit),
@@ -737,7 +964,7 @@ fn envoy_gateway_manifest_is_consistent() {
     // Clusters are added whole, under their own names.
     for patch in m.cluster_patches() {
         assert_eq!(patch.operation.op, JsonPatchOp::Add);
-        assert_eq!(patch.operation.path, "");
+        assert_eq!(patch.operation.path.as_deref(), Some(""));
         assert_eq!(
             patch.operation.value.as_ref().unwrap()["name"],
             patch.name.as_str()

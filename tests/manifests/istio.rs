@@ -13,10 +13,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, Resource, WASM_FILTER_TYPE,
-    bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter, documents, find,
-    local_code, plugin_config, pool_header_matcher, pool_retry_policy, removed_headers,
-    rendered_clusters, router, seconds, steering_headers, typed,
+    CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, InferencePoolSpec, Resource,
+    WASM_FILTER_TYPE, bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter,
+    documents, edge_removals, find, local_code, picker_member, plugin_config, pool_header_matcher,
+    pool_retry_policy, removed_headers, rendered_clusters, router, seconds, typed, with_member,
 };
 
 pub const ISTIO: &str = include_str!("../../envoy/istio/pinroute.yaml");
@@ -158,6 +158,9 @@ pub struct Retries {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EnvoyFilterSpec {
     pub workload_selector: WorkloadSelector,
+    /// Patch sets with a lower priority are applied first (0 when unset).
+    #[serde(default)]
+    pub priority: i32,
     pub config_patches: Vec<ConfigPatch>,
 }
 
@@ -284,9 +287,19 @@ fn merge(base: &mut Value, patch: &Value) {
 }
 
 pub struct IstioManifest {
-    gateway: Resource<GatewaySpec>,
+    pub gateway: Resource<GatewaySpec>,
     virtual_service: Resource<VirtualServiceSpec>,
-    envoy_filter: Resource<EnvoyFilterSpec>,
+    pub envoy_filter: Resource<EnvoyFilterSpec>,
+    /// `picker.yaml` applied as well, with its `picker` member in the plugin configuration.
+    pub picker: Option<IstioPicker>,
+}
+
+/// The documents of `envoy/istio/picker.yaml`.
+pub struct IstioPicker {
+    pub pool: Resource<InferencePoolSpec>,
+    pub envoy_filter: Resource<EnvoyFilterSpec>,
+    /// The member the overlay's header asks to add to the plugin configuration.
+    pub settings: Value,
 }
 
 pub fn istio_manifest(text: &str) -> IstioManifest {
@@ -296,6 +309,21 @@ pub fn istio_manifest(text: &str) -> IstioManifest {
         gateway: typed(find(&docs, "Gateway")),
         virtual_service: typed(find(&docs, "VirtualService")),
         envoy_filter: typed(find(&docs, "EnvoyFilter")),
+        picker: None,
+    }
+}
+
+/// Both Istio manifests, as applied behind an endpoint picker.
+pub fn istio_behind_picker(base: &str, overlay: &str) -> IstioManifest {
+    let docs = documents(overlay);
+    assert_eq!(docs.len(), 2, "InferencePool, EnvoyFilter");
+    IstioManifest {
+        picker: Some(IstioPicker {
+            pool: typed(find(&docs, "InferencePool")),
+            envoy_filter: typed(find(&docs, "EnvoyFilter")),
+            settings: picker_member(overlay),
+        }),
+        ..istio_manifest(base)
     }
 }
 
@@ -353,24 +381,94 @@ impl IstioManifest {
     }
 
     pub fn plugin_config(&self) -> String {
-        self.extension_config()["typed_config"]["config"]["configuration"]["value"]
+        let text = self.extension_config()["typed_config"]["config"]["configuration"]["value"]
             .as_str()
-            .unwrap()
-            .to_owned()
+            .unwrap();
+        match &self.picker {
+            Some(picker) => with_member(text, &picker.settings),
+            None => text.to_owned(),
+        }
     }
 
-    fn clusters(&self) -> Vec<Value> {
-        self.patches(ApplyTo::Cluster, Operation::Add)
-            .iter()
-            .map(|p| p.patch.value.clone())
-            .collect()
+    /// The EnvoyFilters in the order Istio applies them: by priority, then as listed.
+    fn envoy_filters(&self) -> Vec<&Resource<EnvoyFilterSpec>> {
+        let mut filters = vec![&self.envoy_filter];
+        filters.extend(self.picker.as_ref().map(|p| &p.envoy_filter));
+        filters.sort_by_key(|f| f.spec.priority);
+        filters
+    }
+
+    pub fn clusters(&self) -> Vec<Value> {
+        let mut clusters: Vec<Value> = Vec::new();
+        for filter in [
+            Some(&self.envoy_filter),
+            self.picker.as_ref().map(|p| &p.envoy_filter),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            clusters.extend(
+                filter
+                    .spec
+                    .config_patches
+                    .iter()
+                    .filter(|p| {
+                        p.apply_to == ApplyTo::Cluster && p.patch.operation == Operation::Add
+                    })
+                    .map(|p| p.patch.value.clone()),
+            );
+        }
+        clusters
+    }
+
+    /// The HTTP filters once every EnvoyFilter's HTTP_FILTER patches were applied to the
+    /// chain Istio generates (its CORS filter, the router), pinroute's ECDS filter inlined.
+    fn http_filters(&self, wasm: &Path) -> Vec<Value> {
+        let mut chain = vec![cors_filter(), router()];
+        for filter in self.envoy_filters() {
+            for patch in &filter.spec.config_patches {
+                if patch.apply_to != ApplyTo::HttpFilter {
+                    continue;
+                }
+                let value = if patch.patch.value.get("config_discovery").is_some() {
+                    self.inlined_wasm_filter(wasm)
+                } else {
+                    patch.patch.value.clone()
+                };
+                let at = match patch.patch.operation {
+                    Operation::InsertFirst => 0,
+                    Operation::InsertBefore => {
+                        let before = patch_sub_filter(patch);
+                        chain
+                            .iter()
+                            .position(|f| f["name"] == before)
+                            .unwrap_or_else(|| panic!("no {before} in the chain"))
+                    }
+                    other => panic!("HTTP_FILTER {other:?} is not modelled"),
+                };
+                chain.insert(at, value);
+            }
+        }
+        chain
+    }
+
+    /// pinroute's ECDS filter as istio-agent hands it to Envoy: the module a local file.
+    fn inlined_wasm_filter(&self, wasm: &Path) -> Value {
+        let discovered = &self
+            .patch(ApplyTo::HttpFilter, Operation::InsertBefore)
+            .patch
+            .value;
+        let mut typed_config = self.extension_config()["typed_config"].clone();
+        typed_config["config"]["vm_config"]["code"] = local_code(wasm);
+        typed_config["config"]["configuration"]["value"] = json!(self.plugin_config());
+        json!({"name": discovered["name"], "typed_config": typed_config})
     }
 
     /// The gateway's listener as Envoy receives it once Istio applied the patches and
     /// istio-agent made the module local: the ECDS config inlined where the
     /// `config_discovery` filter stands. Istio's own filters (authn, authz, stats) would
     /// sit between the first filter and pinroute; they are not needed to check ours.
-    fn listener(&self, wasm: &Path) -> Value {
+    pub fn listener(&self, wasm: &Path) -> Value {
         let envoy_routes: Vec<Value> = self
             .virtual_service
             .spec
@@ -404,26 +502,7 @@ impl IstioManifest {
             })
             .collect();
 
-        let extension = self.extension_config();
-        let discovered = &self
-            .patch(ApplyTo::HttpFilter, Operation::InsertBefore)
-            .patch
-            .value;
-        let mut typed_config = extension["typed_config"].clone();
-        typed_config["config"]["vm_config"]["code"] = local_code(wasm);
-        let wasm_filter = json!({"name": discovered["name"], "typed_config": typed_config});
-
-        // Istio puts its CORS filter in every gateway chain, before its authn/authz filters.
-        let mut http_filters = vec![
-            self.patch(ApplyTo::HttpFilter, Operation::InsertFirst)
-                .patch
-                .value
-                .clone(),
-            cors_filter(),
-            wasm_filter,
-        ];
-        http_filters.push(router());
-
+        let http_filters = self.http_filters(wasm);
         let mut hcm = json!({
             "@type": HCM_TYPE,
             "stat_prefix": "outbound_0.0.0.0_8080",
@@ -451,6 +530,21 @@ impl IstioManifest {
         );
         listener
     }
+}
+
+/// The filter an INSERT_BEFORE patch names.
+fn patch_sub_filter(patch: &ConfigPatch) -> String {
+    let filter = &patch
+        .matches
+        .as_ref()
+        .unwrap()
+        .listener
+        .as_ref()
+        .unwrap()
+        .filter_chain
+        .filter;
+    assert_eq!(filter.name, HCM_NAME);
+    filter.sub_filter.as_ref().unwrap().name.clone()
 }
 
 #[test]
@@ -544,7 +638,7 @@ fn istio_manifest_is_consistent() {
         .value;
     assert_eq!(
         removed_headers(&strip["typed_config"]),
-        steering_headers(settings)
+        edge_removals(settings)
     );
 
     check_clusters(&m.clusters(), &plugin);

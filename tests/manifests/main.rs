@@ -26,6 +26,7 @@
 
 mod envoy_gateway;
 mod istio;
+mod picker;
 mod published_schemas;
 
 use std::fs;
@@ -33,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use pinroute::policy::config::{Config, Settings};
 use pinroute::policy::headers::POOL_HEADER;
+use pinroute::policy::picker::PICKER_HEADERS;
 use pinroute_harness::envoy::{
     BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, buffer_limit_bytes,
     render_bootstrap, repo_root,
@@ -43,6 +45,7 @@ use serde_json::{Value, json};
 
 use envoy_gateway::{ENVOY_GATEWAY, envoy_gateway_manifest};
 use istio::{ISTIO, istio_manifest};
+use picker::{ENVOY_GATEWAY_PICKER, ISTIO_PICKER, InferencePoolSpec, picker_member, with_member};
 
 /// The steering header Envoy's ORIGINAL_DST reads when no `http_header_name` is set.
 const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
@@ -131,6 +134,14 @@ fn steering_headers(settings: &Settings) -> [&str; 3] {
         POOL_HEADER,
         ORIGINAL_DST_HEADER,
     ]
+}
+
+/// What the manifests' edge removes from every request: the steering headers, then the
+/// headers an endpoint picker sets (only the picker's copies may reach the filter).
+fn edge_removals(settings: &Settings) -> Vec<&str> {
+    let mut headers = steering_headers(settings).to_vec();
+    headers.extend_from_slice(PICKER_HEADERS);
+    headers
 }
 
 /// The clusters the filter needs, checked against its configuration: the prefill cluster
@@ -346,12 +357,12 @@ fn both_manifests_configure_the_filter_alike() {
 }
 
 /// Every YAML file under `envoy/istio/` and `envoy/envoy-gateway/` parses and is one of the
-/// two manifests checked above (a new file needs its own checks).
+/// manifests checked here and in `picker.rs` (a new file needs its own checks).
 #[test]
 fn every_manifest_file_is_checked() {
     for (dir, expected) in [
-        ("envoy/istio", ISTIO),
-        ("envoy/envoy-gateway", ENVOY_GATEWAY),
+        ("envoy/istio", [ISTIO_PICKER, ISTIO]),
+        ("envoy/envoy-gateway", [ENVOY_GATEWAY_PICKER, ENVOY_GATEWAY]),
     ] {
         let mut files: Vec<PathBuf> = fs::read_dir(repo_root().join(dir))
             .unwrap()
@@ -362,15 +373,17 @@ fn every_manifest_file_is_checked() {
             .iter()
             .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["pinroute.yaml"], "{dir}");
-        let text = fs::read_to_string(&files[0]).unwrap();
-        assert_eq!(text, expected);
-        for doc in documents(&text) {
-            assert!(
-                doc["apiVersion"].is_string() && doc["kind"].is_string(),
-                "{doc}"
-            );
-            assert!(doc["metadata"]["name"].is_string(), "{doc}");
+        assert_eq!(names, ["picker.yaml", "pinroute.yaml"], "{dir}");
+        for (file, expected) in files.iter().zip(expected) {
+            let text = fs::read_to_string(file).unwrap();
+            assert_eq!(text, expected);
+            for doc in documents(&text) {
+                assert!(
+                    doc["apiVersion"].is_string() && doc["kind"].is_string(),
+                    "{doc}"
+                );
+                assert!(doc["metadata"]["name"].is_string(), "{doc}");
+            }
         }
     }
 }

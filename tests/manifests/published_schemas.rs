@@ -1,4 +1,4 @@
-//! The Istio and Gateway API documents of both manifests against the published schemas of
+//! The Istio and Gateway API documents of the manifests (and their picker overlays) against the published schemas of
 //! the npm packages `@kubernetes-models/istio` and `@kubernetes-models/gateway-api`.
 
 use std::fs::{self, File};
@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use pinroute_harness::envoy::repo_root;
 use serde_json::{Value, json};
 
-use super::{ENVOY_GATEWAY, ISTIO, documents, find};
+use super::{ENVOY_GATEWAY, ENVOY_GATEWAY_PICKER, ISTIO, ISTIO_PICKER, documents, find};
 
 /// Packages shipping JSON-schema validators generated from Istio's CRDs and the Gateway API.
 const SCHEMA_PACKAGES: [(&str, &str); 2] = [
@@ -137,12 +137,17 @@ fn schema_verdicts(dir: &Path, docs: &[Value]) -> Vec<String> {
 fn istio_and_gateway_api_documents_pass_the_published_schemas() {
     let Some(dir) = schema_packages() else { return };
     let mut docs = documents(ISTIO);
+    docs.extend(documents(ISTIO_PICKER));
     docs.extend(documents(ENVOY_GATEWAY));
+    docs.extend(documents(ENVOY_GATEWAY_PICKER));
     let verdicts = schema_verdicts(&dir, &docs);
     let expected = [
         "OK networking.istio.io/v1/Gateway pinroute",
         "OK networking.istio.io/v1/VirtualService pinroute",
         "OK networking.istio.io/v1alpha3/EnvoyFilter pinroute",
+        // No registry package ships the Inference Extension's schemas: picker.rs.
+        "SKIP inference.networking.k8s.io/v1/InferencePool vllm-pool",
+        "OK networking.istio.io/v1alpha3/EnvoyFilter pinroute-picker",
         "OK gateway.networking.k8s.io/v1/Gateway pinroute",
         "OK gateway.networking.k8s.io/v1/HTTPRoute pinroute",
         // No registry package ships Envoy Gateway's CRD schemas: the typed checks above.
@@ -150,6 +155,10 @@ fn istio_and_gateway_api_documents_pass_the_published_schemas() {
         "SKIP gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/SecurityPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyPatchPolicy pinroute",
+        "SKIP inference.networking.k8s.io/v1/InferencePool vllm-pool",
+        "SKIP gateway.envoyproxy.io/v1alpha1/Backend vllm-epp",
+        "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy pinroute-picker",
+        "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyPatchPolicy pinroute-picker",
     ];
     assert_eq!(verdicts, expected);
 }
