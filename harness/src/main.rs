@@ -24,7 +24,7 @@ enum Command {
     Test(commands::test::Args),
     /// Print the Envoy bootstrap that runs the pinroute filter for a worker registry (with
     /// `--picker`, behind an endpoint picker).
-    EnvoyConfig(commands::envoy_config::Args),
+    EnvoyConfig(Box<commands::envoy_config::Args>),
     /// Run one simulated vLLM worker until Ctrl-C.
     SimWorker(commands::sim_worker::Args),
 }

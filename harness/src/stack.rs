@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
+use crate::certs::Issued;
 use crate::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, envoy_binary, render_bootstrap,
     repo_root,
@@ -14,6 +15,7 @@ use crate::envoy::{
 use crate::picker::StandInPicker;
 use crate::registry_server::RegistryServer;
 use crate::sim::{SimConfig, SimRole, SimWorker};
+use crate::tls_front::TlsFront;
 
 /// Binding a restarted worker's old port is retried this often (the port is normally free
 /// at once: the listener of a killed worker is closed and tokio binds with `SO_REUSEADDR`).
@@ -41,6 +43,16 @@ pub struct StackSpec {
     pub live_registry: Option<Duration>,
     /// Picker mode, with a [`StandInPicker`] as the endpoint picker.
     pub picker: Option<PickerSpec>,
+    /// Every worker behind a [`TlsFront`]: the registry names the fronts.
+    pub worker_fronts: Option<WorkerFronts>,
+}
+
+/// The certificate the workers' TLS fronts present, and the CA whose certificates they
+/// require of their clients (none: no client certificate asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerFronts {
+    pub server: Issued,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The plugin configuration's `picker`, but for the address (the stand-in's).
@@ -78,6 +90,7 @@ impl StackSpec {
             edge: EdgeOptions::default(),
             live_registry: None,
             picker: None,
+            worker_fronts: None,
         }
     }
 }
@@ -89,6 +102,8 @@ pub struct Stack {
     pub plugin_config: Value,
     pub registry: Option<RegistryServer>,
     pub picker: Option<StandInPicker>,
+    /// The workers' TLS fronts, with [`StackSpec::worker_fronts`], by worker id.
+    pub fronts: Vec<(u64, TlsFront)>,
     bootstrap: String,
 }
 
@@ -111,6 +126,10 @@ impl Stack {
             workers.push(worker);
         }
         let mut plugin_config = plugin_config(spec, &workers)?;
+        let fronts = match &spec.worker_fronts {
+            Some(fronts) => front_workers(&mut plugin_config, fronts, &workers).await?,
+            None => Vec::new(),
+        };
         if let (Some(picker_spec), Some(picker)) = (&spec.picker, &picker) {
             set_picker(&mut plugin_config, picker_spec, picker.address());
         }
@@ -134,6 +153,7 @@ impl Stack {
             plugin_config,
             registry,
             picker,
+            fronts,
             bootstrap,
         })
     }
@@ -237,6 +257,29 @@ fn registry_entry(worker: &SimWorker, draining: bool) -> Value {
         "id": c.id, "role": c.role.as_str(), "address": worker.addr().to_string(),
         "dp_size": c.dp_size, "draining": draining,
     })
+}
+
+/// Starts a TLS front for each worker and makes the registry name the fronts.
+async fn front_workers(
+    plugin_config: &mut Value,
+    spec: &WorkerFronts,
+    workers: &[SimWorker],
+) -> Result<Vec<(u64, TlsFront)>> {
+    let mut fronts = Vec::new();
+    for worker in workers {
+        let front = TlsFront::start(&spec.server, spec.client_ca.as_deref(), worker.addr()).await?;
+        let (plain, tls) = (worker.addr().to_string(), front.addr().to_string());
+        if let Some(entries) = plugin_config["workers"].as_array_mut() {
+            for entry in entries
+                .iter_mut()
+                .filter(|e| e["address"] == plain.as_str())
+            {
+                entry["address"] = json!(tls);
+            }
+        }
+        fronts.push((worker.config().id, front));
+    }
+    Ok(fronts)
 }
 
 /// Points the filter at the stand-in picker.

@@ -12,6 +12,7 @@
 
 mod adversarial;
 mod burst;
+mod callers;
 mod cancelled;
 mod client;
 mod edge;
@@ -25,6 +26,7 @@ mod prefix;
 mod reply;
 mod routing;
 mod security;
+mod tls;
 
 use std::path::PathBuf;
 

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use pinroute_harness::envoy::{
-    ANY_ORIGIN, BootstrapOptions, DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_ROUTE_TIMEOUT, EdgeOptions, default_wasm_path, exposure_warnings, render_bootstrap,
+    ANY_ORIGIN, ApiKeys, BootstrapOptions, DEFAULT_IDENTITY_HEADER,
+    DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions,
+    ListenerTls, WorkerTls, default_wasm_path, exposure_warnings, render_bootstrap,
 };
 
 #[derive(clap::Args)]
@@ -48,6 +49,69 @@ pub struct Args {
     metrics: bool,
     #[command(flatten)]
     picker: PickerArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// TLS on both sides and API keys (docs/deploy.md §2.8).
+#[derive(clap::Args, Debug, Default, Clone, PartialEq, Eq)]
+pub struct TlsArgs {
+    /// Terminate TLS on the listener with this certificate chain (PEM); HTTP/2 over ALPN.
+    /// Replacing the file by a move reloads it.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The listener certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require clients to present a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Speak TLS to the workers on both hops, accepting certificates signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    worker_ca: Option<PathBuf>,
+    /// The gateway's certificate (PEM) for workers that verify their callers (mutual TLS).
+    #[arg(long, value_name = "FILE", requires_all = ["worker_key", "worker_ca"])]
+    worker_cert: Option<PathBuf>,
+    /// The private key of --worker-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "worker_cert")]
+    worker_key: Option<PathBuf>,
+    /// A DNS name a worker's certificate must carry (repeatable: any one suffices)
+    /// [default: any certificate the CA signed].
+    #[arg(long = "worker-name", value_name = "NAME", requires = "worker_ca")]
+    worker_names: Vec<String>,
+    /// Only callers with a key listed in this file get in (a JSON list of
+    /// `{"client": NAME, "key": KEY}`); others get 401. Keys are read from
+    /// `Authorization: Bearer KEY` or `x-api-key: KEY` and never reach a worker.
+    #[arg(long, value_name = "FILE")]
+    api_keys: Option<PathBuf>,
+    /// The request header that tells the workers which client called.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_IDENTITY_HEADER, requires = "api_keys")]
+    identity_header: String,
+}
+
+impl TlsArgs {
+    /// Fills the edge's TLS and API keys from these flags.
+    pub fn apply(&self, edge: &mut EdgeOptions) -> Result<()> {
+        edge.tls = self
+            .tls_cert
+            .clone()
+            .zip(self.tls_key.clone())
+            .map(|(cert, key)| ListenerTls {
+                cert,
+                key,
+                client_ca: self.tls_client_ca.clone(),
+            });
+        edge.worker_tls = self.worker_ca.clone().map(|ca| WorkerTls {
+            ca,
+            client_cert: self.worker_cert.clone().zip(self.worker_key.clone()),
+            names: self.worker_names.clone(),
+        });
+        edge.api_keys = match &self.api_keys {
+            Some(file) => Some(ApiKeys::from_file(file, &self.identity_header)?),
+            None => None,
+        };
+        Ok(())
+    }
 }
 
 /// Picker mode's flags, merged into the plugin configuration's `picker`.
@@ -112,8 +176,8 @@ impl PickerArgs {
 }
 
 impl Args {
-    fn edge(&self) -> EdgeOptions {
-        EdgeOptions {
+    fn edge(&self) -> Result<EdgeOptions> {
+        let mut edge = EdgeOptions {
             request_headers_timeout: Duration::from_secs(self.request_headers_timeout),
             request_timeout: Duration::from_secs(self.request_timeout),
             cors_origins: if self.no_cors {
@@ -122,7 +186,10 @@ impl Args {
                 self.cors_origins.clone()
             },
             serve_metrics: self.metrics,
-        }
+            ..EdgeOptions::default()
+        };
+        self.tls.apply(&mut edge)?;
+        Ok(edge)
     }
 }
 
@@ -143,7 +210,7 @@ pub fn run(args: &Args) -> Result<()> {
         wasm,
         plugin_config,
         route_timeout: Duration::from_secs(args.route_timeout),
-        edge: args.edge(),
+        edge: args.edge()?,
     };
     let bootstrap = render_bootstrap(&options)
         .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;

@@ -167,6 +167,7 @@ mod tests {
                 request_timeout: Duration::ZERO,
                 cors_origins: Vec::new(),
                 serve_metrics: true,
+                ..EdgeOptions::default()
             },
             EdgeOptions {
                 cors_origins: vec!["https://a.example".into(), "http://[::1]:3000".into()],
@@ -181,6 +182,59 @@ mod tests {
                 };
                 validate(&envoy(), &render_bootstrap(&opts).unwrap()).unwrap();
             }
+        }
+    }
+
+    /// TLS to clients (with and without their certificates), mutual TLS to the workers and
+    /// API keys: Envoy loads the certificates and accepts every part.
+    #[test]
+    fn envoy_accepts_tls_on_both_sides_and_api_keys() {
+        use crate::certs::{LocalCa, Usage};
+        use crate::envoy::{ApiKey, ApiKeys, ListenerTls, WorkerTls};
+        let wasm = stub_wasm();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = LocalCa::create(dir.path(), "pinroute test CA").unwrap();
+        let server = ca.issue("gateway", &["localhost"], Usage::Server).unwrap();
+        let client = ca
+            .issue("gateway-client", &["gateway"], Usage::Client)
+            .unwrap();
+        let listener = ListenerTls {
+            cert: server.cert,
+            key: server.key,
+            client_ca: None,
+        };
+        let edges = [
+            EdgeOptions {
+                tls: Some(listener.clone()),
+                ..EdgeOptions::default()
+            },
+            EdgeOptions {
+                tls: Some(ListenerTls {
+                    client_ca: Some(ca.cert_path()),
+                    ..listener
+                }),
+                worker_tls: Some(WorkerTls {
+                    ca: ca.cert_path(),
+                    client_cert: Some((client.cert, client.key)),
+                    names: vec!["vllm.llm.svc".into()],
+                }),
+                api_keys: Some(ApiKeys {
+                    keys: vec![ApiKey {
+                        client: "team-a".into(),
+                        key: "sk-1".into(),
+                    }],
+                    identity_header: "x-client-id".into(),
+                }),
+                ..EdgeOptions::default()
+            },
+        ];
+        for edge in edges {
+            let opts = BootstrapOptions {
+                edge,
+                ..options(DISAGGREGATED_REGISTRY, wasm.path())
+            };
+            let yaml = render_bootstrap(&opts).unwrap();
+            validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
         }
     }
 

@@ -9,7 +9,8 @@ use pinroute::policy::config::{Config, Settings};
 use serde_json::json;
 
 use super::edge::{self, EdgeOptions};
-use super::picker_mode::{PICKER_CLUSTER, render_picker_blocks};
+use super::picker_mode::{PICKER_CLUSTER, fill_block, render_picker_blocks};
+use super::tls;
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
@@ -52,11 +53,39 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
         edge::admin_cluster(&opts.edge, opts.admin)?,
     ));
     let template = render_picker_blocks(TEMPLATE, config.settings.picker.as_ref())?;
+    let template = render_tls_blocks(&template, &opts.edge)?;
     let rendered = values.iter().fold(template, |text, (marker, value)| {
         text.replace(marker, value)
     });
     ensure_no_marker_left(&rendered)?;
     Ok(rendered)
+}
+
+/// Fills the marker lines of TLS and API keys: with their parts, or with nothing.
+fn render_tls_blocks(template: &str, edge: &EdgeOptions) -> Result<String> {
+    let blocks = [
+        (
+            "{{LISTENER_TRANSPORT_SOCKET}}",
+            tls::listener_transport_socket(edge.tls.as_ref())?,
+        ),
+        (
+            "{{WORKER_TRANSPORT_SOCKET}}",
+            tls::worker_transport_socket(edge.worker_tls.as_ref())?,
+        ),
+        (
+            "{{API_KEY_FILTER}}",
+            tls::api_key_filter(edge.api_keys.as_ref()),
+        ),
+        (
+            "{{IDENTITY_HEADER_REMOVAL}}",
+            tls::identity_header_removal(edge.api_keys.as_ref())?,
+        ),
+    ];
+    Ok(blocks
+        .iter()
+        .fold(template.to_owned(), |text, (marker, block)| {
+            fill_block(&text, marker, block)
+        }))
 }
 
 fn check_cluster_names(settings: &Settings) -> Result<()> {
@@ -187,12 +216,12 @@ fn plugin_json(json: &str, route_timeout: Duration) -> Result<String> {
 
 const DECODE_TIMEOUT_SETTING: &str = "decode_timeout_ms";
 
-fn absolute_utf8(path: &Path) -> Result<String> {
-    let absolute = std::path::absolute(path)
-        .with_context(|| format!("making wasm path {} absolute", path.display()))?;
+pub(super) fn absolute_utf8(path: &Path) -> Result<String> {
+    let absolute =
+        std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))?;
     match absolute.to_str() {
         Some(text) => Ok(text.to_owned()),
-        None => bail!("wasm path {} is not UTF-8", absolute.display()),
+        None => bail!("{} is not UTF-8", absolute.display()),
     }
 }
 

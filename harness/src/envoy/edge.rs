@@ -1,6 +1,7 @@
-//! What the listener asks of clients before the filter sees a request: how long the request
-//! may take to arrive, which browser origins may call the gateway (`docs/deploy.md`
-//! §2.4, §2.6), and what a `GET /metrics` gets (`docs/metrics.md`).
+//! The gateway's edges: what the listener asks of clients before the filter sees a request
+//! (how long the request may take to arrive, which browser origins may call the gateway:
+//! `docs/deploy.md` §2.4, §2.6; TLS and API keys: §2.8), what a `GET /metrics` gets
+//! (`docs/metrics.md`), and how the worker clusters reach the workers (§2.8).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -9,6 +10,8 @@ use anyhow::{Result, ensure};
 use pinroute::policy::config::Settings;
 use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL_WORKER_HEADER};
 use serde_json::json;
+
+use super::tls::{ApiKeys, ListenerTls, WorkerTls};
 
 /// Time for the request headers to arrive.
 pub const DEFAULT_REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +53,12 @@ pub struct EdgeOptions {
     pub cors_origins: Vec<String>,
     /// `GET /metrics` answers Envoy's Prometheus stats (pinroute's included) instead of 404.
     pub serve_metrics: bool,
+    /// TLS to clients; none: clear text.
+    pub tls: Option<ListenerTls>,
+    /// Callers allowed in by API key; none: anyone who reaches the listener.
+    pub api_keys: Option<ApiKeys>,
+    /// TLS (or mutual TLS) from the worker clusters, both hops, to the workers.
+    pub worker_tls: Option<WorkerTls>,
 }
 
 impl Default for EdgeOptions {
@@ -59,6 +68,9 @@ impl Default for EdgeOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             cors_origins: vec![ANY_ORIGIN.to_owned()],
             serve_metrics: false,
+            tls: None,
+            api_keys: None,
+            worker_tls: None,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! decode by setting the upstream header), the router sends the request to the ORIGINAL_DST
 //! decode cluster, which dials the address in that header. In picker mode (`picker_mode`)
 //! `ext_proc` asks an endpoint picker before the filter, and `header_to_metadata` hands the
-//! endpoints that served back to it.
+//! endpoints that served back to it. With `tls`, the listener terminates TLS, the worker
+//! clusters speak (mutual) TLS, and `api_key_auth` refuses callers without a listed key.
 
 mod binary;
 mod bootstrap;
@@ -16,6 +17,7 @@ mod picker_mode;
 mod process;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
+mod tls;
 pub mod vm;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +36,7 @@ pub use edge::{
 };
 pub use picker_mode::{PICKER_CLUSTER, PICKER_MESSAGE_TIMEOUT};
 pub use process::{Envoy, EnvoyOptions, HotRestart, admin_stat};
+pub use tls::{ApiKey, ApiKeys, DEFAULT_IDENTITY_HEADER, KEY_HEADERS, ListenerTls, WorkerTls};
 
 /// The pinroute repository: the parent of the harness crate, as it was at compile time.
 pub fn repo_root() -> PathBuf {
