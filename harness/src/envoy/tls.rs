@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
+use pinroute::policy::config::is_header_name;
 use pinroute::policy::headers::must_strip;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -113,13 +114,6 @@ impl ApiKeys {
         );
         Ok(())
     }
-}
-
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// The listener's `transport_socket` (a line of YAML, JSON flow style), or nothing without
