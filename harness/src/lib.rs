@@ -4,6 +4,7 @@
 pub mod certs;
 pub mod cli;
 pub mod envoy;
+pub mod jwt;
 pub mod picker;
 pub mod registry_server;
 pub mod sim;

@@ -334,7 +334,8 @@ impl Settings {
     }
 }
 
-fn is_header_name(name: &str) -> bool {
+/// A lower-case HTTP header name of letters, digits and dashes.
+pub fn is_header_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .bytes()

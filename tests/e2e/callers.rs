@@ -1,8 +1,13 @@
-//! Who may call (`docs/deploy.md` §2.8): with API keys, Envoy's `api_key_auth` refuses a
-//! caller without a listed key with an OpenAI-shaped 401 before the filter runs, forwards the
-//! caller's name to both hops and the key to no worker and no log.
+//! Who may call (`docs/deploy.md` §2.8): with API keys (Envoy's `api_key_auth`) or tokens
+//! (`jwt_authn`), a caller without a listed key or a valid token gets an OpenAI-shaped 401
+//! before the filter runs; an accepted caller's name reaches both hops, its credential no
+//! worker and no log.
 
-use pinroute_harness::envoy::{ApiKey, ApiKeys, DEFAULT_IDENTITY_HEADER};
+use std::time::Duration;
+
+use pinroute_harness::envoy::{ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, Jwt};
+use pinroute_harness::jwt::{Lifetime, TokenIssuer};
+use tempfile::TempDir;
 
 use crate::client::{complete, prompt};
 use crate::{Deployment, disaggregated_spec, start};
@@ -11,13 +16,13 @@ const KEY: &str = "sk-team-a-0123456789";
 
 async fn with_keys() -> Deployment {
     let mut spec = disaggregated_spec();
-    spec.edge.api_keys = Some(ApiKeys {
+    spec.edge.callers = Some(Callers::ApiKeys(ApiKeys {
         keys: vec![ApiKey {
             client: "team-a".into(),
             key: KEY.into(),
         }],
         identity_header: DEFAULT_IDENTITY_HEADER.into(),
-    });
+    }));
     start(spec).await
 }
 
@@ -78,4 +83,87 @@ async fn a_listed_key_gets_in_and_only_the_callers_name_reaches_the_workers() {
     }
     let log = std::fs::read_to_string(deployment.envoy.access_log_path()).unwrap_or_default();
     assert!(!log.contains(KEY), "the key is in the access log");
+}
+
+const ISSUER: &str = "https://issuer.pinroute.test";
+const AUDIENCE: &str = "pinroute";
+
+async fn with_tokens(issuer: &TokenIssuer, dir: &TempDir) -> Deployment {
+    let jwks = dir.path().join("jwks.json");
+    issuer.write_jwks(&jwks).unwrap();
+    let mut spec = disaggregated_spec();
+    spec.edge.callers = Some(Callers::Jwt(Jwt {
+        issuer: ISSUER.into(),
+        jwks,
+        audiences: vec![AUDIENCE.into()],
+        identity_claim: "sub".into(),
+        identity_header: DEFAULT_IDENTITY_HEADER.into(),
+    }));
+    start(spec).await
+}
+
+#[tokio::test]
+async fn a_signed_token_gets_in_a_bad_one_gets_401_another_audiences_403() {
+    let dir = TempDir::new().unwrap();
+    let issuer = TokenIssuer::new(ISSUER).unwrap();
+    let deployment = with_tokens(&issuer, &dir).await;
+    let hour = Duration::from_secs(3600);
+    let forger = TokenIssuer::new(ISSUER).unwrap();
+    let refused = [
+        None,
+        Some(
+            issuer
+                .token("team-a", AUDIENCE, Lifetime::ExpiredFor(hour))
+                .unwrap(),
+        ),
+        Some(
+            forger
+                .token("team-a", AUDIENCE, Lifetime::ValidFor(hour))
+                .unwrap(),
+        ),
+        Some("not.a.token".to_owned()),
+    ];
+    for token in &refused {
+        let bearer = token.as_ref().map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|b| ("authorization", b.as_str()))
+            .collect();
+        let reply = complete(&deployment, &headers, &prompt()).await;
+        reply.error(401, "invalid_api_key");
+    }
+    let elsewhere = issuer
+        .token("team-a", "another-service", Lifetime::ValidFor(hour))
+        .unwrap();
+    let bearer = format!("Bearer {elsewhere}");
+    let reply = complete(&deployment, &[("authorization", &bearer)], &prompt()).await;
+    reply.error(403, "permission_denied");
+    for id in [101, 102, 201, 202, 203] {
+        assert!(
+            deployment.worker(id).unwrap().requests().is_empty(),
+            "worker {id}"
+        );
+    }
+    let token = issuer
+        .token("team-b", AUDIENCE, Lifetime::ValidFor(hour))
+        .unwrap();
+    let bearer = format!("Bearer {token}");
+    let reply = complete(&deployment, &[("authorization", &bearer)], &prompt()).await;
+    reply.assert_ok("a caller with a signed token");
+    for id in [
+        reply.worker("prefill").unwrap(),
+        reply.worker("decode").unwrap(),
+    ] {
+        let request = deployment.worker(id).unwrap().requests().remove(0);
+        assert_eq!(
+            request.header(DEFAULT_IDENTITY_HEADER),
+            Some("team-b"),
+            "worker {id}"
+        );
+        assert_eq!(
+            request.header("authorization"),
+            None,
+            "worker {id} got the token"
+        );
+    }
 }

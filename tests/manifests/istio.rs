@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use pinroute::policy::headers::POOL_HEADER;
-use pinroute_harness::envoy::test_support::{envoy, real_wasm, stub_wasm};
+use pinroute_harness::envoy::test_support::{envoy, stub_wasm};
 use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes, validate};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,8 +15,9 @@ use serde_json::{Value, json};
 use super::{
     CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, InferencePoolSpec, Resource,
     WASM_FILTER_TYPE, bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter,
-    documents, edge_removals, find, local_code, picker_member, plugin_config, pool_header_matcher,
-    pool_retry_policy, removed_headers, rendered_clusters, router, seconds, typed, with_member,
+    documents, edge_removals, envoy_accepts, find, local_code, picker_member, plugin_config,
+    pool_header_matcher, pool_retry_policy, removed_headers, rendered_clusters, router, seconds,
+    typed, with_member,
 };
 
 pub const ISTIO: &str = include_str!("../../envoy/istio/pinroute.yaml");
@@ -603,20 +604,7 @@ fn istio_manifest_is_consistent() {
     // The filter in the chain names the ECDS resource and accepts its type (and the RBAC
     // stand-in istio-agent serves when the module cannot be fetched).
     let insert = m.patch(ApplyTo::HttpFilter, Operation::InsertBefore);
-    let sub_filter = &insert
-        .matches
-        .as_ref()
-        .unwrap()
-        .listener
-        .as_ref()
-        .unwrap()
-        .filter_chain
-        .filter;
-    assert_eq!(sub_filter.name, HCM_NAME);
-    assert_eq!(
-        sub_filter.sub_filter.as_ref().unwrap().name,
-        "envoy.filters.http.router"
-    );
+    assert_eq!(patch_sub_filter(insert), "envoy.filters.http.router");
     let discovery = &insert.patch.value["config_discovery"];
     assert_eq!(insert.patch.value["name"], m.extension_config()["name"]);
     assert_eq!(
@@ -715,13 +703,7 @@ fn istio_clusters_are_the_bootstrap_clusters() {
 #[test]
 fn envoy_accepts_the_istio_fragments() {
     let m = istio_manifest(ISTIO);
-    let stub = stub_wasm();
-    let mut wasms = vec![stub.path().to_owned()];
-    wasms.extend(real_wasm());
-    for wasm in wasms {
-        let yaml = bootstrap(m.listener(&wasm), m.clusters());
-        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
-    }
+    envoy_accepts(|wasm| bootstrap(m.listener(wasm), m.clusters()));
 }
 
 #[test]

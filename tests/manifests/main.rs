@@ -35,9 +35,10 @@ use std::path::{Path, PathBuf};
 use pinroute::policy::config::{Config, Settings};
 use pinroute::policy::headers::POOL_HEADER;
 use pinroute::policy::picker::PICKER_HEADERS;
+use pinroute_harness::envoy::test_support::{envoy, real_wasm, stub_wasm};
 use pinroute_harness::envoy::{
     BootstrapOptions, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, buffer_limit_bytes,
-    render_bootstrap, repo_root,
+    render_bootstrap, repo_root, validate,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -328,6 +329,18 @@ fn bootstrap(listener: Value, clusters: Vec<Value>) -> String {
     });
     // JSON is YAML.
     serde_json::to_string_pretty(&bootstrap).unwrap()
+}
+
+/// Envoy validates the bootstrap `assemble` builds around a module, with a stub module and
+/// with the real filter (when built).
+fn envoy_accepts(assemble: impl Fn(&Path) -> String) {
+    let stub = stub_wasm();
+    let mut wasms = vec![stub.path().to_owned()];
+    wasms.extend(real_wasm());
+    for wasm in wasms {
+        let yaml = assemble(&wasm);
+        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
+    }
 }
 
 fn router() -> Value {

@@ -17,15 +17,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use pinroute::policy::picker::{Allowed, Protocol};
-use pinroute_harness::envoy::test_support::{envoy, real_wasm, stub_wasm};
-use pinroute_harness::envoy::validate;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::envoy_gateway::{EnvoyGatewayManifest, envoy_gateway_behind_picker};
 use super::istio::{ApplyTo, Operation, istio_behind_picker};
 use super::{
-    ENVOY_GATEWAY, ISTIO, Resource, bootstrap, documents, find, plugin_config, rendered_bootstrap,
+    ENVOY_GATEWAY, ISTIO, Resource, bootstrap, documents, envoy_accepts, find, plugin_config,
+    rendered_bootstrap,
 };
 
 pub const ISTIO_PICKER: &str = include_str!("../../envoy/istio/picker.yaml");
@@ -254,13 +253,7 @@ fn the_istio_picker_overlay_is_the_plain_envoy_chain() {
 #[test]
 fn envoy_accepts_the_istio_picker_fragments() {
     let m = istio_behind_picker(ISTIO, ISTIO_PICKER);
-    let stub = stub_wasm();
-    let mut wasms = vec![stub.path().to_owned()];
-    wasms.extend(real_wasm());
-    for wasm in wasms {
-        let yaml = bootstrap(m.listener(&wasm), m.clusters());
-        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
-    }
+    envoy_accepts(|wasm| bootstrap(m.listener(wasm), m.clusters()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -364,13 +357,7 @@ fn the_envoy_gateway_picker_overlay_is_the_plain_envoy_chain() {
 #[test]
 fn envoy_accepts_the_envoy_gateway_picker_fragments() {
     let m = envoy_gateway_behind_picker(ENVOY_GATEWAY, ENVOY_GATEWAY_PICKER);
-    let stub = stub_wasm();
-    let mut wasms = vec![stub.path().to_owned()];
-    wasms.extend(real_wasm());
-    for wasm in wasms {
-        let yaml = bootstrap(m.patched_listener(&wasm), m.clusters());
-        validate(&envoy(), &yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
-    }
+    envoy_accepts(|wasm| bootstrap(m.patched_listener(wasm), m.clusters()));
 }
 
 // ---------------------------------------------------------------------------------------

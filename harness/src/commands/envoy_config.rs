@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use pinroute_harness::envoy::{
-    ANY_ORIGIN, ApiKeys, BootstrapOptions, DEFAULT_IDENTITY_HEADER,
+    ANY_ORIGIN, ApiKeys, BootstrapOptions, Callers, DEFAULT_IDENTITY_HEADER,
     DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions,
-    ListenerTls, WorkerTls, default_wasm_path, exposure_warnings, render_bootstrap,
+    Jwt, ListenerTls, WorkerTls, default_wasm_path, exposure_warnings, render_bootstrap,
 };
 
 #[derive(clap::Args)]
@@ -82,10 +82,28 @@ pub struct TlsArgs {
     /// Only callers with a key listed in this file get in (a JSON list of
     /// `{"client": NAME, "key": KEY}`); others get 401. Keys are read from
     /// `Authorization: Bearer KEY` or `x-api-key: KEY` and never reach a worker.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "jwt_issuer")]
     api_keys: Option<PathBuf>,
+    /// Only callers with a token this issuer signed get in (`Authorization: Bearer TOKEN`,
+    /// checked by Envoy's jwt_authn: signature, `iss`, `exp`, `nbf`); others get 401.
+    #[arg(long, value_name = "ISS", requires = "jwt_jwks")]
+    jwt_issuer: Option<String>,
+    /// The issuer's public keys (a JWKS file).
+    #[arg(long, value_name = "FILE", requires = "jwt_issuer")]
+    jwt_jwks: Option<PathBuf>,
+    /// An `aud` a token must carry (repeatable: any one) [default: any].
+    #[arg(long = "jwt-audience", value_name = "AUD", requires = "jwt_issuer")]
+    jwt_audiences: Vec<String>,
+    /// The token claim that names the caller.
+    #[arg(
+        long,
+        value_name = "CLAIM",
+        default_value = "sub",
+        requires = "jwt_issuer"
+    )]
+    jwt_identity_claim: String,
     /// The request header that tells the workers which client called.
-    #[arg(long, value_name = "NAME", default_value = DEFAULT_IDENTITY_HEADER, requires = "api_keys")]
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_IDENTITY_HEADER)]
     identity_header: String,
 }
 
@@ -106,9 +124,23 @@ impl TlsArgs {
             client_cert: self.worker_cert.clone().zip(self.worker_key.clone()),
             names: self.worker_names.clone(),
         });
-        edge.api_keys = match &self.api_keys {
-            Some(file) => Some(ApiKeys::from_file(file, &self.identity_header)?),
-            None => None,
+        edge.callers = match (&self.api_keys, &self.jwt_issuer, &self.jwt_jwks) {
+            (Some(file), _, _) => Some(Callers::ApiKeys(ApiKeys::from_file(
+                file,
+                &self.identity_header,
+            )?)),
+            (None, Some(issuer), Some(jwks)) => {
+                let jwt = Jwt {
+                    issuer: issuer.clone(),
+                    jwks: std::path::absolute(jwks)?,
+                    audiences: self.jwt_audiences.clone(),
+                    identity_claim: self.jwt_identity_claim.clone(),
+                    identity_header: self.identity_header.to_ascii_lowercase(),
+                };
+                jwt.check()?;
+                Some(Callers::Jwt(jwt))
+            }
+            _ => None,
         };
         Ok(())
     }

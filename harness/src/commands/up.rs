@@ -8,12 +8,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use pinroute_harness::certs::{LocalCa, Usage};
 use pinroute_harness::envoy::{
-    ENVOY_BIN_ENV, ENVOY_VERSION, EdgeOptions, Envoy, VENV_DIR, envoy_command,
+    ENVOY_BIN_ENV, ENVOY_VERSION, EdgeOptions, Envoy, ListenerTls, VENV_DIR, envoy_command,
     envoy_install_command, repo_root,
 };
 use pinroute_harness::sim::{SimConfig, SimRole};
 use pinroute_harness::stack::{Stack, StackSpec};
+use pinroute_harness::tls_front::https_request;
 use pinroute_harness::venv::{run_visibly, shell_quote};
 use pinroute_harness::vllm::{
     Connector, GpuPairOptions, KvEvidence, NIXL_LOGGING_JSON, PairPlan, VllmPair, VllmPairOptions,
@@ -78,6 +80,10 @@ pub struct Args {
     /// `--metrics`).
     #[arg(long)]
     metrics: bool,
+    /// Terminate TLS on the listener (sim workers): a certificate for localhost from a CA made
+    /// in .cache/up/tls; the demo request and the printed curl trust that CA.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// The demo request: pinned to decode worker 202, rank 1, as a client of Dynamo would.
@@ -123,9 +129,24 @@ async fn run_sim(args: &Args) -> Result<()> {
     spec.admin = args.admin;
     spec.edge.serve_metrics = args.metrics;
     let work_dir = work_dir()?;
+    let ca = if args.tls {
+        let ca = LocalCa::create(&work_dir.join("tls"), "pinroute up CA")?;
+        let issued = ca.issue("gateway", &["localhost", "127.0.0.1"], Usage::Server)?;
+        spec.edge.tls = Some(ListenerTls {
+            cert: issued.cert,
+            key: issued.key,
+            client_ca: None,
+        });
+        Some(ca.cert_path())
+    } else {
+        None
+    };
     let stack = Stack::start(&spec, &work_dir).await?;
-    print_deployment(&stack, &work_dir);
-    demo_request(&stack).await?;
+    print_deployment(&stack, &work_dir, ca.as_deref());
+    match &ca {
+        Some(ca) => demo_request_over_tls(&stack, ca).await?,
+        None => demo_request(&stack).await?,
+    }
     serve(args.once, "the workers").await
 }
 
@@ -162,7 +183,7 @@ fn work_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn print_deployment(stack: &Stack, work_dir: &std::path::Path) {
+fn print_deployment(stack: &Stack, work_dir: &Path, ca: Option<&Path>) {
     println!(
         "\npinroute is up: Envoy {} (admin {})",
         stack.envoy.listen(),
@@ -183,17 +204,57 @@ fn print_deployment(stack: &Stack, work_dir: &std::path::Path) {
         work_dir.display()
     );
     println!("{}", envoy_location(&repo_root()));
-    println!("\nTry it:\n  {}", demo_curl(stack.envoy.listen()));
+    println!("\nTry it:\n  {}", demo_curl(stack.envoy.listen(), ca));
 }
 
-fn demo_curl(listen: SocketAddr) -> String {
+fn demo_curl(listen: SocketAddr, ca: Option<&Path>) -> String {
     let pins: String = DEMO_PIN
         .iter()
         .map(|(n, v)| format!(" -H '{n}: {v}'"))
         .collect();
+    let url = match ca {
+        Some(ca) => format!(
+            "--cacert {} https://localhost:{}",
+            ca.display(),
+            listen.port()
+        ),
+        None => format!("http://{listen}"),
+    };
     format!(
-        "curl -sS -D - http://{listen}/v1/completions -H 'content-type: application/json'{pins} -d '{DEMO_BODY}'"
+        "curl -sS -D - {url}/v1/completions -H 'content-type: application/json'{pins} -d '{DEMO_BODY}'"
     )
+}
+
+/// The demo request over TLS, trusting `ca` for `localhost`.
+async fn demo_request_over_tls(stack: &Stack, ca: &Path) -> Result<()> {
+    let pins: String = DEMO_PIN
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         {pins}content-length: {}\r\nconnection: close\r\n\r\n{DEMO_BODY}",
+        DEMO_BODY.len()
+    );
+    let answer = https_request(
+        stack.envoy.listen(),
+        ca,
+        "localhost",
+        &[b"http/1.1"],
+        &request,
+    )
+    .await
+    .context("sending the demo request over TLS")?;
+    let (head, body) = answer
+        .response
+        .split_once("\r\n\r\n")
+        .unwrap_or((answer.response.as_str(), ""));
+    println!("\nDemo request over TLS (decode pinned to 202, rank 1):\n{head}\n\n{body}");
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.1 200"),
+        "the demo request over TLS failed"
+    );
+    Ok(())
 }
 
 async fn demo_request(stack: &Stack) -> Result<()> {
@@ -530,6 +591,19 @@ mod tests {
     struct Up {
         #[command(flatten)]
         args: Args,
+    }
+
+    /// The printed curl reaches the listener as the demo request does: over TLS by the name
+    /// the certificate carries, trusting up's CA.
+    #[test]
+    fn the_printed_curl_trusts_ups_ca_with_tls() {
+        let listen: SocketAddr = "127.0.0.1:10443".parse().unwrap();
+        assert!(demo_curl(listen, None).contains(" http://127.0.0.1:10443/v1/completions "));
+        let tls = demo_curl(listen, Some(Path::new("/up/tls/ca.pem")));
+        assert!(
+            tls.contains(" --cacert /up/tls/ca.pem https://localhost:10443/v1/completions "),
+            "{tls}"
+        );
     }
 
     fn up(flags: &[&str]) -> Args {

@@ -190,13 +190,18 @@ mod tests {
     #[test]
     fn envoy_accepts_tls_on_both_sides_and_api_keys() {
         use crate::certs::{LocalCa, Usage};
-        use crate::envoy::{ApiKey, ApiKeys, ListenerTls, WorkerTls};
+        use crate::envoy::{ApiKey, ApiKeys, Callers, Jwt, ListenerTls, WorkerTls};
         let wasm = stub_wasm();
         let dir = tempfile::tempdir().unwrap();
         let ca = LocalCa::create(dir.path(), "pinroute test CA").unwrap();
         let server = ca.issue("gateway", &["localhost"], Usage::Server).unwrap();
         let client = ca
             .issue("gateway-client", &["gateway"], Usage::Client)
+            .unwrap();
+        let jwks = dir.path().join("jwks.json");
+        crate::jwt::TokenIssuer::new("https://issuer.test")
+            .unwrap()
+            .write_jwks(&jwks)
             .unwrap();
         let listener = ListenerTls {
             cert: server.cert,
@@ -218,13 +223,23 @@ mod tests {
                     client_cert: Some((client.cert, client.key)),
                     names: vec!["vllm.llm.svc".into()],
                 }),
-                api_keys: Some(ApiKeys {
+                callers: Some(Callers::ApiKeys(ApiKeys {
                     keys: vec![ApiKey {
                         client: "team-a".into(),
                         key: "sk-1".into(),
                     }],
                     identity_header: "x-client-id".into(),
-                }),
+                })),
+                ..EdgeOptions::default()
+            },
+            EdgeOptions {
+                callers: Some(Callers::Jwt(Jwt {
+                    issuer: "https://issuer.test".into(),
+                    jwks: jwks.clone(),
+                    audiences: vec!["pinroute".into()],
+                    identity_claim: "sub".into(),
+                    identity_header: "x-client-id".into(),
+                })),
                 ..EdgeOptions::default()
             },
         ];

@@ -73,12 +73,12 @@ fn render_tls_blocks(template: &str, edge: &EdgeOptions) -> Result<String> {
             tls::worker_transport_socket(edge.worker_tls.as_ref())?,
         ),
         (
-            "{{API_KEY_FILTER}}",
-            tls::api_key_filter(edge.api_keys.as_ref()),
+            "{{CALLER_FILTER}}",
+            tls::caller_filter(edge.callers.as_ref()),
         ),
         (
             "{{IDENTITY_HEADER_REMOVAL}}",
-            tls::identity_header_removal(edge.api_keys.as_ref())?,
+            tls::identity_header_removal(edge.callers.as_ref())?,
         ),
     ];
     Ok(blocks

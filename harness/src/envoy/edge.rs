@@ -11,7 +11,7 @@ use pinroute::policy::config::Settings;
 use pinroute::policy::headers::{DECODE_WORKER_HEADER, ERROR_CODE_HEADER, PREFILL_WORKER_HEADER};
 use serde_json::json;
 
-use super::tls::{ApiKeys, ListenerTls, WorkerTls};
+use super::tls::{Callers, ListenerTls, WorkerTls};
 
 /// Time for the request headers to arrive.
 pub const DEFAULT_REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,8 +55,8 @@ pub struct EdgeOptions {
     pub serve_metrics: bool,
     /// TLS to clients; none: clear text.
     pub tls: Option<ListenerTls>,
-    /// Callers allowed in by API key; none: anyone who reaches the listener.
-    pub api_keys: Option<ApiKeys>,
+    /// Who may call (API keys or tokens); none: anyone who reaches the listener.
+    pub callers: Option<Callers>,
     /// TLS (or mutual TLS) from the worker clusters, both hops, to the workers.
     pub worker_tls: Option<WorkerTls>,
 }
@@ -69,7 +69,7 @@ impl Default for EdgeOptions {
             cors_origins: vec![ANY_ORIGIN.to_owned()],
             serve_metrics: false,
             tls: None,
-            api_keys: None,
+            callers: None,
             worker_tls: None,
         }
     }

@@ -36,7 +36,9 @@ pub use edge::{
 };
 pub use picker_mode::{PICKER_CLUSTER, PICKER_MESSAGE_TIMEOUT};
 pub use process::{Envoy, EnvoyOptions, HotRestart, admin_stat};
-pub use tls::{ApiKey, ApiKeys, DEFAULT_IDENTITY_HEADER, KEY_HEADERS, ListenerTls, WorkerTls};
+pub use tls::{
+    ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, Jwt, KEY_HEADERS, ListenerTls, WorkerTls,
+};
 
 /// The pinroute repository: the parent of the harness crate, as it was at compile time.
 pub fn repo_root() -> PathBuf {

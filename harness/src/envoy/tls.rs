@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
+use pinroute::policy::config::is_header_name;
 use pinroute::policy::headers::must_strip;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -56,6 +57,63 @@ pub struct ApiKey {
     pub key: String,
 }
 
+/// Callers allowed in by a token their identity provider signed: `jwt_authn` checks it
+/// against a local JWKS file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwt {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The provider's public keys (JWKS, JSON).
+    pub jwks: PathBuf,
+    /// `aud` values accepted (any one); none: any audience.
+    pub audiences: Vec<String>,
+    /// The claim that names the caller, forwarded to the workers.
+    pub identity_claim: String,
+    pub identity_header: String,
+}
+
+/// Who may call: a caller proves it with a listed API key, or with a signed token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Callers {
+    ApiKeys(ApiKeys),
+    Jwt(Jwt),
+}
+
+impl Callers {
+    /// The request header that names the caller to the workers.
+    pub fn identity_header(&self) -> &str {
+        match self {
+            Callers::ApiKeys(keys) => &keys.identity_header,
+            Callers::Jwt(jwt) => &jwt.identity_header,
+        }
+    }
+}
+
+impl Jwt {
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            !self.issuer.is_empty(),
+            "the token issuer must not be empty"
+        );
+        ensure!(
+            self.jwks.is_file(),
+            "the JWKS file {} does not exist",
+            self.jwks.display()
+        );
+        check_identity_header(&self.identity_header)
+    }
+}
+
+fn check_identity_header(header: &str) -> Result<()> {
+    ensure!(is_header_name(header), "{header:?} is not a header name");
+    ensure!(
+        !must_strip(header, "") && !KEY_HEADERS.contains(&header),
+        "{header:?} cannot carry the caller's name: the filter removes it (docs/semantics.md §7) \
+         or it holds the credential"
+    );
+    Ok(())
+}
+
 /// The header `api_key_auth` forwards the caller's name in, unless the operator names another.
 pub const DEFAULT_IDENTITY_HEADER: &str = "x-client-id";
 /// Where a key is read: OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's
@@ -99,27 +157,8 @@ impl ApiKeys {
                 "entry {position}: the key of an earlier entry"
             );
         }
-        ensure!(
-            is_header_name(&self.identity_header),
-            "{:?} is not a header name",
-            self.identity_header
-        );
-        ensure!(
-            !must_strip(&self.identity_header, "")
-                && !KEY_HEADERS.contains(&self.identity_header.as_str()),
-            "{:?} cannot carry the caller's name: the filter removes it (docs/semantics.md §7) \
-             or it holds the key",
-            self.identity_header
-        );
-        Ok(())
+        check_identity_header(&self.identity_header)
     }
-}
-
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// The listener's `transport_socket` (a line of YAML, JSON flow style), or nothing without
@@ -174,20 +213,26 @@ pub fn worker_transport_socket(tls: Option<&WorkerTls>) -> Result<String> {
     transport_socket(UPSTREAM_TLS, context)
 }
 
-/// `api_key_auth`, one more item of `http_filters` (after CORS, so that preflights, which
-/// carry no key, are still answered; before the picker and the filter, so that a refused
-/// caller costs neither), or nothing without keys.
-pub fn api_key_filter(keys: Option<&ApiKeys>) -> String {
-    let Some(keys) = keys else {
-        return String::new();
+/// The filter that checks callers, one more item of `http_filters` (after CORS, so that
+/// preflights, which carry no credential, are still answered; before the picker and the
+/// filter, so that a refused caller costs neither), or nothing when anyone may call.
+pub fn caller_filter(callers: Option<&Callers>) -> String {
+    let filter = match callers {
+        None => return String::new(),
+        Some(Callers::ApiKeys(keys)) => api_key_filter(keys),
+        Some(Callers::Jwt(jwt)) => jwt_filter(jwt),
     };
+    format!("- {filter}")
+}
+
+fn api_key_filter(keys: &ApiKeys) -> Value {
     let credentials: Vec<Value> = keys
         .keys
         .iter()
         .map(|k| json!({"key": k.key, "client": k.client}))
         .collect();
     let sources: Vec<Value> = KEY_HEADERS.iter().map(|h| json!({"header": h})).collect();
-    let filter = json!({
+    json!({
         "name": "envoy.filters.http.api_key_auth",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth",
@@ -196,17 +241,42 @@ pub fn api_key_filter(keys: Option<&ApiKeys>) -> String {
             // The caller's name to the workers; the key to no one.
             "forwarding": {"header": keys.identity_header, "hide_credentials": true},
         },
-    });
-    format!("- {filter}")
+    })
 }
 
-/// The edge's removal of a client's own copy of the identity header, which only
-/// `api_key_auth` may set.
-pub fn identity_header_removal(keys: Option<&ApiKeys>) -> Result<String> {
-    match keys {
-        Some(keys) => Ok(format!(
+/// `jwt_authn` requiring a token from the one provider on every route: read from
+/// `Authorization: Bearer`, removed once checked (`forward: false`), its identity claim
+/// forwarded.
+fn jwt_filter(jwt: &Jwt) -> Value {
+    let mut provider = json!({
+        "issuer": jwt.issuer,
+        "local_jwks": {"filename": jwt.jwks.to_string_lossy()},
+        "forward": false,
+        "claim_to_headers": [{"header_name": jwt.identity_header, "claim_name": jwt.identity_claim}],
+    });
+    if let Some(provider) = provider
+        .as_object_mut()
+        .filter(|_| !jwt.audiences.is_empty())
+    {
+        provider.insert("audiences".into(), json!(jwt.audiences));
+    }
+    json!({
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+            "providers": {"pinroute": provider},
+            "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": "pinroute"}}],
+        },
+    })
+}
+
+/// The edge's removal of a client's own copy of the identity header, which only the
+/// caller filter may set.
+pub fn identity_header_removal(callers: Option<&Callers>) -> Result<String> {
+    match callers {
+        Some(callers) => Ok(format!(
             "- remove: {}",
-            super::bootstrap::yaml_string(&keys.identity_header)?
+            super::bootstrap::yaml_string(callers.identity_header())?
         )),
         None => Ok(String::new()),
     }
@@ -240,7 +310,7 @@ mod tests {
     fn without_tls_nothing_is_rendered() {
         assert_eq!(listener_transport_socket(None).unwrap(), "");
         assert_eq!(worker_transport_socket(None).unwrap(), "");
-        assert_eq!(api_key_filter(None), "");
+        assert_eq!(caller_filter(None), "");
         assert_eq!(identity_header_removal(None).unwrap(), "");
     }
 
@@ -322,8 +392,8 @@ mod tests {
         }
         let keys = ApiKeys::from_file(&path, "X-Caller").unwrap();
         assert_eq!(keys.identity_header, "x-caller");
-        let filter: Value =
-            serde_json::from_str(api_key_filter(Some(&keys)).strip_prefix("- ").unwrap()).unwrap();
+        let rendered = caller_filter(Some(&Callers::ApiKeys(keys)));
+        let filter: Value = serde_json::from_str(rendered.strip_prefix("- ").unwrap()).unwrap();
         assert_eq!(
             filter["typed_config"]["forwarding"],
             json!({"header": "x-caller", "hide_credentials": true})
