@@ -7,16 +7,9 @@ use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 use crate::client::{Reply, complete, prompt, send};
-use crate::{Deployment, disaggregated};
+use crate::{Deployment, disaggregated, nothing_reached_a_worker};
 
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
-
-fn nothing_reached_a_worker(deployment: &Deployment) -> bool {
-    [101, 102, 201, 202]
-        .iter()
-        .filter_map(|id| deployment.worker(*id).ok())
-        .all(|worker| worker.requests().is_empty())
-}
 
 #[tokio::test]
 async fn no_decode_answer_confirms_a_guess_of_the_prefills_kv_locators() {

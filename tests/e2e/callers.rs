@@ -10,7 +10,7 @@ use pinroute_harness::jwt::{Lifetime, TokenIssuer};
 use tempfile::TempDir;
 
 use crate::client::{complete, prompt};
-use crate::{Deployment, disaggregated_spec, start};
+use crate::{Deployment, disaggregated_spec, nothing_reached_a_worker, start};
 
 const KEY: &str = "sk-team-a-0123456789";
 
@@ -42,10 +42,10 @@ async fn a_caller_without_a_listed_key_gets_401_and_reaches_no_worker() {
         assert!(message.contains("API key"), "{message}");
         assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
     }
-    for id in [101, 102, 201, 202, 203] {
-        let requests = deployment.worker(id).unwrap().requests();
-        assert!(requests.is_empty(), "a refused caller reached worker {id}");
-    }
+    assert!(
+        nothing_reached_a_worker(&deployment),
+        "a refused caller reached a worker"
+    );
 }
 
 #[tokio::test]
@@ -138,12 +138,10 @@ async fn a_signed_token_gets_in_a_bad_one_gets_401_another_audiences_403() {
     let bearer = format!("Bearer {elsewhere}");
     let reply = complete(&deployment, &[("authorization", &bearer)], &prompt()).await;
     reply.error(403, "permission_denied");
-    for id in [101, 102, 201, 202, 203] {
-        assert!(
-            deployment.worker(id).unwrap().requests().is_empty(),
-            "worker {id}"
-        );
-    }
+    assert!(
+        nothing_reached_a_worker(&deployment),
+        "a refused caller reached a worker"
+    );
     let token = issuer
         .token("team-b", AUDIENCE, Lifetime::ValidFor(hour))
         .unwrap();

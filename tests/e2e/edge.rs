@@ -8,15 +8,11 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{Reply, complete, prompt, send};
-use crate::{Deployment, disaggregated, disaggregated_spec, start};
+use crate::{Deployment, disaggregated, disaggregated_spec, nothing_reached_a_worker, start};
 
 /// How long a test waits for an answer Envoy must give by itself.
 const ANSWER_GUARD: Duration = Duration::from_secs(30);
 const ORIGIN: &str = "https://chat.example";
-
-fn nothing_reached_a_worker(deployment: &Deployment) -> bool {
-    deployment.workers.iter().all(|w| w.requests().is_empty())
-}
 
 /// Sends `bytes` on a connection of its own, keeps it open, and reads the answer until
 /// Envoy closes the connection (it does after each of the errors sent this way).

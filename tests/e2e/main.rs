@@ -67,6 +67,11 @@ pub async fn start(spec: StackSpec) -> Deployment {
     Deployment { stack, _dir: dir }
 }
 
+/// No request reached any worker of the deployment.
+pub fn nothing_reached_a_worker(deployment: &Deployment) -> bool {
+    deployment.workers.iter().all(|w| w.requests().is_empty())
+}
+
 /// An Envoy counter (0 when not defined yet).
 pub async fn stat(deployment: &Deployment, name: &str) -> u64 {
     deployment.envoy.stat(name).await.unwrap().unwrap_or(0)
