@@ -132,7 +132,7 @@ impl TlsArgs {
             (None, Some(issuer), Some(jwks)) => {
                 let jwt = Jwt {
                     issuer: issuer.clone(),
-                    jwks: std::path::absolute(jwks)?,
+                    jwks: jwks.clone(),
                     audiences: self.jwt_audiences.clone(),
                     identity_claim: self.jwt_identity_claim.clone(),
                     identity_header: self.identity_header.to_ascii_lowercase(),

@@ -74,7 +74,7 @@ fn render_tls_blocks(template: &str, edge: &EdgeOptions) -> Result<String> {
         ),
         (
             "{{CALLER_FILTER}}",
-            tls::caller_filter(edge.callers.as_ref()),
+            tls::caller_filter(edge.callers.as_ref())?,
         ),
         (
             "{{IDENTITY_HEADER_REMOVAL}}",

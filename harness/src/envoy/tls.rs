@@ -1,7 +1,8 @@
 //! TLS on both sides of the gateway and who may call it (`docs/deploy.md` §2.8): the listener
 //! terminates clients' TLS (optionally verifying their certificates), the worker clusters
-//! speak TLS or mutual TLS to the workers on both hops, and Envoy's `api_key_auth` refuses
-//! callers without a listed key before anything else sees the request.
+//! speak TLS or mutual TLS to the workers on both hops, and Envoy's `api_key_auth` or
+//! `jwt_authn` refuses callers without a listed key or a valid token before anything else
+//! sees the request.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -216,13 +217,13 @@ pub fn worker_transport_socket(tls: Option<&WorkerTls>) -> Result<String> {
 /// The filter that checks callers, one more item of `http_filters` (after CORS, so that
 /// preflights, which carry no credential, are still answered; before the picker and the
 /// filter, so that a refused caller costs neither), or nothing when anyone may call.
-pub fn caller_filter(callers: Option<&Callers>) -> String {
+pub fn caller_filter(callers: Option<&Callers>) -> Result<String> {
     let filter = match callers {
-        None => return String::new(),
+        None => return Ok(String::new()),
         Some(Callers::ApiKeys(keys)) => api_key_filter(keys),
-        Some(Callers::Jwt(jwt)) => jwt_filter(jwt),
+        Some(Callers::Jwt(jwt)) => jwt_filter(jwt)?,
     };
-    format!("- {filter}")
+    Ok(format!("- {filter}"))
 }
 
 fn api_key_filter(keys: &ApiKeys) -> Value {
@@ -247,10 +248,10 @@ fn api_key_filter(keys: &ApiKeys) -> Value {
 /// `jwt_authn` requiring a token from the one provider on every route: read from
 /// `Authorization: Bearer`, removed once checked (`forward: false`), its identity claim
 /// forwarded.
-fn jwt_filter(jwt: &Jwt) -> Value {
+fn jwt_filter(jwt: &Jwt) -> Result<Value> {
     let mut provider = json!({
         "issuer": jwt.issuer,
-        "local_jwks": {"filename": jwt.jwks.to_string_lossy()},
+        "local_jwks": file(&jwt.jwks)?,
         "forward": false,
         "claim_to_headers": [{"header_name": jwt.identity_header, "claim_name": jwt.identity_claim}],
     });
@@ -260,14 +261,14 @@ fn jwt_filter(jwt: &Jwt) -> Value {
     {
         provider.insert("audiences".into(), json!(jwt.audiences));
     }
-    json!({
+    Ok(json!({
         "name": "envoy.filters.http.jwt_authn",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
             "providers": {"pinroute": provider},
             "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": "pinroute"}}],
         },
-    })
+    }))
 }
 
 /// The edge's removal of a client's own copy of the identity header, which only the
@@ -310,7 +311,7 @@ mod tests {
     fn without_tls_nothing_is_rendered() {
         assert_eq!(listener_transport_socket(None).unwrap(), "");
         assert_eq!(worker_transport_socket(None).unwrap(), "");
-        assert_eq!(caller_filter(None), "");
+        assert_eq!(caller_filter(None).unwrap(), "");
         assert_eq!(identity_header_removal(None).unwrap(), "");
     }
 
@@ -392,7 +393,7 @@ mod tests {
         }
         let keys = ApiKeys::from_file(&path, "X-Caller").unwrap();
         assert_eq!(keys.identity_header, "x-caller");
-        let rendered = caller_filter(Some(&Callers::ApiKeys(keys)));
+        let rendered = caller_filter(Some(&Callers::ApiKeys(keys))).unwrap();
         let filter: Value = serde_json::from_str(rendered.strip_prefix("- ").unwrap()).unwrap();
         assert_eq!(
             filter["typed_config"]["forwarding"],
