@@ -6,6 +6,7 @@ use super::host::{Headers, Host};
 use crate::policy::error::{RouteError, quoted};
 use crate::policy::headers;
 use crate::policy::paths::{self, Destination};
+use crate::policy::pins::{HeaderHints, Pins};
 
 /// Client headers never copied onto the prefill hop: the filter sets its own, or they
 /// describe the client's connection rather than the request.
@@ -62,6 +63,28 @@ pub fn request_id(env: &Env<impl Host>, headers: &Headers) -> Result<String, Rou
     );
     env.set_request_header("x-request-id", Some(&id))?;
     Ok(id)
+}
+
+/// The caller the edge's authentication named, when the operator restricts what callers may
+/// do (`docs/semantics.md` §7).
+pub fn caller(env: &Env<impl Host>, headers: &Headers) -> Option<String> {
+    let rules = env.config.settings.callers.as_ref()?;
+    Some(header_text(headers, &rules.header))
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+}
+
+/// Refuses what the caller may not ask for: `pins` (the header pins, or all of them once the
+/// body is read) or the session.
+pub fn check_caller(
+    env: &Env<impl Host>,
+    hints: &HeaderHints,
+    pins: &Pins,
+) -> Result<(), RouteError> {
+    let Some(rules) = &env.config.settings.callers else {
+        return Ok(());
+    };
+    rules.check(hints.caller.as_deref(), pins, hints.session.is_some())
 }
 
 /// The request body once Envoy holds all of it (`None` until then), within the limit.

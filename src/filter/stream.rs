@@ -164,6 +164,8 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     if let Some(picker) = &env.config.settings.picker {
         hints.picked = picker::parse_headers(picker.protocol, named())?;
     }
+    hints.caller = intake::caller(env, &headers);
+    intake::check_caller(env, &hints, &hints.pins)?;
     let upstream_header = env.config.settings.upstream_header.as_str();
     for (name, _) in headers
         .iter()
@@ -220,6 +222,7 @@ fn on_completion_body<H: Host>(
         .pins
         .clone()
         .or(pins::parse_nvext(&request)?);
+    intake::check_caller(env, &completion.hints, &pins)?;
     env.count_pins(&pins, &completion.hints);
     let raw_prompt = prefix::prompt_member(&request).map_or(&[][..], |p| p.get().as_bytes());
     let prompt = env.read_prompt(raw_prompt, &pins);

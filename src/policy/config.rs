@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::callers::CallerRules;
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
 use super::picker::PickerSettings;
@@ -147,6 +148,8 @@ pub struct Settings {
     pub turn_memory_ms: u64,
     /// Picker mode (`docs/semantics.md` §9): the endpoint picker's choices are obeyed.
     pub picker: Option<PickerSettings>,
+    /// Who may pin and who may name a session (`docs/semantics.md` §7).
+    pub callers: Option<CallerRules>,
 }
 
 impl Default for Settings {
@@ -175,6 +178,7 @@ impl Default for Settings {
             local_prefill_suffix_bytes: 0,
             turn_memory_ms: 30_000,
             picker: None,
+            callers: None,
         }
     }
 }
@@ -314,6 +318,17 @@ impl Settings {
         }
         if settings.routed_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(ConfigError::Setting("routed_paths must start with /"));
+        }
+        if let Some(rules) = &settings.callers {
+            if let Some(problem) = rules.problem(&settings.upstream_header) {
+                return Err(ConfigError::Setting(problem));
+            }
+            if settings.picker.is_some() && rules.may_pin.is_some() {
+                return Err(ConfigError::Setting(
+                    "callers.may_pin cannot be used with a picker: its choices arrive as pin \
+                     headers (docs/semantics.md §9); restrict pins in the picker",
+                ));
+            }
         }
         if let Some(source) = &settings.registry {
             if source.cluster.is_empty() || !source.path.starts_with('/') {

@@ -3,6 +3,7 @@
 use thiserror::Error;
 
 use super::availability::Unavailability;
+use super::callers::Privilege;
 use super::hop::{Hop, HopFailure};
 use super::registry::{Role, WorkerId};
 
@@ -17,6 +18,11 @@ pub enum RouteError {
     InvalidField { field: &'static str, reason: String },
     #[error("{method} is not allowed on {path}: it takes POST")]
     MethodNotAllowed { method: String, path: &'static str },
+    #[error("{caller} may not {privilege}")]
+    NotPermitted {
+        caller: String,
+        privilege: Privilege,
+    },
     #[error("path {path} is not served by this gateway")]
     UnknownPath { path: String },
     #[error("request body is larger than the {limit}-byte limit")]
@@ -94,6 +100,7 @@ impl RouteError {
             | UnknownWorker { .. }
             | WrongRole { .. }
             | RankOutOfRange { .. } => 400,
+            NotPermitted { .. } => 403,
             UnknownPath { .. } => 404,
             MethodNotAllowed { .. } => 405,
             BodyTooLarge { .. } => 413,
@@ -118,6 +125,14 @@ impl RouteError {
             InvalidBody(_) => "invalid_body",
             InvalidField { .. } => "invalid_field",
             MethodNotAllowed { .. } => "method_not_allowed",
+            NotPermitted {
+                privilege: Privilege::Pin,
+                ..
+            } => "pin_not_allowed",
+            NotPermitted {
+                privilege: Privilege::Session,
+                ..
+            } => "session_not_allowed",
             UnknownPath { .. } => "unknown_path",
             BodyTooLarge { .. } => "body_too_large",
             RankWithoutWorker { .. } => "rank_without_worker",
@@ -141,6 +156,8 @@ impl RouteError {
         "invalid_body",
         "invalid_field",
         "method_not_allowed",
+        "pin_not_allowed",
+        "session_not_allowed",
         "unknown_path",
         "body_too_large",
         "rank_without_worker",

@@ -21,12 +21,14 @@
 //! | §6 Errors and their answers | [`error`] |
 //! | §4, §7 Body fields a client may not send | [`steering`] |
 //! | §7 Headers a client may not send | [`headers`] |
+//! | §7 Who may pin and who may name a session | [`callers`] |
 //! | §8 Registry | [`registry`] |
 //! | §8 Plugin configuration | [`config`] |
 //! | §9 Picker mode: an endpoint picker's choices, its allowlist | [`picker`] |
 
 pub mod answers;
 pub mod availability;
+pub mod callers;
 pub mod config;
 pub mod error;
 pub mod headers;

@@ -52,6 +52,9 @@ pub struct HeaderHints {
     pub session: Option<Vec<u8>>,
     /// An endpoint picker's choices, in picker mode (`super::picker`).
     pub picked: Picked,
+    /// The caller the edge named in the identity header, when the operator restricts
+    /// callers (`super::callers`).
+    pub caller: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,6 +42,7 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     let config = Config::from_json(opts.plugin_config.as_bytes())
         .map_err(|e| anyhow::anyhow!("invalid plugin configuration (worker registry): {e}"))?;
     check_cluster_names(&config.settings)?;
+    check_caller_rules(&config.settings, opts.edge.callers.as_ref())?;
     edge::check_origins(&opts.edge)?;
     let mut values = placeholder_values(opts, &config.settings)?;
     values.push(("{{DECODE_POOL_ENDPOINTS}}", decode_pool_endpoints(&config)));
@@ -100,6 +101,27 @@ fn check_cluster_names(settings: &Settings) -> Result<()> {
     ensure!(
         settings.picker.is_none() || settings.prefill_cluster != PICKER_CLUSTER,
         "prefill_cluster must not be {PICKER_CLUSTER:?}: that name is the picker's cluster"
+    );
+    Ok(())
+}
+
+/// The filter's caller rules need a caller the edge vouches for, in the header they read: without
+/// API keys or tokens the identity header would be the client's own word.
+fn check_caller_rules(settings: &Settings, callers: Option<&tls::Callers>) -> Result<()> {
+    let Some(rules) = &settings.callers else {
+        return Ok(());
+    };
+    let Some(callers) = callers else {
+        bail!(
+            "the plugin configuration restricts callers (\"callers\"), but no caller is \
+             authenticated: add --api-keys or --jwt-issuer"
+        );
+    };
+    ensure!(
+        rules.header == callers.identity_header(),
+        "callers.header {:?} is not the header the edge names callers in ({:?}, --identity-header)",
+        rules.header,
+        callers.identity_header()
     );
     Ok(())
 }
@@ -352,6 +374,32 @@ mod tests {
             "{yaml}"
         );
         assert!(yaml.contains("typed_per_filter_config: {\"envoy.filters.http.cors\""));
+    }
+
+    #[test]
+    fn caller_rules_need_callers_the_edge_names_in_their_header() {
+        let config = r#"{"workers": [{"id": 201, "role": "decode", "address": "127.0.0.1:8201"}],
+            "callers": {"header": "x-tenant", "may_pin": ["ops"]}}"#;
+        let mut opts = options(config, Path::new("/x.wasm"));
+        let err = render_bootstrap(&opts).unwrap_err().to_string();
+        assert!(err.contains("add --api-keys or --jwt-issuer"), "{err}");
+        let keys = |header: &str| {
+            tls::Callers::ApiKeys(tls::ApiKeys {
+                keys: vec![tls::ApiKey {
+                    client: "ops".into(),
+                    key: "k".into(),
+                }],
+                identity_header: header.into(),
+            })
+        };
+        opts.edge.callers = Some(keys("x-client-id"));
+        let err = render_bootstrap(&opts).unwrap_err().to_string();
+        assert!(
+            err.contains("is not the header the edge names callers in"),
+            "{err}"
+        );
+        opts.edge.callers = Some(keys("x-tenant"));
+        render_bootstrap(&opts).unwrap();
     }
 
     #[test]

@@ -115,8 +115,9 @@ fn check_identity_header(header: &str) -> Result<()> {
     Ok(())
 }
 
-/// The header `api_key_auth` forwards the caller's name in, unless the operator names another.
-pub const DEFAULT_IDENTITY_HEADER: &str = "x-client-id";
+/// The header `api_key_auth` forwards the caller's name in, unless the operator names another:
+/// the one the filter's caller rules read by default.
+pub use pinroute::policy::callers::DEFAULT_IDENTITY_HEADER;
 /// Where a key is read: OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's
 /// `x-api-key: KEY`.
 pub const KEY_HEADERS: [&str; 2] = ["authorization", "x-api-key"];

@@ -85,3 +85,71 @@ fn no_content_header_of_the_client_reaches_the_prefill_hop() {
     assert_eq!(call.header("content-type"), Some("application/json"));
     assert_eq!(call.header("traceparent"), Some("00-1-2-01"));
 }
+
+const CALLER_RULES: &str =
+    r#""callers": {"may_pin": ["ops"], "may_use_sessions": ["ops", "chat"]}"#;
+
+#[test]
+fn a_caller_not_allowed_to_pin_is_refused_before_anything_is_dialled() {
+    let config = config_with(CALLER_RULES);
+    for (caller, path) in [
+        (None, "/v1/completions"),
+        (Some("chat"), "/v1/completions"),
+        (Some("chat"), "/v1/embeddings"),
+    ] {
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", path),
+            ("x-dynamo-worker-instance-id", "201"),
+        ];
+        headers.extend(caller.map(|c| ("x-client-id", c)));
+        let sent = refused(&config, &headers);
+        assert_eq!(sent.status, 403, "{caller:?} {path}");
+        assert_eq!(sent.json()["error"]["code"], "pin_not_allowed");
+    }
+}
+
+#[test]
+fn a_pin_in_the_body_is_held_to_the_same_rule() {
+    let config = config_with(CALLER_RULES);
+    let body = r#"{"model": "m", "prompt": "hi", "nvext": {"decode_worker_id": 201}}"#;
+    let mut request = Request::completion(&config, &[("x-client-id", "chat")], body);
+    assert!(request.host.take_calls().is_empty(), "no prefill hop");
+    let sent = request.host.take_sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status, 403);
+    assert_eq!(sent[0].json()["error"]["code"], "pin_not_allowed");
+    request.end();
+}
+
+#[test]
+fn a_listed_caller_pins_and_an_unlisted_one_may_still_go_unpinned() {
+    let config = config_with(CALLER_RULES);
+    let pinned = Request::completion(
+        &config,
+        &[
+            ("x-client-id", "ops"),
+            ("x-dynamo-prefill-instance-id", "102"),
+        ],
+        PROMPT,
+    );
+    let call = pinned.prefill_call();
+    assert_eq!(
+        call.header("x-envoy-original-dst-host"),
+        Some("10.0.0.12:8000")
+    );
+    let unpinned = Request::completion(&config, &[("x-client-id", "chat")], PROMPT);
+    unpinned.prefill_call();
+}
+
+#[test]
+fn only_listed_callers_name_a_session() {
+    let config = config_with(CALLER_RULES);
+    let session = ("x-dynamo-session-id", "s-1");
+    let headers = [COMPLETION_HEADERS, &[session, ("x-client-id", "bench")]].concat();
+    let sent = refused(&config, &headers);
+    assert_eq!(sent.status, 403);
+    assert_eq!(sent.json()["error"]["code"], "session_not_allowed");
+    let allowed = Request::completion(&config, &[session, ("x-client-id", "chat")], PROMPT);
+    allowed.prefill_call();
+}

@@ -142,6 +142,22 @@ fn each_error_has_its_status_code_and_type() {
             "invalid_epp_metadata",
         ),
         (RouteError::Internal("x"), 500, "internal_error"),
+        (
+            RouteError::NotPermitted {
+                caller: "caller \"bob\"".into(),
+                privilege: Privilege::Pin,
+            },
+            403,
+            "pin_not_allowed",
+        ),
+        (
+            RouteError::NotPermitted {
+                caller: "an unnamed caller".into(),
+                privilege: Privilege::Session,
+            },
+            403,
+            "session_not_allowed",
+        ),
     ];
     assert_eq!(
         cases
