@@ -109,9 +109,7 @@ pub async fn https_request(
     alpn: &[&[u8]],
     request: &str,
 ) -> Result<TlsAnswer> {
-    let mut config = ClientConfig::builder()
-        .with_root_certificates(roots(ca)?)
-        .with_no_client_auth();
+    let mut config = client_config(ca, None)?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let name =
         ServerName::try_from(server_name.to_owned()).map_err(|e| anyhow!("{server_name}: {e}"))?;
@@ -132,6 +130,17 @@ pub async fn https_request(
     Ok(TlsAnswer {
         alpn,
         response: String::from_utf8_lossy(&answer).into_owned(),
+    })
+}
+
+/// A client trusting `ca`, presenting `certificate` to servers that ask for one.
+pub fn client_config(ca: &Path, certificate: Option<&Issued>) -> Result<ClientConfig> {
+    let builder = ClientConfig::builder().with_root_certificates(roots(ca)?);
+    Ok(match certificate {
+        Some(issued) => builder
+            .with_client_auth_cert(certificates(&issued.cert)?, private_key(&issued.key)?)
+            .context("the client certificate")?,
+        None => builder.with_no_client_auth(),
     })
 }
 

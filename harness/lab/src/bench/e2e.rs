@@ -119,6 +119,7 @@ async fn contenders(
         let workload = Arc::new(Completion {
             route: Route::of(*scenario, inputs.sims.prefill, inputs.sims.decode, address)?,
             bodies: Bodies::new(size, options.max_tokens),
+            tls: gateway.as_ref().and_then(Gateway::client_tls),
         });
         check_workload(&workload, *scenario, options.request_timeout).await?;
         let pids = Pids {

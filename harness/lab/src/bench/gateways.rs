@@ -13,10 +13,17 @@ use serde_json::json;
 use super::python::PythonProxy;
 use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
 use super::vllm_router::{Policy, VllmRouter};
+use crate::load::ClientTls;
+use pinroute_harness::certs::{LocalCa, Usage};
 use pinroute_harness::envoy::{
     BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy,
     MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, render_bootstrap,
 };
+use pinroute_harness::envoy::{ListenerTls, WorkerTls};
+use pinroute_harness::tls_front::{TlsFront, client_config};
+use rustls::pki_types::ServerName;
+use std::sync::Arc;
+use tokio_rustls::TlsConnector;
 
 const PLAIN_TEMPLATE: &str = include_str!("../../../../envoy/plain.yaml");
 
@@ -34,6 +41,13 @@ pub enum Scenario {
     EnvoyTwoHops,
     /// One request to Envoy with the pinroute filter: the full two-hop flow with pins.
     Pinroute,
+    /// `Pinroute` with the clients over TLS (HTTP/1.1 by ALPN); the workers in clear.
+    #[serde(rename = "pinroute-tls")]
+    PinrouteTls,
+    /// `Pinroute` with mutual TLS on both sides: the clients present a certificate, and both
+    /// hops reach the workers (behind TLS fronts) over mutual TLS.
+    #[serde(rename = "pinroute-mtls")]
+    PinrouteMtls,
     /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
     Python,
     /// One request to vllm-router (`--vllm-pd-disaggregation`, its default `cache_aware`
@@ -43,11 +57,13 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
         Scenario::Pinroute,
+        Scenario::PinrouteTls,
+        Scenario::PinrouteMtls,
         Scenario::Python,
         Scenario::VllmRouter,
     ];
@@ -58,6 +74,8 @@ impl Scenario {
             Scenario::Envoy => "envoy",
             Scenario::EnvoyTwoHops => "envoy-2hop",
             Scenario::Pinroute => "pinroute",
+            Scenario::PinrouteTls => "pinroute-tls",
+            Scenario::PinrouteMtls => "pinroute-mtls",
             Scenario::Python => "python",
             Scenario::VllmRouter => "vllm-router",
         }
@@ -66,9 +84,18 @@ impl Scenario {
     /// Whether the scenario's proxy is an Envoy.
     pub fn runs_envoy(self) -> bool {
         match self {
-            Scenario::Envoy | Scenario::EnvoyTwoHops | Scenario::Pinroute => true,
+            Scenario::Envoy | Scenario::EnvoyTwoHops => true,
+            Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls => true,
             Scenario::Floor | Scenario::Python | Scenario::VllmRouter => false,
         }
+    }
+
+    /// Whether the scenario's proxy runs the pinroute filter.
+    pub fn runs_pinroute(self) -> bool {
+        matches!(
+            self,
+            Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls
+        )
     }
 
     pub fn description(self) -> &'static str {
@@ -79,6 +106,8 @@ impl Scenario {
                 "Envoy without the filter on both hops (the client sends both)"
             }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
+            Scenario::PinrouteTls => "the same, clients over TLS",
+            Scenario::PinrouteMtls => "the same, mutual TLS to clients and to both workers",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
             Scenario::VllmRouter => "vllm-router 0.1.17, P/D mode, cache_aware (its default)",
         }
@@ -99,7 +128,11 @@ impl FromStr for Scenario {
             .into_iter()
             .find(|s| s.as_str() == text.trim().to_ascii_lowercase())
             .with_context(|| {
-                format!("unknown scenario {text:?}: expected floor, envoy, envoy-2hop, pinroute, python or vllm-router")
+                let names: Vec<_> = Scenario::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown scenario {text:?}: expected one of {}",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -107,6 +140,7 @@ impl FromStr for Scenario {
 /// A running proxy process.
 pub enum Gateway {
     Envoy(Envoy),
+    TlsEnvoy(Box<TlsGateway>),
     Python(PythonProxy),
     VllmRouter(VllmRouter),
 }
@@ -115,6 +149,7 @@ impl Gateway {
     pub fn pid(&self) -> u32 {
         match self {
             Gateway::Envoy(envoy) => envoy.pid(),
+            Gateway::TlsEnvoy(gateway) => gateway.envoy.pid(),
             Gateway::Python(proxy) => proxy.pid(),
             Gateway::VllmRouter(router) => router.pid(),
         }
@@ -123,8 +158,17 @@ impl Gateway {
     pub fn address(&self) -> SocketAddr {
         match self {
             Gateway::Envoy(envoy) => envoy.listen(),
+            Gateway::TlsEnvoy(gateway) => gateway.envoy.listen(),
             Gateway::Python(proxy) => proxy.address(),
             Gateway::VllmRouter(router) => router.address(),
+        }
+    }
+
+    /// How the load generator reaches it over TLS; `None`: in clear.
+    pub fn client_tls(&self) -> Option<ClientTls> {
+        match self {
+            Gateway::TlsEnvoy(gateway) => Some(gateway.client.clone()),
+            _ => None,
         }
     }
 }
@@ -156,10 +200,15 @@ pub async fn start_gateway(
             ))
         }
         Scenario::Pinroute => {
-            let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm)?;
+            let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm, EdgeOptions::default())?;
             Some(Gateway::Envoy(
                 Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
             ))
+        }
+        Scenario::PinrouteTls | Scenario::PinrouteMtls => {
+            let mutual = scenario == Scenario::PinrouteMtls;
+            let gateway = TlsGateway::start(inputs, &dir, mutual).await?;
+            Some(Gateway::TlsEnvoy(Box::new(gateway)))
         }
         Scenario::Python => {
             let Some(python) = inputs.python else {
@@ -192,15 +241,77 @@ pub fn registry(sims: &SimAddresses) -> serde_json::Value {
     ]})
 }
 
-fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path) -> Result<String> {
+fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path, edge: EdgeOptions) -> Result<String> {
     render_bootstrap(&BootstrapOptions {
         listen: loopback_any(),
         admin: loopback_any(),
         wasm: PathBuf::from(wasm),
         plugin_config: registry(sims).to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
-        edge: EdgeOptions::default(),
+        edge,
     })
+}
+
+/// The name on the workers' certificates, which the gateway checks.
+const WORKER_NAME: &str = "worker.bench.local";
+
+/// Envoy + pinroute terminating TLS, and with `mutual`, asking the clients for a certificate
+/// and reaching both workers over mutual TLS through TLS fronts (in this process: their CPU
+/// counts as the load generator's, not the gateway's).
+pub struct TlsGateway {
+    envoy: Envoy,
+    client: ClientTls,
+    _fronts: Vec<TlsFront>,
+}
+
+impl TlsGateway {
+    async fn start(inputs: &GatewayInputs<'_>, dir: &Path, mutual: bool) -> Result<TlsGateway> {
+        let ca = LocalCa::create(&dir.join("tls"), "pinroute bench CA")?;
+        let listener = ca.issue("gateway", &["localhost"], Usage::Server)?;
+        let mut edge = EdgeOptions {
+            tls: Some(ListenerTls {
+                cert: listener.cert,
+                key: listener.key,
+                client_ca: mutual.then(|| ca.cert_path()),
+            }),
+            ..EdgeOptions::default()
+        };
+        let mut sims = inputs.sims;
+        let mut fronts = Vec::new();
+        if mutual {
+            let worker = ca.issue("worker", &[WORKER_NAME], Usage::Server)?;
+            let ca_path = ca.cert_path();
+            for sim in [&mut sims.prefill, &mut sims.decode] {
+                let front = TlsFront::start(&worker, Some(&ca_path), *sim).await?;
+                *sim = front.addr();
+                fronts.push(front);
+            }
+            let gateway_client =
+                ca.issue("gateway-client", &["pinroute-gateway"], Usage::Client)?;
+            edge.worker_tls = Some(WorkerTls {
+                ca: ca_path,
+                client_cert: Some((gateway_client.cert, gateway_client.key)),
+                names: vec![WORKER_NAME.into()],
+            });
+        }
+        let client_cert = if mutual {
+            Some(ca.issue("client", &["bench-client"], Usage::Client)?)
+        } else {
+            None
+        };
+        let config = client_config(&ca.cert_path(), client_cert.as_ref())?;
+        let client = ClientTls {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name: ServerName::try_from("localhost")?,
+        };
+        let yaml = pinroute_bootstrap(&sims, inputs.wasm, edge)?;
+        let envoy = Envoy::start(inputs.envoy_binary, &yaml, dir).await?;
+        Ok(TlsGateway {
+            envoy,
+            client,
+            _fronts: fronts,
+        })
+    }
 }
 
 /// `envoy/plain.yaml` for the workers, with the limits of the pinroute bootstrap.

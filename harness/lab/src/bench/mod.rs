@@ -98,7 +98,7 @@ async fn end_to_end(
     root: &Path,
 ) -> Result<(Vec<results::RunResult>, Option<u64>)> {
     let needs_envoy = e2e.scenarios.iter().any(|s| s.runs_envoy());
-    let wasm = match (&e2e.wasm, e2e.scenarios.contains(&Scenario::Pinroute)) {
+    let wasm = match (&e2e.wasm, e2e.scenarios.iter().any(|s| s.runs_pinroute())) {
         (_, false) => None,
         (Some(given), true) => Some(given.clone()),
         (None, true) => Some(pinroute_harness::wasm::build_filter()?),

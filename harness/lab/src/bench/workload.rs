@@ -16,7 +16,7 @@ use pinroute::policy::headers::PREFILL_WORKER_HEADER;
 use pinroute::policy::rewrite::PREFILL_KV_TRANSFER_PARAMS;
 
 use super::prompt::prompt_text;
-use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
+use crate::load::{ChunkedBody, ClientTls, Exchange, Sample, VirtualUser, Workload};
 
 const PATH: &str = "/v1/completions";
 const LABEL: &str = "completion";
@@ -93,10 +93,12 @@ impl Route {
                 decode: envoy,
                 via_envoy: true,
             },
-            (Scenario::Pinroute, Some(proxy)) => Route::Proxy {
-                proxy,
-                pinned: true,
-            },
+            (Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls, Some(proxy)) => {
+                Route::Proxy {
+                    proxy,
+                    pinned: true,
+                }
+            }
             (Scenario::Python | Scenario::VllmRouter, Some(proxy)) => Route::Proxy {
                 proxy,
                 pinned: false,
@@ -118,6 +120,8 @@ struct Hops {
 pub struct Completion {
     pub route: Route,
     pub bodies: Bodies,
+    /// TLS to the proxy; `None`: clear text.
+    pub tls: Option<ClientTls>,
 }
 
 impl Workload for Completion {
@@ -146,6 +150,10 @@ impl Workload for Completion {
 
     fn label(&self, _seq: u64) -> &'static str {
         LABEL
+    }
+
+    fn client_tls(&self) -> Option<ClientTls> {
+        self.tls.clone()
     }
 }
 

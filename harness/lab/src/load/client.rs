@@ -12,7 +12,9 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 use super::body::ChunkedBody;
 
@@ -25,6 +27,7 @@ pub const TAIL_BYTES: usize = 64;
 #[derive(Debug)]
 pub enum TransportError {
     Connect(SocketAddr, std::io::Error),
+    TlsHandshake(SocketAddr, std::io::Error),
     Handshake(SocketAddr, hyper::Error),
     Send(SocketAddr, hyper::Error),
     Body(SocketAddr, hyper::Error),
@@ -34,6 +37,7 @@ impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TransportError::Connect(to, e) => write!(f, "connecting to {to}: {e}"),
+            TransportError::TlsHandshake(to, e) => write!(f, "TLS handshake with {to}: {e}"),
             TransportError::Handshake(to, e) => write!(f, "HTTP handshake with {to}: {e}"),
             TransportError::Send(to, e) => write!(f, "request to {to}: {e}"),
             TransportError::Body(to, e) => write!(f, "response body from {to}: {e}"),
@@ -84,15 +88,32 @@ impl Exchange {
     }
 }
 
+/// How a client speaks TLS to its servers: whom it trusts, the name it asks for, and the
+/// certificate it presents if any (all in the connector's configuration).
+#[derive(Clone)]
+pub struct ClientTls {
+    pub connector: TlsConnector,
+    pub server_name: ServerName<'static>,
+}
+
 /// The keep-alive connections of one virtual user, one per server.
 #[derive(Default)]
 pub struct Connections {
     open: HashMap<SocketAddr, SendRequest<ChunkedBody>>,
     /// Connections opened so far (a keep-alive client opens one per server).
     pub opened: u64,
+    /// TLS on every connection; `None`: clear text.
+    tls: Option<ClientTls>,
 }
 
 impl Connections {
+    pub fn new(tls: Option<ClientTls>) -> Self {
+        Connections {
+            tls,
+            ..Connections::default()
+        }
+    }
+
     /// Forgets every connection (after a timeout left one mid-exchange).
     pub fn reset(&mut self) {
         self.open.clear();
@@ -149,7 +170,7 @@ impl Connections {
             None => false,
         };
         if !reusable {
-            let sender = connect(server).await?;
+            let sender = connect(server, self.tls.as_ref()).await?;
             self.opened += 1;
             self.open.insert(server, sender);
         }
@@ -159,13 +180,36 @@ impl Connections {
     }
 }
 
-async fn connect(server: SocketAddr) -> Result<SendRequest<ChunkedBody>, TransportError> {
+async fn connect(
+    server: SocketAddr,
+    tls: Option<&ClientTls>,
+) -> Result<SendRequest<ChunkedBody>, TransportError> {
     let stream = TcpStream::connect(server)
         .await
         .map_err(|e| TransportError::Connect(server, e))?;
     if let Err(e) = stream.set_nodelay(true) {
         log::debug!("set_nodelay on a connection to {server}: {e}");
     }
+    match tls {
+        None => handshake(server, stream).await,
+        Some(tls) => {
+            let stream = tls
+                .connector
+                .connect(tls.server_name.clone(), stream)
+                .await
+                .map_err(|e| TransportError::TlsHandshake(server, e))?;
+            handshake(server, stream).await
+        }
+    }
+}
+
+async fn handshake<S>(
+    server: SocketAddr,
+    stream: S,
+) -> Result<SendRequest<ChunkedBody>, TransportError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| TransportError::Handshake(server, e))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::client::{Connections, Exchange, TransportError};
+use super::client::{ClientTls, Connections, Exchange, TransportError};
 use super::stats::{Latencies, LatencySummary, Outcomes, StatusClass};
 
 /// Distinct problem descriptions kept per run.
@@ -112,6 +112,11 @@ pub trait Workload: Send + Sync + 'static {
     /// The label of the `seq`-th request (used when it times out).
     fn label(&self, _seq: u64) -> &'static str {
         "request"
+    }
+
+    /// TLS on every connection of every virtual user; `None`: clear text.
+    fn client_tls(&self) -> Option<ClientTls> {
+        None
     }
 }
 
@@ -290,7 +295,7 @@ async fn run_user<W: Workload>(
 ) -> Recorder {
     let mut user = VirtualUser {
         id,
-        connections: Connections::default(),
+        connections: Connections::new(workload.client_tls()),
     };
     let mut recorder = Recorder::default();
     let mut seq = 0u64;

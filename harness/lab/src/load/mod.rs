@@ -50,7 +50,7 @@ mod tests;
 
 pub use body::ChunkedBody;
 pub use client::{
-    Connections, Exchange, FailedExchange, KEPT_BODY_BYTES, TAIL_BYTES, TransportError,
+    ClientTls, Connections, Exchange, FailedExchange, KEPT_BODY_BYTES, TAIL_BYTES, TransportError,
 };
 pub use driver::{LoadReport, LoadSpec, Sample, Stop, VirtualUser, Workload, run_load};
 pub use stats::{Latencies, LatencySummary, Outcomes, StatusClass};
