@@ -60,7 +60,10 @@ impl TlsFront {
                         return;
                     };
                     counted.fetch_add(1, Ordering::Relaxed);
+                    // No Nagle delay on either side: a relay must not add latency of its own.
+                    let _ = tls.get_ref().0.set_nodelay(true);
                     if let Ok(mut plain) = TcpStream::connect(target).await {
+                        let _ = plain.set_nodelay(true);
                         let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
                     }
                 });

@@ -47,6 +47,37 @@ pub fn run_visibly(command: &mut Command) -> Result<()> {
     }
 }
 
+/// The python of `venv` with `requirements` (a pip requirements file) installed: the venv is
+/// made on first use and installed into again whenever the file changes (a copy of it in the
+/// venv records what was installed).
+pub fn python_with(venv: &Path, requirements: &Path) -> Result<PathBuf> {
+    const STAMP: &str = "requirements.installed";
+    let wanted = fs::read_to_string(requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let python = venv.join("bin/python");
+    let stamp = venv.join(STAMP);
+    let installed = || fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
+    if python.is_file() && installed() {
+        return Ok(python);
+    }
+    let _lock = lock_file(venv)?;
+    if python.is_file() && installed() {
+        return Ok(python);
+    }
+    if !python.is_file() {
+        eprintln!("pinroute: python3 -m venv {}", venv.display());
+        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    }
+    eprintln!(
+        "pinroute: pip install -r {} into {}",
+        requirements.display(),
+        venv.display()
+    );
+    run_visibly(pip_install(&python).arg("-r").arg(requirements))?;
+    fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(python)
+}
+
 /// `path` if it names a file (a binary or interpreter given by an environment variable).
 pub fn existing_file(path: PathBuf) -> Result<PathBuf> {
     if path.is_file() {

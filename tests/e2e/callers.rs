@@ -10,20 +10,27 @@ use pinroute_harness::jwt::{Lifetime, TokenIssuer};
 use tempfile::TempDir;
 
 use crate::client::{complete, prompt};
-use crate::{Deployment, disaggregated_spec, nothing_reached_a_worker, start};
+use crate::{Deployment, StackSpec, disaggregated_spec, nothing_reached_a_worker, start};
 
 const KEY: &str = "sk-team-a-0123456789";
 
-async fn with_keys() -> Deployment {
+const OPS_KEY: &str = "sk-ops-9876543210";
+
+fn keys_spec() -> StackSpec {
     let mut spec = disaggregated_spec();
+    let key = |client: &str, key: &str| ApiKey {
+        client: client.into(),
+        key: key.into(),
+    };
     spec.edge.callers = Some(Callers::ApiKeys(ApiKeys {
-        keys: vec![ApiKey {
-            client: "team-a".into(),
-            key: KEY.into(),
-        }],
+        keys: vec![key("team-a", KEY), key("ops", OPS_KEY)],
         identity_header: DEFAULT_IDENTITY_HEADER.into(),
     }));
-    start(spec).await
+    spec
+}
+
+async fn with_keys() -> Deployment {
+    start(keys_spec()).await
 }
 
 #[tokio::test]
@@ -164,4 +171,65 @@ async fn a_signed_token_gets_in_a_bad_one_gets_401_another_audiences_403() {
             "worker {id} got the token"
         );
     }
+}
+
+/// `callers` (`docs/semantics.md` §7): with keys, only the callers listed may pin or name a
+/// session; the others are served unpinned.
+#[tokio::test]
+async fn only_the_callers_the_operator_lists_may_pin_or_name_a_session() {
+    let mut spec = keys_spec();
+    spec.settings =
+        serde_json::json!({"callers": {"may_pin": ["ops"], "may_use_sessions": ["ops"]}});
+    let deployment = start(spec).await;
+    let team_a = format!("Bearer {KEY}");
+    let ops = format!("Bearer {OPS_KEY}");
+    let refused: [(&[(&str, &str)], &str); 3] = [
+        (
+            &[
+                ("authorization", &team_a),
+                ("x-dynamo-worker-instance-id", "202"),
+            ],
+            "pin_not_allowed",
+        ),
+        (
+            // The identity is the key's, whatever the client claims.
+            &[
+                ("authorization", &team_a),
+                (DEFAULT_IDENTITY_HEADER, "ops"),
+                ("x-dynamo-prefill-instance-id", "102"),
+            ],
+            "pin_not_allowed",
+        ),
+        (
+            &[("authorization", &team_a), ("x-dynamo-session-id", "s-1")],
+            "session_not_allowed",
+        ),
+    ];
+    for (headers, code) in refused {
+        let message = complete(&deployment, headers, &prompt())
+            .await
+            .error(403, code);
+        assert!(message.contains("\"team-a\""), "{message}");
+    }
+    let mut body = prompt();
+    body["nvext"] = serde_json::json!({"decode_worker_id": 202});
+    let reply = complete(&deployment, &[("authorization", &team_a)], &body).await;
+    reply.error(403, "pin_not_allowed");
+    assert!(
+        nothing_reached_a_worker(&deployment),
+        "a refused pin reached a worker"
+    );
+    let reply = complete(&deployment, &[("authorization", &team_a)], &prompt()).await;
+    reply.assert_ok("team-a unpinned");
+    let pinned = [
+        ("authorization", ops.as_str()),
+        ("x-dynamo-worker-instance-id", "202"),
+        ("x-dynamo-prefill-instance-id", "102"),
+    ];
+    let reply = complete(&deployment, &pinned, &prompt()).await;
+    reply.assert_ok("ops pinned");
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (Some(102), Some(202))
+    );
 }

@@ -25,6 +25,7 @@ mod prefix;
 #[path = "../common/reply.rs"]
 mod reply;
 mod routing;
+mod sdk;
 mod security;
 mod tls;
 

@@ -1,46 +1,23 @@
 //! The Python baseline proxy (`harness/lab/python/disagg_proxy.py`, FastAPI + httpx) in its own
 //! venv, `.cache/bench-venv`, installed from `harness/lab/python/bench-requirements.txt`.
 
-use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::child::ServingChild;
 use super::sims::SimAddresses;
-use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
+use pinroute_harness::venv::python_with;
 
 pub const VENV_DIR: &str = ".cache/bench-venv";
 const REQUIREMENTS: &str = "harness/lab/python/bench-requirements.txt";
 const PROXY_SCRIPT: &str = "harness/lab/python/disagg_proxy.py";
-/// Written into the venv once the requirements are installed: a copy of them.
-const STAMP: &str = "bench-requirements.installed";
 
 /// The venv's python, with the requirements installed (creating the venv on first use).
 pub fn bench_python(repo_root: &Path) -> Result<PathBuf> {
-    let venv = repo_root.join(VENV_DIR);
-    let requirements_path = repo_root.join(REQUIREMENTS);
-    let requirements = fs::read_to_string(&requirements_path)
-        .with_context(|| format!("reading {}", requirements_path.display()))?;
-    let python = venv.join("bin/python");
-    let stamp = venv.join(STAMP);
-    if python.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == requirements) {
-        return Ok(python);
-    }
-    let _lock = lock_file(&venv)?;
-    if !python.is_file() {
-        eprintln!("pinroute-lab: python3 -m venv {}", venv.display());
-        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    }
-    eprintln!(
-        "pinroute-lab: pip install -r {REQUIREMENTS} into {}",
-        venv.display()
-    );
-    run_visibly(pip_install(&python).arg("-r").arg(&requirements_path))?;
-    fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
-    Ok(python)
+    python_with(&repo_root.join(VENV_DIR), &repo_root.join(REQUIREMENTS))
 }
 
 /// The running proxy; killed when dropped.
