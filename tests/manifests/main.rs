@@ -11,12 +11,12 @@
 //! - Names agree across documents and with the plugin configuration (the filter's own
 //!   `Config::from_json` accepts it), and the clusters are those of `envoy/bootstrap.yaml`
 //!   but for their TLS: every cluster that reaches workers speaks the mesh's mutual TLS
-//!   (Istio).
+//!   (Istio) or the TLS of the decode Service's BackendTLSPolicy (Envoy Gateway).
 //! - The Envoy fragments are assembled into a static bootstrap the way each control plane
 //!   assembles them (Istio: ECDS config inlined with the module made local, as istio-agent
 //!   does; Envoy Gateway: its filter and route naming, then the EnvoyPatchPolicy applied) and
 //!   checked with `envoy --mode validate`, with stand-ins for the control plane's secret
-//!   sources (Istio's `sds-grpc` cluster).
+//!   sources (Istio's `sds-grpc` cluster; Envoy Gateway's served secrets, as static ones).
 
 // Some typed fields are only parsed, for their names and types: never read.
 #![allow(

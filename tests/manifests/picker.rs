@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::envoy_gateway::{EnvoyGatewayManifest, envoy_gateway_behind_picker};
 use super::istio::{ApplyTo, Operation, istio_behind_picker};
 use super::{
-    ENVOY_GATEWAY, ISTIO, Resource, bootstrap, documents, envoy_accepts, find, plugin_config,
+    ENVOY_GATEWAY, ISTIO, Resource, documents, envoy_accepts, find, plugin_config,
     rendered_bootstrap, without,
 };
 
@@ -353,7 +353,8 @@ fn the_envoy_gateway_picker_overlay_is_the_plain_envoy_chain() {
 #[test]
 fn envoy_accepts_the_envoy_gateway_picker_fragments() {
     let m = envoy_gateway_behind_picker(ENVOY_GATEWAY, ENVOY_GATEWAY_PICKER);
-    envoy_accepts(|wasm| bootstrap(m.patched_listener(wasm), m.clusters()));
+    let served = m.served_secrets();
+    envoy_accepts(|wasm| m.envoy_bootstrap(wasm, &served));
 }
 
 // ---------------------------------------------------------------------------------------

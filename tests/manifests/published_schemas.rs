@@ -30,6 +30,7 @@ const models = {
   "security.istio.io/v1/PeerAuthentication": ["@kubernetes-models/istio/security.istio.io/v1/PeerAuthentication", "PeerAuthentication"],
   "gateway.networking.k8s.io/v1/Gateway": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway", "Gateway"],
   "gateway.networking.k8s.io/v1/HTTPRoute": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute", "HTTPRoute"],
+  "gateway.networking.k8s.io/v1/BackendTLSPolicy": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/BackendTLSPolicy", "BackendTLSPolicy"],
 };
 const docs = JSON.parse(readFileSync(0, "utf8"));
 for (const doc of docs) {
@@ -151,8 +152,10 @@ fn istio_and_gateway_api_documents_pass_the_published_schemas() {
         "SKIP inference.networking.k8s.io/v1/InferencePool vllm-pool",
         "OK networking.istio.io/v1alpha3/EnvoyFilter pinroute-picker",
         "OK gateway.networking.k8s.io/v1/Gateway pinroute",
-        "OK gateway.networking.k8s.io/v1/HTTPRoute pinroute",
         // No registry package ships Envoy Gateway's CRD schemas: the typed checks above.
+        "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyProxy pinroute",
+        "OK gateway.networking.k8s.io/v1/BackendTLSPolicy pinroute-workers",
+        "OK gateway.networking.k8s.io/v1/HTTPRoute pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/SecurityPolicy pinroute",
@@ -171,15 +174,21 @@ fn the_published_schemas_catch_bad_values() {
     let bad_istio = ISTIO
         .replace("applyTo: HTTP_ROUTE", "applyTo: ROUTE")
         .replace("mode: STRICT", "mode: MUTUAL");
-    let bad_eg = ENVOY_GATEWAY.replace("request: 300s", "request: 5 minutes");
+    let bad_eg = ENVOY_GATEWAY
+        .replace("request: 300s", "request: 5 minutes")
+        .replace("hostname: vllm.llm.svc", "hostname: vLLM_workers");
     let docs = [
         find(&documents(&bad_istio), "EnvoyFilter").clone(),
         find(&documents(&bad_eg), "HTTPRoute").clone(),
         find(&documents(&bad_istio), "PeerAuthentication").clone(),
+        find(&documents(&bad_eg), "BackendTLSPolicy").clone(),
     ];
     let verdicts = schema_verdicts(&dir, &docs);
-    assert_eq!(verdicts.len(), 3);
-    for (verdict, field) in verdicts.iter().zip(["applyTo", "timeouts/request", "mode"]) {
+    assert_eq!(verdicts.len(), 4);
+    for (verdict, field) in verdicts
+        .iter()
+        .zip(["applyTo", "timeouts/request", "mode", "hostname"])
+    {
         assert!(
             verdict.starts_with("FAIL") && verdict.contains(field),
             "{verdicts:?}"
