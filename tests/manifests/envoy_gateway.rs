@@ -1,20 +1,24 @@
-//! The Envoy Gateway manifest (`envoy/envoy-gateway/pinroute.yaml`): Gateway, HTTPRoute,
-//! EnvoyExtensionPolicy, ClientTrafficPolicy, EnvoyPatchPolicy.
+//! The Envoy Gateway manifest (`envoy/envoy-gateway/pinroute.yaml`): Gateway, EnvoyProxy,
+//! BackendTLSPolicy, HTTPRoute, EnvoyExtensionPolicy, ClientTrafficPolicy, EnvoyPatchPolicy.
 //!
 //! The types below are the fields of Gateway API and Envoy Gateway resources the manifest
 //! uses (Envoy Gateway's Go API types, `api/v1alpha1`); unknown fields are refused.
 
 use std::path::Path;
 
-use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes};
+use pinroute_harness::certs::{LocalCa, Usage};
+use pinroute_harness::envoy::test_support::{envoy, stub_wasm};
+use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes, validate};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::picker::ENVOY_GATEWAY_PICKER;
 use super::{
     CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, InferencePoolSpec, Resource,
-    WASM_FILTER_TYPE, bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter,
-    documents, edge_removals, envoy_accepts, find, local_code, picker_member, plugin_config,
-    pool_header_matcher, pool_retry_policy, rendered_clusters, router, seconds, typed, with_member,
+    TLS_SOCKET, UPSTREAM_TLS_TYPE, WASM_FILTER_TYPE, bootstrap_document, check_clusters,
+    check_cors, check_edge_hcm, cors_filter, documents, edge_removals, envoy_accepts, find,
+    local_code, picker_member, plugin_config, pool_header_matcher, pool_retry_policy,
+    rendered_clusters, router, seconds, typed, with_member, without_tls, yaml,
 };
 
 pub const ENVOY_GATEWAY: &str = include_str!("../../envoy/envoy-gateway/pinroute.yaml");
@@ -23,7 +27,52 @@ pub const ENVOY_GATEWAY: &str = include_str!("../../envoy/envoy-gateway/pinroute
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GatewaySpec {
     pub gateway_class_name: String,
+    pub infrastructure: Option<GatewayInfrastructure>,
     pub listeners: Vec<Listener>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewayInfrastructure {
+    pub parameters_ref: TargetRef,
+}
+
+/// The EnvoyProxy's fields pinroute sets.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvoyProxySpec {
+    #[serde(rename = "backendTLS")]
+    pub backend_tls: BackendTlsConfig,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendTlsConfig {
+    pub client_certificate_ref: SecretObjectReference,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretObjectReference {
+    pub group: Option<String>,
+    pub kind: Option<String>,
+    pub name: String,
+    pub namespace: Option<String>,
+}
+
+/// Gateway API's `BackendTLSPolicy` (`gateway.networking.k8s.io/v1`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendTlsPolicySpec {
+    pub target_refs: Vec<TargetRef>,
+    pub validation: BackendTlsValidation,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendTlsValidation {
+    pub ca_certificate_refs: Vec<TargetRef>,
+    pub hostname: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +148,8 @@ pub struct Timeouts {
     pub request: String,
 }
 
+/// A local reference by group, kind and name: a policy's target, a CA reference, a
+/// Gateway's `parametersRef`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetRef {
@@ -441,6 +492,8 @@ fn quantity_bytes(text: &str) -> u64 {
 
 pub struct EnvoyGatewayManifest {
     pub gateway: Resource<GatewaySpec>,
+    proxy: Resource<EnvoyProxySpec>,
+    backend_tls: Resource<BackendTlsPolicySpec>,
     route: Resource<HttpRouteSpec>,
     pub extension: Resource<ExtensionPolicySpec>,
     traffic: Resource<ClientTrafficPolicySpec>,
@@ -462,9 +515,11 @@ pub struct EnvoyGatewayPicker {
 
 pub fn envoy_gateway_manifest(text: &str) -> EnvoyGatewayManifest {
     let docs = documents(text);
-    assert_eq!(docs.len(), 6);
+    assert_eq!(docs.len(), 8);
     EnvoyGatewayManifest {
         gateway: typed(find(&docs, "Gateway")),
+        proxy: typed(find(&docs, "EnvoyProxy")),
+        backend_tls: typed(find(&docs, "BackendTLSPolicy")),
         route: typed(find(&docs, "HTTPRoute")),
         extension: typed(find(&docs, "EnvoyExtensionPolicy")),
         traffic: typed(find(&docs, "ClientTrafficPolicy")),
@@ -549,8 +604,9 @@ impl EnvoyGatewayManifest {
         format!("backend/{}/{}", backend.namespace, backend.name)
     }
 
-    /// The Backend's cluster: gRPC (HTTP/2) to its endpoint, TLS as its `tls` says.
-    pub fn picker_cluster(picker: &EnvoyGatewayPicker) -> Value {
+    /// The Backend's cluster: gRPC (HTTP/2) to its endpoint, TLS as its `tls` says, with the
+    /// EnvoyProxy's client certificate.
+    pub fn picker_cluster(&self, picker: &EnvoyGatewayPicker) -> Value {
         let endpoint = &picker.backend.spec.endpoints[0].fqdn;
         let name = Self::picker_cluster_name(picker);
         let mut cluster = json!({
@@ -568,16 +624,146 @@ impl EnvoyGatewayManifest {
             ]}]},
         });
         if picker.backend.spec.tls.is_some() {
+            let mut common = self.client_tls();
+            common["alpn_protocols"] = json!(["h2"]);
             cluster["transport_socket"] = json!({
-                "name": "envoy.transport_sockets.tls",
+                "name": TLS_SOCKET,
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "@type": UPSTREAM_TLS_TYPE,
                     "sni": endpoint.hostname,
-                    "common_tls_context": {"alpn_protocols": ["h2"]},
+                    "common_tls_context": common,
                 },
             });
         }
         cluster
+    }
+
+    /// The name Envoy Gateway serves the BackendTLSPolicy's CA under:
+    /// `<policy>/<namespace>-ca` (`getBackendTLSBundle`).
+    fn ca_secret_name(&self) -> String {
+        let policy = &self.backend_tls.metadata;
+        format!("{}/{}-ca", policy.name, policy.namespace)
+    }
+
+    /// The name Envoy Gateway serves the EnvoyProxy's client certificate under:
+    /// `<namespace>/<Secret>` (`irTLSListenerConfigName`).
+    fn client_certificate_secret_name(&self) -> String {
+        let secret = &self.proxy.spec.backend_tls.client_certificate_ref;
+        let namespace = secret
+            .namespace
+            .as_ref()
+            .unwrap_or(&self.proxy.metadata.namespace);
+        format!("{namespace}/{}", secret.name)
+    }
+
+    /// The gateway's side of every backend TLS connection of this Gateway, from its
+    /// EnvoyProxy: the client certificate, and TLS 1.2 to 1.3 (Envoy Gateway's defaults).
+    fn client_tls(&self) -> Value {
+        json!({
+            "tls_params": {
+                "tls_minimum_protocol_version": "TLSv1_2",
+                "tls_maximum_protocol_version": "TLSv1_3",
+            },
+            "tls_certificate_sds_secret_configs": [xds_secret(&self.client_certificate_secret_name())],
+        })
+    }
+
+    /// The `UpstreamTlsContext` Envoy Gateway (1.9 and later) builds for the cluster of a
+    /// route whose backend the BackendTLSPolicy targets (`buildXdsUpstreamTLSSocketWthCert`):
+    /// the policy's hostname as SNI and as the one DNS SAN accepted, its CA and the
+    /// EnvoyProxy's client certificate as secrets from Envoy Gateway's xDS stream.
+    pub fn backend_tls_context(&self) -> Value {
+        let hostname = &self.backend_tls.spec.validation.hostname;
+        let mut common = self.client_tls();
+        common["combined_validation_context"] = json!({
+            "default_validation_context": {
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": hostname}}],
+            },
+            "validation_context_sds_secret_config": xds_secret(&self.ca_secret_name()),
+        });
+        json!({"@type": UPSTREAM_TLS_TYPE, "sni": hostname, "common_tls_context": common})
+    }
+
+    /// Checks that Envoy Gateway serves the secrets [`Self::backend_tls_context`] names to
+    /// this Gateway's Envoys: the BackendTLSPolicy targets the Service every HTTPRoute rule
+    /// routes to (so that a cluster Envoy Gateway generates uses them), with a CA it serves
+    /// under `<policy>/<namespace>-ca`, and the EnvoyProxy is this Gateway's.
+    fn check_backend_tls_is_served(&self) {
+        let policy = &self.backend_tls;
+        assert_eq!(policy.api_version, "gateway.networking.k8s.io/v1");
+        assert_eq!(policy.metadata.namespace, self.route.metadata.namespace);
+        for rule in &self.route.spec.rules {
+            for backend in &rule.backend_refs {
+                let targeted = policy.spec.target_refs.iter().any(|target| {
+                    target.group.is_empty()
+                        && target.kind == "Service"
+                        && target.name == backend.name
+                });
+                assert!(targeted, "the BackendTLSPolicy targets {}", backend.name);
+            }
+        }
+        let validation = &policy.spec.validation;
+        assert!(!validation.ca_certificate_refs.is_empty());
+        for ca in &validation.ca_certificate_refs {
+            assert_eq!(ca.group, "", "{ca:?}");
+            assert!(
+                ["ConfigMap", "Secret"].contains(&ca.kind.as_str()),
+                "{ca:?}"
+            );
+        }
+        assert!(!validation.hostname.is_empty());
+
+        let parameters = &self
+            .gateway
+            .spec
+            .infrastructure
+            .as_ref()
+            .expect("the Gateway names its EnvoyProxy")
+            .parameters_ref;
+        assert_eq!(
+            (
+                parameters.group.as_str(),
+                parameters.kind.as_str(),
+                &parameters.name
+            ),
+            (
+                "gateway.envoyproxy.io",
+                "EnvoyProxy",
+                &self.proxy.metadata.name
+            )
+        );
+        assert_eq!(
+            self.proxy.metadata.namespace,
+            self.gateway.metadata.namespace
+        );
+        let secret = &self.proxy.spec.backend_tls.client_certificate_ref;
+        assert!(
+            secret.group.as_deref().is_none_or(str::is_empty),
+            "{secret:?}"
+        );
+        assert!(
+            secret.kind.as_deref().is_none_or(|k| k == "Secret"),
+            "{secret:?}"
+        );
+        assert!(
+            secret
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == self.proxy.metadata.namespace),
+            "Envoy Gateway reads the client certificate from the EnvoyProxy's namespace"
+        );
+    }
+
+    /// Checks that the worker cluster `cluster` speaks the TLS Envoy Gateway builds for the
+    /// decode Service's cluster, with the secrets it serves for that.
+    fn check_worker_tls(&self, cluster: &Value) {
+        self.check_backend_tls_is_served();
+        assert_eq!(
+            cluster["transport_socket"],
+            json!({"name": TLS_SOCKET, "typed_config": self.backend_tls_context()}),
+            "{}",
+            cluster["name"]
+        );
     }
 
     /// Envoy Gateway's xDS names: listener and route configuration
@@ -623,8 +809,61 @@ impl EnvoyGatewayManifest {
             .iter()
             .map(|p| p.operation.value.clone().unwrap())
             .collect();
-        clusters.extend(self.picker.as_ref().map(Self::picker_cluster));
+        clusters.extend(self.picker.as_ref().map(|p| self.picker_cluster(p)));
         clusters
+    }
+
+    /// The clusters that reach workers: every cluster an EnvoyPatchPolicy adds (the
+    /// picker's is Envoy Gateway's own, for the Backend).
+    fn worker_clusters(&self) -> Vec<Value> {
+        let overlay = self.picker.as_ref().map(|p| &p.patch.spec.json_patches);
+        self.patch
+            .spec
+            .json_patches
+            .iter()
+            .chain(overlay.into_iter().flatten())
+            .filter(|p| p.kind == ResourceType::Cluster)
+            .map(|p| p.operation.value.clone().unwrap())
+            .collect()
+    }
+
+    /// Stand-ins for the secrets Envoy Gateway serves this Gateway's Envoys for the
+    /// BackendTLSPolicy and the EnvoyProxy, under the names it gives them: a throwaway CA,
+    /// and a client certificate it issued.
+    pub fn served_secrets(&self) -> ServedSecrets {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = LocalCa::create(dir.path(), "stand-in workers' CA").unwrap();
+        let client = ca
+            .issue("gateway-client", &["pinroute-gateway"], Usage::Client)
+            .unwrap();
+        let file = |path: &Path| json!({"filename": path.to_str().unwrap()});
+        let secrets = vec![
+            json!({
+                "name": self.client_certificate_secret_name(),
+                "tls_certificate": {"certificate_chain": file(&client.cert), "private_key": file(&client.key)},
+            }),
+            json!({
+                "name": self.ca_secret_name(),
+                "validation_context": {"trusted_ca": file(&ca.cert_path())},
+            }),
+        ];
+        ServedSecrets { _dir: dir, secrets }
+    }
+
+    /// The Gateway's configuration as Envoy validates it: the patched listener and the
+    /// clusters. Envoy Gateway delivers clusters and secrets over its xDS stream; Envoy's
+    /// validate mode takes neither (it crashes on a static cluster's secret from ADS), so
+    /// `served` stands in for the stream as static secrets, and the clusters name them
+    /// without their ADS source, the one change. A secret a cluster names that Envoy
+    /// Gateway would not serve is an unknown secret to Envoy.
+    pub fn envoy_bootstrap(&self, wasm: &Path, served: &ServedSecrets) -> String {
+        let mut clusters = self.clusters();
+        for cluster in &mut clusters {
+            without_ads_sources(&mut cluster["transport_socket"]);
+        }
+        let mut bootstrap = bootstrap_document(self.patched_listener(wasm), clusters);
+        bootstrap["static_resources"]["secrets"] = json!(served.secrets);
+        yaml(&bootstrap)
     }
 
     /// The listener (route configuration inlined) as Envoy Gateway generates it before the
@@ -763,6 +1002,39 @@ impl EnvoyGatewayManifest {
     }
 }
 
+/// A secret from Envoy Gateway's xDS stream (`makeConfigSource`).
+fn xds_secret(name: &str) -> Value {
+    json!({
+        "name": name,
+        "sds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+    })
+}
+
+/// The secrets [`EnvoyGatewayManifest::served_secrets`] stands in for, and the folder of
+/// their files.
+pub struct ServedSecrets {
+    _dir: tempfile::TempDir,
+    secrets: Vec<Value>,
+}
+
+/// Every secret under `value` taken from ADS becomes a reference to a static secret of the
+/// same name.
+fn without_ads_sources(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if map
+                .get("sds_config")
+                .is_some_and(|source| source.get("ads").is_some())
+            {
+                map.remove("sds_config");
+            }
+            map.values_mut().for_each(without_ads_sources);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_ads_sources),
+        _ => {}
+    }
+}
+
 /// One EnvoyPatchPolicy operation on `doc`: `add` at each node `jsonPath` selects, `path`
 /// appended (Envoy Gateway's semantics; a `jsonPath` that selects nothing is an error).
 /// Without `path`, the selected node is the JSON Patch target: an array element, before
@@ -886,6 +1158,7 @@ fn envoy_gateway_manifest_is_consistent() {
         assert_eq!(api_version, "gateway.networking.k8s.io/v1");
     }
     for api_version in [
+        &m.proxy.api_version,
         &m.extension.api_version,
         &m.traffic.api_version,
         &m.security.api_version,
@@ -895,6 +1168,8 @@ fn envoy_gateway_manifest_is_consistent() {
     }
     let namespace = &m.gateway.metadata.namespace;
     for other in [
+        &m.proxy.metadata.namespace,
+        &m.backend_tls.metadata.namespace,
         &m.route.metadata.namespace,
         &m.extension.metadata.namespace,
         &m.traffic.metadata.namespace,
@@ -1002,18 +1277,89 @@ fn envoy_gateway_manifest_is_consistent() {
 }
 
 #[test]
-fn envoy_gateway_clusters_are_the_bootstrap_clusters() {
+fn envoy_gateway_clusters_are_the_bootstrap_clusters_but_for_tls() {
     let m = envoy_gateway_manifest(ENVOY_GATEWAY);
     assert_eq!(
-        Value::Array(m.clusters()),
+        without_tls(m.clusters()),
         rendered_clusters(&m.plugin_config())
     );
 }
 
 #[test]
+fn every_envoy_gateway_worker_cluster_speaks_the_backend_tls_policys_tls() {
+    let m = envoy_gateway_behind_picker(ENVOY_GATEWAY, ENVOY_GATEWAY_PICKER);
+    let clusters = m.worker_clusters();
+    assert_eq!(clusters.len(), 3, "prefill, decode, pool");
+    for cluster in &clusters {
+        m.check_worker_tls(cluster);
+    }
+}
+
+#[test]
+fn a_worker_cluster_without_the_backend_tls_policys_tls_is_caught() {
+    for (broken, what) in [
+        // No TLS on one cluster.
+        ("        transport_socket: *worker_tls\n", ""),
+        // The policy renamed: the CA secret the clusters name is no longer served.
+        (
+            "kind: BackendTLSPolicy\nmetadata:\n  name: pinroute-workers\n",
+            "kind: BackendTLSPolicy\nmetadata:\n  name: pinroute-workers-v2\n",
+        ),
+        // The policy's hostname changed, the clusters' not.
+        (
+            "    hostname: vllm.llm.svc\n",
+            "    hostname: vllm.llm.svc.cluster.local\n",
+        ),
+        // Another client certificate Secret.
+        (
+            "      name: pinroute-gateway-client\n",
+            "      name: gateway-client\n",
+        ),
+        // The policy on another Service: Envoy Gateway serves its secrets to no cluster.
+        (
+            "    kind: Service\n    name: vllm-decode\n",
+            "    kind: Service\n    name: vllm-prefill\n",
+        ),
+    ] {
+        let bad = ENVOY_GATEWAY.replacen(broken, what, 1);
+        assert_ne!(bad, ENVOY_GATEWAY, "{broken}");
+        let m = envoy_gateway_manifest(&bad);
+        let caught = std::panic::catch_unwind(|| {
+            for cluster in &m.worker_clusters() {
+                m.check_worker_tls(cluster);
+            }
+        });
+        assert!(caught.is_err(), "{broken} -> {what} not caught");
+    }
+}
+
+#[test]
 fn envoy_accepts_the_envoy_gateway_fragments() {
     let m = envoy_gateway_manifest(ENVOY_GATEWAY);
-    envoy_accepts(|wasm| bootstrap(m.patched_listener(wasm), m.clusters()));
+    let served = m.served_secrets();
+    envoy_accepts(|wasm| m.envoy_bootstrap(wasm, &served));
+}
+
+#[test]
+fn envoy_refuses_a_worker_secret_envoy_gateway_does_not_serve() {
+    let bad = ENVOY_GATEWAY.replacen(
+        "name: pinroute-workers/llm-ca",
+        "name: pinroute-workers-ca",
+        1,
+    );
+    assert_ne!(bad, ENVOY_GATEWAY);
+    let m = envoy_gateway_manifest(&bad);
+    let stub = stub_wasm();
+    let err = validate(
+        &envoy(),
+        &m.envoy_bootstrap(stub.path(), &m.served_secrets()),
+    )
+    .unwrap_err();
+    assert!(
+        format!("{err:#}")
+            .contains("Unknown static certificate validation context: pinroute-workers-ca"),
+        "{err:#}"
+    );
 }
 
 #[test]

@@ -1,23 +1,26 @@
-//! The Istio manifest (`envoy/istio/pinroute.yaml`): Gateway, VirtualService, EnvoyFilter.
+//! The Istio manifest (`envoy/istio/pinroute.yaml`): Gateway, VirtualService,
+//! PeerAuthentication, EnvoyFilter.
 //!
-//! The types below are the fields of Istio's `networking.istio.io` resources the manifest
-//! uses (istio/api `networking/v1alpha3/*.proto`); unknown fields are refused.
+//! The types below are the fields of Istio's `networking.istio.io` and `security.istio.io`
+//! resources the manifest uses (istio/api `networking/v1alpha3/*.proto`,
+//! `security/v1beta1/peer_authentication.proto`); unknown fields are refused.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use pinroute::policy::headers::POOL_HEADER;
 use pinroute_harness::envoy::test_support::{envoy, stub_wasm};
-use pinroute_harness::envoy::{DECODE_CLUSTER, buffer_limit_bytes, validate};
+use pinroute_harness::envoy::{DECODE_CLUSTER, PICKER_CLUSTER, buffer_limit_bytes, validate};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::picker::{ISTIO_PICKER, LabelSelector};
 use super::{
     CORS_POLICY_TYPE, DECODE_POOL_CLUSTER, HCM_NAME, HCM_TYPE, InferencePoolSpec, Resource,
     WASM_FILTER_TYPE, bootstrap, check_clusters, check_cors, check_edge_hcm, cors_filter,
     documents, edge_removals, envoy_accepts, find, local_code, picker_member, plugin_config,
     pool_header_matcher, pool_retry_policy, removed_headers, rendered_clusters, router, seconds,
-    typed, with_member,
+    typed, upstream_tls_context, with_member, without_tls,
 };
 
 pub const ISTIO: &str = include_str!("../../envoy/istio/pinroute.yaml");
@@ -156,6 +159,28 @@ pub struct Retries {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAuthenticationSpec {
+    pub selector: LabelSelector,
+    pub mtls: PeerMtls,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerMtls {
+    pub mode: MtlsMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum MtlsMode {
+    Unset,
+    Disable,
+    Permissive,
+    Strict,
+}
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EnvoyFilterSpec {
     pub workload_selector: WorkloadSelector,
@@ -290,6 +315,7 @@ fn merge(base: &mut Value, patch: &Value) {
 pub struct IstioManifest {
     pub gateway: Resource<GatewaySpec>,
     virtual_service: Resource<VirtualServiceSpec>,
+    pub peer_authentication: Resource<PeerAuthenticationSpec>,
     pub envoy_filter: Resource<EnvoyFilterSpec>,
     /// `picker.yaml` applied as well, with its `picker` member in the plugin configuration.
     pub picker: Option<IstioPicker>,
@@ -305,10 +331,15 @@ pub struct IstioPicker {
 
 pub fn istio_manifest(text: &str) -> IstioManifest {
     let docs = documents(text);
-    assert_eq!(docs.len(), 3, "Gateway, VirtualService, EnvoyFilter");
+    assert_eq!(
+        docs.len(),
+        4,
+        "Gateway, VirtualService, PeerAuthentication, EnvoyFilter"
+    );
     IstioManifest {
         gateway: typed(find(&docs, "Gateway")),
         virtual_service: typed(find(&docs, "VirtualService")),
+        peer_authentication: typed(find(&docs, "PeerAuthentication")),
         envoy_filter: typed(find(&docs, "EnvoyFilter")),
         picker: None,
     }
@@ -531,6 +562,122 @@ impl IstioManifest {
         );
         listener
     }
+
+    /// The gateway's configuration as Envoy validates it: the listener, the clusters the
+    /// EnvoyFilters add, and istio-agent's SDS cluster their mutual TLS names, as Istio's
+    /// bootstrap defines it. (Envoy's validate mode neither resolves nor contacts an SDS
+    /// source, so it would accept the sockets without that cluster too: `check_mesh_mtls`
+    /// holds their source to it.)
+    pub fn envoy_bootstrap(&self, wasm: &Path) -> String {
+        let mut clusters = self.clusters();
+        clusters.push(istio_agent_sds_cluster());
+        bootstrap(self.listener(wasm), clusters)
+    }
+
+    /// The clusters that reach workers: every cluster the EnvoyFilters add but the endpoint
+    /// picker's, which speaks the picker's own TLS (`picker.rs`).
+    pub fn worker_clusters(&self) -> Vec<Value> {
+        self.clusters()
+            .into_iter()
+            .filter(|cluster| cluster["name"] != PICKER_CLUSTER)
+            .collect()
+    }
+}
+
+/// The cluster through which Istio's bootstrap reaches istio-agent's SDS server
+/// (`pkg/model/authentication.go`).
+const ISTIO_AGENT_SDS_CLUSTER: &str = "sds-grpc";
+/// istio-agent's names for the proxy's own certificate and the mesh's root.
+const ISTIO_CERTIFICATE_SECRET: &str = "default";
+const ISTIO_ROOT_SECRET: &str = "ROOTCA";
+/// The ALPN values a worker sidecar's inbound HTTP mTLS filter chain matches in every mode
+/// (Istio's `mtlsHTTPALPNs`, `pilot/pkg/networking/core/listener.go`).
+const INBOUND_MTLS_HTTP_ALPNS: [&str; 3] = ["istio-http/1.0", "istio-http/1.1", "istio-h2"];
+
+/// The SDS source of Istio's own clusters' secrets (`ConstructSdsSecretConfig`).
+fn istio_agent_sds_config() -> Value {
+    json!({
+        "api_config_source": {
+            "api_type": "GRPC",
+            "set_node_on_first_message_only": true,
+            "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": ISTIO_AGENT_SDS_CLUSTER}}],
+        },
+        "resource_api_version": "V3",
+        "initial_fetch_timeout": "0s",
+    })
+}
+
+/// istio-agent's SDS cluster as Istio's bootstrap defines it
+/// (`tools/packaging/common/envoy_bootstrap.json`). A stand-in: nothing listens on the socket.
+fn istio_agent_sds_cluster() -> Value {
+    json!({
+        "name": ISTIO_AGENT_SDS_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            },
+        },
+        "load_assignment": {
+            "cluster_name": ISTIO_AGENT_SDS_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "pipe": {"path": "./var/run/secrets/workload-spiffe-uds/socket"},
+            }}}]}],
+        },
+    })
+}
+
+/// Checks that `cluster` reaches the workers with Istio's mutual TLS, so that a worker
+/// sidecar under STRICT accepts it: the gateway's mesh certificate and the mesh's root from
+/// istio-agent, an ALPN value the sidecar's inbound HTTP mTLS chain matches, and the worker
+/// checked by its exact SPIFFE identity, in the namespace the PeerAuthentication covers.
+fn check_mesh_mtls(cluster: &Value, workers: &Resource<PeerAuthenticationSpec>) {
+    let name = &cluster["name"];
+    let common = &upstream_tls_context(cluster)["common_tls_context"];
+    assert_eq!(
+        common["tls_certificate_sds_secret_configs"],
+        json!([{"name": ISTIO_CERTIFICATE_SECRET, "sds_config": istio_agent_sds_config()}]),
+        "{name}: the gateway's mesh certificate"
+    );
+    let validation = &common["combined_validation_context"];
+    assert_eq!(
+        validation["validation_context_sds_secret_config"],
+        json!({"name": ISTIO_ROOT_SECRET, "sds_config": istio_agent_sds_config()}),
+        "{name}: the mesh's root"
+    );
+    assert!(common.get("validation_context").is_none(), "{name}");
+    let alpn = common["alpn_protocols"].as_array().unwrap();
+    assert!(
+        !alpn.is_empty()
+            && alpn
+                .iter()
+                .all(|p| INBOUND_MTLS_HTTP_ALPNS.contains(&p.as_str().unwrap())),
+        "{name}: {alpn:?} does not select the inbound HTTP mTLS chain"
+    );
+    let sans = validation["default_validation_context"]["match_typed_subject_alt_names"]
+        .as_array()
+        .unwrap();
+    assert!(!sans.is_empty(), "{name}: no SAN check");
+    let namespace_prefix = format!("/ns/{}/sa/", workers.metadata.namespace);
+    for san in sans {
+        assert_eq!(san["san_type"], "URI", "{name}");
+        let identity = san["matcher"]["exact"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {san} is not one exact identity"));
+        let (trust_domain, service_account) = identity
+            .strip_prefix("spiffe://")
+            .and_then(|rest| rest.split_once(&namespace_prefix))
+            .unwrap_or_else(|| panic!("{name}: {identity} is not a worker's SPIFFE identity"));
+        assert!(
+            !trust_domain.is_empty()
+                && !service_account.is_empty()
+                && !service_account.contains('/'),
+            "{name}: {identity}"
+        );
+    }
 }
 
 /// The filter an INSERT_BEFORE patch names.
@@ -558,6 +705,7 @@ fn istio_manifest_is_consistent() {
     for namespace in [
         &m.gateway.metadata.namespace,
         &m.virtual_service.metadata.namespace,
+        &m.peer_authentication.metadata.namespace,
     ] {
         assert_eq!(namespace, &m.envoy_filter.metadata.namespace);
     }
@@ -692,18 +840,58 @@ fn istio_manifest_is_consistent() {
 }
 
 #[test]
-fn istio_clusters_are_the_bootstrap_clusters() {
+fn istio_clusters_are_the_bootstrap_clusters_but_for_the_mesh_mtls() {
     let m = istio_manifest(ISTIO);
     assert_eq!(
-        Value::Array(m.clusters()),
+        without_tls(m.clusters()),
         rendered_clusters(&m.plugin_config())
     );
 }
 
 #[test]
+fn every_istio_worker_cluster_speaks_the_meshs_mutual_tls() {
+    let m = istio_behind_picker(ISTIO, ISTIO_PICKER);
+    let workers = &m.peer_authentication;
+    assert_eq!(workers.api_version, "security.istio.io/v1");
+    assert_eq!(workers.metadata.namespace, m.gateway.metadata.namespace);
+    assert_eq!(workers.spec.mtls.mode, MtlsMode::Strict);
+    assert!(!workers.spec.selector.match_labels.is_empty());
+    let clusters = m.worker_clusters();
+    assert_eq!(clusters.len(), 3, "prefill, decode, pool");
+    for cluster in &clusters {
+        check_mesh_mtls(cluster, workers);
+        // Dialled by address: no SNI names a host.
+        assert!(upstream_tls_context(cluster).get("sni").is_none());
+    }
+}
+
+#[test]
+fn a_worker_cluster_without_the_meshs_mutual_tls_is_caught() {
+    for (broken, what) in [
+        ("        transport_socket: *mesh_mtls\n", ""),
+        (
+            "exact: spiffe://cluster.local/ns/llm/sa/vllm",
+            "prefix: spiffe://cluster.local/ns/llm/",
+        ),
+        ("alpn_protocols: [istio-http/1.1]", "alpn_protocols: [h2]"),
+        ("- name: default\n", "- name: gateway\n"),
+    ] {
+        let bad = ISTIO.replacen(broken, what, 1);
+        assert_ne!(bad, ISTIO, "{broken}");
+        let m = istio_manifest(&bad);
+        let caught = std::panic::catch_unwind(|| {
+            for cluster in &m.worker_clusters() {
+                check_mesh_mtls(cluster, &m.peer_authentication);
+            }
+        });
+        assert!(caught.is_err(), "{broken} -> {what} not caught");
+    }
+}
+
+#[test]
 fn envoy_accepts_the_istio_fragments() {
     let m = istio_manifest(ISTIO);
-    envoy_accepts(|wasm| bootstrap(m.listener(wasm), m.clusters()));
+    envoy_accepts(|wasm| m.envoy_bootstrap(wasm));
 }
 
 #[test]
@@ -724,7 +912,7 @@ fn envoy_refuses_an_istio_fragment_envoy_does_not_know() {
     );
     let m = istio_manifest(&bad);
     let stub = stub_wasm();
-    let err = validate(&envoy(), &bootstrap(m.listener(stub.path()), m.clusters())).unwrap_err();
+    let err = validate(&envoy(), &m.envoy_bootstrap(stub.path())).unwrap_err();
     assert!(
         format!("{err:#}").contains("allow_on_header_stop_iteration"),
         "{err:#}"

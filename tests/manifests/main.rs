@@ -9,11 +9,14 @@
 //!   first use into `.cache/k8s-models`; skipped without `node` and `npm`). No registry
 //!   package ships Envoy Gateway's CRD schemas.
 //! - Names agree across documents and with the plugin configuration (the filter's own
-//!   `Config::from_json` accepts it), and the clusters are those of `envoy/bootstrap.yaml`.
+//!   `Config::from_json` accepts it), and the clusters are those of `envoy/bootstrap.yaml`
+//!   but for their TLS: every cluster that reaches workers speaks the mesh's mutual TLS
+//!   (Istio) or the TLS of the decode Service's BackendTLSPolicy (Envoy Gateway).
 //! - The Envoy fragments are assembled into a static bootstrap the way each control plane
 //!   assembles them (Istio: ECDS config inlined with the module made local, as istio-agent
 //!   does; Envoy Gateway: its filter and route naming, then the EnvoyPatchPolicy applied) and
-//!   checked with `envoy --mode validate`.
+//!   checked with `envoy --mode validate`, with stand-ins for the control plane's secret
+//!   sources (Istio's `sds-grpc` cluster; Envoy Gateway's served secrets, as static ones).
 
 // Some typed fields are only parsed, for their names and types: never read.
 #![allow(
@@ -321,14 +324,57 @@ fn cors_filter() -> Value {
 const CORS_POLICY_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy";
 
-/// A static bootstrap around one listener and the given clusters.
-fn bootstrap(listener: Value, clusters: Vec<Value>) -> String {
-    let bootstrap = json!({
+/// A static bootstrap around one listener and the given clusters. The node is named, as
+/// every control plane's bootstrap names it: Envoy requires that of an SDS source.
+fn bootstrap_document(listener: Value, clusters: Vec<Value>) -> Value {
+    json!({
+        "node": {"id": "pinroute-manifest-test", "cluster": "pinroute-manifest-test"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}},
         "static_resources": {"listeners": [listener], "clusters": clusters},
-    });
+    })
+}
+
+fn bootstrap(listener: Value, clusters: Vec<Value>) -> String {
+    yaml(&bootstrap_document(listener, clusters))
+}
+
+fn yaml(bootstrap: &Value) -> String {
     // JSON is YAML.
-    serde_json::to_string_pretty(&bootstrap).unwrap()
+    serde_json::to_string_pretty(bootstrap).unwrap()
+}
+
+const TLS_SOCKET: &str = "envoy.transport_sockets.tls";
+const UPSTREAM_TLS_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+/// The `UpstreamTlsContext` of `cluster`'s TLS transport socket.
+fn upstream_tls_context(cluster: &Value) -> &Value {
+    let socket = &cluster["transport_socket"];
+    assert_eq!(
+        socket["name"], TLS_SOCKET,
+        "{}: no TLS socket",
+        cluster["name"]
+    );
+    let context = &socket["typed_config"];
+    assert_eq!(context["@type"], UPSTREAM_TLS_TYPE, "{}", cluster["name"]);
+    context
+}
+
+/// The manifests' clusters with their TLS removed, which is the mesh's or the gateway's
+/// where the rendered bootstrap has none (checked per manifest).
+fn without_tls(clusters: Vec<Value>) -> Value {
+    clusters
+        .iter()
+        .map(|cluster| without(cluster, &["transport_socket"]))
+        .collect()
+}
+
+fn without(value: &Value, keys: &[&str]) -> Value {
+    let mut value = value.clone();
+    for key in keys {
+        value.as_object_mut().unwrap().remove(*key);
+    }
+    value
 }
 
 /// Envoy validates the bootstrap `assemble` builds around a module, with a stub module and

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use super::envoy_gateway::{EnvoyGatewayManifest, envoy_gateway_behind_picker};
 use super::istio::{ApplyTo, Operation, istio_behind_picker};
 use super::{
-    ENVOY_GATEWAY, ISTIO, Resource, bootstrap, documents, envoy_accepts, find, plugin_config,
-    rendered_bootstrap,
+    ENVOY_GATEWAY, ISTIO, Resource, documents, envoy_accepts, find, plugin_config,
+    rendered_bootstrap, without,
 };
 
 pub const ISTIO_PICKER: &str = include_str!("../../envoy/istio/picker.yaml");
@@ -153,14 +153,6 @@ fn filter_names(listener: &Value, chain: &str) -> Vec<String> {
         .collect()
 }
 
-fn without(value: &Value, keys: &[&str]) -> Value {
-    let mut value = value.clone();
-    for key in keys {
-        value.as_object_mut().unwrap().remove(*key);
-    }
-    value
-}
-
 // ---------------------------------------------------------------------------------------
 // Istio
 
@@ -186,6 +178,10 @@ fn the_istio_picker_overlay_is_the_plain_envoy_chain() {
         &picker.pool,
         &m.plugin_config(),
         &m.gateway.metadata.namespace,
+    );
+    assert_eq!(
+        m.peer_authentication.spec.selector.match_labels, picker.pool.spec.selector.match_labels,
+        "STRICT mutual TLS covers the pods the EPP chooses among"
     );
 
     let (host, port) = picker_service(&picker.pool);
@@ -253,7 +249,7 @@ fn the_istio_picker_overlay_is_the_plain_envoy_chain() {
 #[test]
 fn envoy_accepts_the_istio_picker_fragments() {
     let m = istio_behind_picker(ISTIO, ISTIO_PICKER);
-    envoy_accepts(|wasm| bootstrap(m.listener(wasm), m.clusters()));
+    envoy_accepts(|wasm| m.envoy_bootstrap(wasm));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -357,7 +353,8 @@ fn the_envoy_gateway_picker_overlay_is_the_plain_envoy_chain() {
 #[test]
 fn envoy_accepts_the_envoy_gateway_picker_fragments() {
     let m = envoy_gateway_behind_picker(ENVOY_GATEWAY, ENVOY_GATEWAY_PICKER);
-    envoy_accepts(|wasm| bootstrap(m.patched_listener(wasm), m.clusters()));
+    let served = m.served_secrets();
+    envoy_accepts(|wasm| m.envoy_bootstrap(wasm, &served));
 }
 
 // ---------------------------------------------------------------------------------------

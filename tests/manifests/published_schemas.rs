@@ -27,8 +27,10 @@ const models = {
   "networking.istio.io/v1/Gateway": ["@kubernetes-models/istio/networking.istio.io/v1/Gateway", "Gateway"],
   "networking.istio.io/v1/VirtualService": ["@kubernetes-models/istio/networking.istio.io/v1/VirtualService", "VirtualService"],
   "networking.istio.io/v1alpha3/EnvoyFilter": ["@kubernetes-models/istio/networking.istio.io/v1alpha3/EnvoyFilter", "EnvoyFilter"],
+  "security.istio.io/v1/PeerAuthentication": ["@kubernetes-models/istio/security.istio.io/v1/PeerAuthentication", "PeerAuthentication"],
   "gateway.networking.k8s.io/v1/Gateway": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/Gateway", "Gateway"],
   "gateway.networking.k8s.io/v1/HTTPRoute": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute", "HTTPRoute"],
+  "gateway.networking.k8s.io/v1/BackendTLSPolicy": ["@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/BackendTLSPolicy", "BackendTLSPolicy"],
 };
 const docs = JSON.parse(readFileSync(0, "utf8"));
 for (const doc of docs) {
@@ -144,13 +146,16 @@ fn istio_and_gateway_api_documents_pass_the_published_schemas() {
     let expected = [
         "OK networking.istio.io/v1/Gateway pinroute",
         "OK networking.istio.io/v1/VirtualService pinroute",
+        "OK security.istio.io/v1/PeerAuthentication pinroute-workers",
         "OK networking.istio.io/v1alpha3/EnvoyFilter pinroute",
         // No registry package ships the Inference Extension's schemas: picker.rs.
         "SKIP inference.networking.k8s.io/v1/InferencePool vllm-pool",
         "OK networking.istio.io/v1alpha3/EnvoyFilter pinroute-picker",
         "OK gateway.networking.k8s.io/v1/Gateway pinroute",
-        "OK gateway.networking.k8s.io/v1/HTTPRoute pinroute",
         // No registry package ships Envoy Gateway's CRD schemas: the typed checks above.
+        "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyProxy pinroute",
+        "OK gateway.networking.k8s.io/v1/BackendTLSPolicy pinroute-workers",
+        "OK gateway.networking.k8s.io/v1/HTTPRoute pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy pinroute",
         "SKIP gateway.envoyproxy.io/v1alpha1/SecurityPolicy pinroute",
@@ -166,20 +171,27 @@ fn istio_and_gateway_api_documents_pass_the_published_schemas() {
 #[test]
 fn the_published_schemas_catch_bad_values() {
     let Some(dir) = schema_packages() else { return };
-    let bad_istio = ISTIO.replace("applyTo: HTTP_ROUTE", "applyTo: ROUTE");
-    let bad_route = ENVOY_GATEWAY.replace("request: 300s", "request: 5 minutes");
+    let bad_istio = ISTIO
+        .replace("applyTo: HTTP_ROUTE", "applyTo: ROUTE")
+        .replace("mode: STRICT", "mode: MUTUAL");
+    let bad_eg = ENVOY_GATEWAY
+        .replace("request: 300s", "request: 5 minutes")
+        .replace("hostname: vllm.llm.svc", "hostname: vLLM_workers");
     let docs = [
         find(&documents(&bad_istio), "EnvoyFilter").clone(),
-        find(&documents(&bad_route), "HTTPRoute").clone(),
+        find(&documents(&bad_eg), "HTTPRoute").clone(),
+        find(&documents(&bad_istio), "PeerAuthentication").clone(),
+        find(&documents(&bad_eg), "BackendTLSPolicy").clone(),
     ];
     let verdicts = schema_verdicts(&dir, &docs);
-    assert_eq!(verdicts.len(), 2);
-    assert!(
-        verdicts[0].starts_with("FAIL") && verdicts[0].contains("applyTo"),
-        "{verdicts:?}"
-    );
-    assert!(
-        verdicts[1].starts_with("FAIL") && verdicts[1].contains("timeouts/request"),
-        "{verdicts:?}"
-    );
+    assert_eq!(verdicts.len(), 4);
+    for (verdict, field) in verdicts
+        .iter()
+        .zip(["applyTo", "timeouts/request", "mode", "hostname"])
+    {
+        assert!(
+            verdict.starts_with("FAIL") && verdict.contains(field),
+            "{verdicts:?}"
+        );
+    }
 }
