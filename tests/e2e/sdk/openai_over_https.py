@@ -6,11 +6,10 @@ argv: base URL, CA file, a listed API key. Prints one JSON object: what each cal
 import json
 import sys
 
-import httpx
 import openai
 
 base_url, ca_file, key = sys.argv[1:4]
-http_client = httpx.Client(verify=ca_file)
+http_client = openai.DefaultHttpxClient(verify=ca_file)
 client = openai.OpenAI(base_url=base_url, api_key=key, http_client=http_client, max_retries=0)
 seen = {}
 
