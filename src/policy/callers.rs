@@ -3,9 +3,7 @@
 
 use serde::Deserialize;
 
-use super::config::is_header_name;
-use super::error::{RouteError, quoted};
-use super::headers::must_strip;
+use super::error::{Privilege, RouteError, quoted};
 use super::pins::Pins;
 
 /// The header Envoy's `api_key_auth` (or `jwt_authn`) names the caller in, by default.
@@ -29,34 +27,7 @@ fn default_identity_header() -> String {
     DEFAULT_IDENTITY_HEADER.into()
 }
 
-/// What a caller asked for that the rules may withhold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Privilege {
-    Pin,
-    Session,
-}
-
-impl std::fmt::Display for Privilege {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Privilege::Pin => "pin workers (callers.may_pin)",
-            Privilege::Session => "send x-dynamo-session-id (callers.may_use_sessions)",
-        })
-    }
-}
-
 impl CallerRules {
-    /// Why the rules cannot work, if they cannot.
-    pub fn problem(&self, upstream_header: &str) -> Option<&'static str> {
-        if !is_header_name(&self.header) {
-            return Some("callers.header must be a lowercase header name");
-        }
-        if must_strip(&self.header, upstream_header) {
-            return Some("callers.header is a header the filter removes (docs/semantics.md §7)");
-        }
-        None
-    }
-
     /// Refuses the pins of a caller not allowed to pin, and a session of one not allowed one.
     pub fn check(
         &self,

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::callers::CallerRules;
+use super::headers::must_strip;
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
 use super::picker::PickerSettings;
@@ -320,8 +321,15 @@ impl Settings {
             return Err(ConfigError::Setting("routed_paths must start with /"));
         }
         if let Some(rules) = &settings.callers {
-            if let Some(problem) = rules.problem(&settings.upstream_header) {
-                return Err(ConfigError::Setting(problem));
+            if !is_header_name(&rules.header) {
+                return Err(ConfigError::Setting(
+                    "callers.header must be a lowercase header name",
+                ));
+            }
+            if must_strip(&rules.header, &settings.upstream_header) {
+                return Err(ConfigError::Setting(
+                    "callers.header is a header the filter removes (docs/semantics.md §7)",
+                ));
             }
             if settings.picker.is_some() && rules.may_pin.is_some() {
                 return Err(ConfigError::Setting(

@@ -3,7 +3,6 @@
 use thiserror::Error;
 
 use super::availability::Unavailability;
-use super::callers::Privilege;
 use super::hop::{Hop, HopFailure};
 use super::registry::{Role, WorkerId};
 
@@ -81,6 +80,22 @@ pub enum RouteError {
     },
     #[error("internal error: {0}")]
     Internal(&'static str),
+}
+
+/// What a caller asked for that the rules may withhold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privilege {
+    Pin,
+    Session,
+}
+
+impl std::fmt::Display for Privilege {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Privilege::Pin => "pin workers (callers.may_pin)",
+            Privilege::Session => "send x-dynamo-session-id (callers.may_use_sessions)",
+        })
+    }
 }
 
 /// Seconds a client is told to wait before retrying a worker that is out of service.
