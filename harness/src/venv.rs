@@ -48,32 +48,40 @@ pub fn run_visibly(command: &mut Command) -> Result<()> {
 }
 
 /// The python of `venv` with `requirements` (a pip requirements file) installed: the venv is
-/// made on first use and installed into again whenever the file changes (a copy of it in the
-/// venv records what was installed).
+/// made on first use and installed into again whenever the file changes.
 pub fn python_with(venv: &Path, requirements: &Path) -> Result<PathBuf> {
-    const STAMP: &str = "requirements.installed";
     let wanted = fs::read_to_string(requirements)
         .with_context(|| format!("reading {}", requirements.display()))?;
+    python_installed(venv, &wanted, |pip| pip.arg("-r").arg(requirements))
+}
+
+/// The python of `venv` once `install` (given pip's install command, to which it adds what
+/// to install) has run for `wanted`: the venv is made on first use, and `install` runs again
+/// whenever `wanted` differs from what the venv records (a copy of it, written after).
+pub fn python_installed(
+    venv: &Path,
+    wanted: &str,
+    install: impl FnOnce(&mut Command) -> &mut Command,
+) -> Result<PathBuf> {
+    const STAMP: &str = "requirements.installed";
     let python = venv.join("bin/python");
     let stamp = venv.join(STAMP);
-    let installed = || fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
-    if python.is_file() && installed() {
+    let installed = || python.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
+    if installed() {
         return Ok(python);
     }
     let _lock = lock_file(venv)?;
-    if python.is_file() && installed() {
+    if installed() {
         return Ok(python);
     }
     if !python.is_file() {
         eprintln!("pinroute: python3 -m venv {}", venv.display());
         run_visibly(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
     }
-    eprintln!(
-        "pinroute: pip install -r {} into {}",
-        requirements.display(),
-        venv.display()
-    );
-    run_visibly(pip_install(&python).arg("-r").arg(requirements))?;
+    let mut pip = pip_install(&python);
+    let pip = install(&mut pip);
+    eprintln!("pinroute: {pip:?} into {}", venv.display());
+    run_visibly(pip)?;
     fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(python)
 }

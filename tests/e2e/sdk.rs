@@ -4,22 +4,20 @@
 
 use std::process::Command;
 
-use pinroute_harness::certs::{LocalCa, Usage};
+use pinroute_harness::certs::Usage;
 use pinroute_harness::envoy::{
-    ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, ListenerTls, WorkerTls, repo_root,
+    ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, ListenerTls, repo_root,
 };
-use pinroute_harness::stack::WorkerFronts;
 use pinroute_harness::venv::python_with;
 use serde_json::Value;
-use tempfile::TempDir;
 
-use crate::{disaggregated_spec, start};
+use crate::start;
+use crate::tls::{pki, worker_tls_spec};
 
 const SDK_VENV: &str = ".cache/sdk-venv";
 const REQUIREMENTS: &str = "tests/e2e/sdk/requirements.txt";
 const SCRIPT: &str = "tests/e2e/sdk/openai_over_https.py";
 const KEY: &str = "sk-sdk-0123456789";
-const WORKER_NAME: &str = "worker.pinroute.test";
 
 #[tokio::test]
 async fn the_openai_sdk_gets_answers_errors_and_streams_over_https() {
@@ -31,12 +29,13 @@ async fn the_openai_sdk_gets_answers_errors_and_streams_over_https() {
     .await
     .unwrap()
     .expect("installing the SDK venv");
-    let dir = TempDir::new().unwrap();
-    let ca = LocalCa::create(dir.path(), "pinroute SDK test CA").unwrap();
-    let issue = |file: &str, name: &str, usage| ca.issue(file, &[name], usage).unwrap();
-    let listener = issue("listener", "localhost", Usage::Server);
-    let gateway_client = issue("gateway-client", "gateway", Usage::Client);
-    let mut spec = disaggregated_spec();
+    let pki = pki();
+    let ca = pki.ca.cert_path();
+    let listener = pki
+        .ca
+        .issue("listener", &["localhost"], Usage::Server)
+        .unwrap();
+    let mut spec = worker_tls_spec(&pki, &pki.worker, Some(&ca));
     spec.edge.tls = Some(ListenerTls {
         cert: listener.cert,
         key: listener.key,
@@ -49,21 +48,12 @@ async fn the_openai_sdk_gets_answers_errors_and_streams_over_https() {
         }],
         identity_header: DEFAULT_IDENTITY_HEADER.into(),
     }));
-    spec.worker_fronts = Some(WorkerFronts {
-        server: issue("worker", WORKER_NAME, Usage::Server),
-        client_ca: Some(ca.cert_path()),
-    });
-    spec.edge.worker_tls = Some(WorkerTls {
-        ca: ca.cert_path(),
-        client_cert: Some((gateway_client.cert, gateway_client.key)),
-        names: vec![WORKER_NAME.into()],
-    });
     let deployment = start(spec).await;
     let base_url = format!("https://localhost:{}/v1", deployment.envoy.listen().port());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
             .arg(root.join(SCRIPT))
-            .args([&base_url, &ca.cert_path().display().to_string(), KEY])
+            .args([&base_url, &ca.display().to_string(), KEY])
             .env("NO_PROXY", "*")
             .output()
     })

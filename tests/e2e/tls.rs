@@ -14,18 +14,19 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{complete, prompt};
-use crate::{Deployment, disaggregated_spec, nothing_reached_a_worker, start};
+use crate::{Deployment, StackSpec, disaggregated_spec, nothing_reached_a_worker, start};
 
 const WORKER_NAME: &str = "worker.pinroute.test";
 
-struct Pki {
+pub struct Pki {
     _dir: TempDir,
-    ca: LocalCa,
-    worker: Issued,
+    pub ca: LocalCa,
+    pub worker: Issued,
     gateway_client: Issued,
 }
 
-fn pki() -> Pki {
+/// A CA, a worker certificate for [`WORKER_NAME`] and the gateway's client certificate.
+pub fn pki() -> Pki {
     let dir = TempDir::new().unwrap();
     let ca = LocalCa::create(dir.path(), "pinroute test CA").unwrap();
     let worker = ca.issue("worker", &[WORKER_NAME], Usage::Server).unwrap();
@@ -41,6 +42,11 @@ fn pki() -> Pki {
 /// Workers behind TLS fronts presenting `server`, requiring a client certificate from
 /// `client_ca`; the gateway trusts `pki`'s CA and presents its client certificate.
 async fn behind_worker_tls(pki: &Pki, server: &Issued, client_ca: Option<&Path>) -> Deployment {
+    start(worker_tls_spec(pki, server, client_ca)).await
+}
+
+/// The deployment of [`behind_worker_tls`], not started.
+pub fn worker_tls_spec(pki: &Pki, server: &Issued, client_ca: Option<&Path>) -> StackSpec {
     let mut spec = disaggregated_spec();
     spec.worker_fronts = Some(WorkerFronts {
         server: server.clone(),
@@ -54,7 +60,7 @@ async fn behind_worker_tls(pki: &Pki, server: &Issued, client_ca: Option<&Path>)
         )),
         names: vec![WORKER_NAME.into()],
     });
-    start(spec).await
+    spec
 }
 
 #[tokio::test]

@@ -83,11 +83,7 @@ impl Scenario {
 
     /// Whether the scenario's proxy is an Envoy.
     pub fn runs_envoy(self) -> bool {
-        match self {
-            Scenario::Envoy | Scenario::EnvoyTwoHops => true,
-            Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls => true,
-            Scenario::Floor | Scenario::Python | Scenario::VllmRouter => false,
-        }
+        matches!(self, Scenario::Envoy | Scenario::EnvoyTwoHops) || self.runs_pinroute()
     }
 
     /// Whether the scenario's proxy runs the pinroute filter.
@@ -278,7 +274,9 @@ impl TlsGateway {
         };
         let mut sims = inputs.sims;
         let mut fronts = Vec::new();
+        let mut client_cert = None;
         if mutual {
+            client_cert = Some(ca.issue("client", &["bench-client"], Usage::Client)?);
             let worker = ca.issue("worker", &[WORKER_NAME], Usage::Server)?;
             let ca_path = ca.cert_path();
             for sim in [&mut sims.prefill, &mut sims.decode] {
@@ -294,11 +292,6 @@ impl TlsGateway {
                 names: vec![WORKER_NAME.into()],
             });
         }
-        let client_cert = if mutual {
-            Some(ca.issue("client", &["bench-client"], Usage::Client)?)
-        } else {
-            None
-        };
         let config = client_config(&ca.cert_path(), client_cert.as_ref())?;
         let client = ClientTls {
             connector: TlsConnector::from(Arc::new(config)),

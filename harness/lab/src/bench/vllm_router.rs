@@ -1,43 +1,27 @@
 //! vllm-router (`pip install vllm-router`, a Rust proxy shipped in a wheel) in its own venv,
 //! `.cache/vllm-router-venv`, run in prefill/decode mode in front of the sim workers.
 
-use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::child::ServingChild;
 use pinroute_harness::stack::refusing_address;
-use pinroute_harness::venv::{lock_file, pip_install, run_visibly};
+use pinroute_harness::venv::python_installed;
 
 pub const VENV_DIR: &str = ".cache/vllm-router-venv";
 /// The release measured (`docs/benchmarks.md`).
 pub const VERSION: &str = "0.1.17";
-const STAMP: &str = "vllm-router.installed";
 
 /// The venv's `vllm-router`, installed on first use.
 pub fn router_binary(repo_root: &Path) -> Result<PathBuf> {
     let venv = repo_root.join(VENV_DIR);
-    let binary = venv.join("bin/vllm-router");
-    let stamp = venv.join(STAMP);
-    if binary.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == VERSION) {
-        return Ok(binary);
-    }
-    let _lock = lock_file(&venv)?;
-    let python = venv.join("bin/python");
-    if !python.is_file() {
-        eprintln!("pinroute-lab: python3 -m venv {}", venv.display());
-        run_visibly(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    }
-    eprintln!(
-        "pinroute-lab: pip install vllm-router=={VERSION} into {}",
-        venv.display()
-    );
-    run_visibly(pip_install(&python).arg(format!("vllm-router=={VERSION}")))?;
-    fs::write(&stamp, VERSION).with_context(|| format!("writing {}", stamp.display()))?;
-    Ok(binary)
+    python_installed(&venv, VERSION, |pip| {
+        pip.arg(format!("vllm-router=={VERSION}"))
+    })?;
+    Ok(venv.join("bin/vllm-router"))
 }
 
 /// vllm-router's selection policy for both pools.
