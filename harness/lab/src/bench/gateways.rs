@@ -54,10 +54,13 @@ pub enum Scenario {
     /// policy), which sends both hops.
     #[serde(rename = "vllm-router")]
     VllmRouter,
+    /// vllm-router with `round_robin`, its cheapest policy.
+    #[serde(rename = "vllm-router-rr")]
+    VllmRouterRoundRobin,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
@@ -66,6 +69,7 @@ impl Scenario {
         Scenario::PinrouteMtls,
         Scenario::Python,
         Scenario::VllmRouter,
+        Scenario::VllmRouterRoundRobin,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,12 +82,22 @@ impl Scenario {
             Scenario::PinrouteMtls => "pinroute-mtls",
             Scenario::Python => "python",
             Scenario::VllmRouter => "vllm-router",
+            Scenario::VllmRouterRoundRobin => "vllm-router-rr",
         }
     }
 
     /// Whether the scenario's proxy is an Envoy.
     pub fn runs_envoy(self) -> bool {
         matches!(self, Scenario::Envoy | Scenario::EnvoyTwoHops) || self.runs_pinroute()
+    }
+
+    /// The vllm-router policy of a vllm-router scenario.
+    pub fn vllm_router_policy(self) -> Option<Policy> {
+        match self {
+            Scenario::VllmRouter => Some(Policy::CacheAware),
+            Scenario::VllmRouterRoundRobin => Some(Policy::RoundRobin),
+            _ => None,
+        }
     }
 
     /// Whether the scenario's proxy runs the pinroute filter.
@@ -106,6 +120,7 @@ impl Scenario {
             Scenario::PinrouteMtls => "the same, mutual TLS to clients and to both workers",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
             Scenario::VllmRouter => "vllm-router 0.1.17, P/D mode, cache_aware (its default)",
+            Scenario::VllmRouterRoundRobin => "vllm-router 0.1.17, P/D mode, round_robin",
         }
     }
 }
@@ -213,13 +228,15 @@ pub async fn start_gateway(
             let proxy = PythonProxy::start(python, inputs.repo_root, &inputs.sims, &dir).await?;
             Some(Gateway::Python(proxy))
         }
-        Scenario::VllmRouter => {
+        Scenario::VllmRouter | Scenario::VllmRouterRoundRobin => {
             let Some(binary) = inputs.vllm_router else {
-                bail!("the vllm-router scenario needs its venv")
+                bail!("the vllm-router scenarios need its venv")
             };
             let (prefill, decode) = ([inputs.sims.prefill], [inputs.sims.decode]);
-            let router =
-                VllmRouter::start(binary, &prefill, &decode, Policy::CacheAware, &dir).await?;
+            let policy = scenario
+                .vllm_router_policy()
+                .context("a vllm-router scenario without a policy")?;
+            let router = VllmRouter::start(binary, &prefill, &decode, policy, &dir).await?;
             Some(Gateway::VllmRouter(router))
         }
     })

@@ -113,7 +113,11 @@ async fn end_to_end(
     } else {
         None
     };
-    let vllm_router = if e2e.scenarios.contains(&Scenario::VllmRouter) {
+    let vllm_router = if e2e
+        .scenarios
+        .iter()
+        .any(|s| s.vllm_router_policy().is_some())
+    {
         Some(vllm_router::router_binary(root)?)
     } else {
         None

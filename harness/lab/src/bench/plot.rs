@@ -278,6 +278,7 @@ pub(crate) fn color(scenario: Scenario) -> RGBColor {
         Scenario::PinrouteMtls => RGBColor(140, 86, 75),
         Scenario::Python => RGBColor(44, 160, 44),
         Scenario::VllmRouter => RGBColor(255, 127, 14),
+        Scenario::VllmRouterRoundRobin => RGBColor(188, 189, 34),
     }
 }
 

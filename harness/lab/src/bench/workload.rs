@@ -99,7 +99,10 @@ impl Route {
                     pinned: true,
                 }
             }
-            (Scenario::Python | Scenario::VllmRouter, Some(proxy)) => Route::Proxy {
+            (
+                Scenario::Python | Scenario::VllmRouter | Scenario::VllmRouterRoundRobin,
+                Some(proxy),
+            ) => Route::Proxy {
                 proxy,
                 pinned: false,
             },
