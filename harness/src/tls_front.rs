@@ -56,16 +56,20 @@ impl TlsFront {
             while let Ok((stream, _)) = listener.accept().await {
                 let (acceptor, counted) = (acceptor.clone(), counted.clone());
                 tokio::spawn(async move {
+                    // The worker first: a worker that is down then fails the gateway's
+                    // connection during the handshake, as a worker serving TLS itself would,
+                    // not with a reset after it.
+                    let Ok(mut plain) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     let Ok(mut tls) = acceptor.accept(stream).await else {
                         return;
                     };
                     counted.fetch_add(1, Ordering::Relaxed);
                     // No Nagle delay on either side: a relay must not add latency of its own.
                     let _ = tls.get_ref().0.set_nodelay(true);
-                    if let Ok(mut plain) = TcpStream::connect(target).await {
-                        let _ = plain.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
-                    }
+                    let _ = plain.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
                 });
             }
         });

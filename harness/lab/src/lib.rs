@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod load;
 pub mod soak;
+pub mod tls;

@@ -14,16 +14,12 @@ use super::python::PythonProxy;
 use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
 use super::vllm_router::{Policy, VllmRouter};
 use crate::load::ClientTls;
-use pinroute_harness::certs::{LocalCa, Usage};
+use crate::tls::RunTls;
 use pinroute_harness::envoy::{
     BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy,
     MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, render_bootstrap,
 };
-use pinroute_harness::envoy::{ListenerTls, WorkerTls};
-use pinroute_harness::tls_front::{TlsFront, client_config};
-use rustls::pki_types::ServerName;
-use std::sync::Arc;
-use tokio_rustls::TlsConnector;
+use pinroute_harness::tls_front::TlsFront;
 
 const PLAIN_TEMPLATE: &str = include_str!("../../../../envoy/plain.yaml");
 
@@ -265,9 +261,6 @@ fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path, edge: EdgeOptions) -> Re
     })
 }
 
-/// The name on the workers' certificates, which the gateway checks.
-const WORKER_NAME: &str = "worker.bench.local";
-
 /// Envoy + pinroute terminating TLS, and with `mutual`, asking the clients for a certificate
 /// and reaching both workers over mutual TLS through TLS fronts (in this process: their CPU
 /// counts as the load generator's, not the gateway's).
@@ -279,46 +272,26 @@ pub struct TlsGateway {
 
 impl TlsGateway {
     async fn start(inputs: &GatewayInputs<'_>, dir: &Path, mutual: bool) -> Result<TlsGateway> {
-        let ca = LocalCa::create(&dir.join("tls"), "pinroute bench CA")?;
-        let listener = ca.issue("gateway", &["localhost"], Usage::Server)?;
+        let tls = RunTls::create(&dir.join("tls"), mutual)?;
         let mut edge = EdgeOptions {
-            tls: Some(ListenerTls {
-                cert: listener.cert,
-                key: listener.key,
-                client_ca: mutual.then(|| ca.cert_path()),
-            }),
+            tls: Some(tls.listener),
             ..EdgeOptions::default()
         };
         let mut sims = inputs.sims;
         let mut fronts = Vec::new();
-        let mut client_cert = None;
-        if mutual {
-            client_cert = Some(ca.issue("client", &["bench-client"], Usage::Client)?);
-            let worker = ca.issue("worker", &[WORKER_NAME], Usage::Server)?;
-            let ca_path = ca.cert_path();
+        if let Some((server, worker_tls)) = tls.workers {
             for sim in [&mut sims.prefill, &mut sims.decode] {
-                let front = TlsFront::start(&worker, Some(&ca_path), *sim).await?;
+                let front = TlsFront::start(&server, Some(&tls.ca), *sim).await?;
                 *sim = front.addr();
                 fronts.push(front);
             }
-            let gateway_client =
-                ca.issue("gateway-client", &["pinroute-gateway"], Usage::Client)?;
-            edge.worker_tls = Some(WorkerTls {
-                ca: ca_path,
-                client_cert: Some((gateway_client.cert, gateway_client.key)),
-                names: vec![WORKER_NAME.into()],
-            });
+            edge.worker_tls = Some(worker_tls);
         }
-        let config = client_config(&ca.cert_path(), client_cert.as_ref())?;
-        let client = ClientTls {
-            connector: TlsConnector::from(Arc::new(config)),
-            server_name: ServerName::try_from("localhost")?,
-        };
         let yaml = pinroute_bootstrap(&sims, inputs.wasm, edge)?;
         let envoy = Envoy::start(inputs.envoy_binary, &yaml, dir).await?;
         Ok(TlsGateway {
             envoy,
-            client,
+            client: tls.client,
             _fronts: fronts,
         })
     }

@@ -39,6 +39,10 @@ pub struct Args {
     /// Tokens a request asks for (each asks for between this and twice this).
     #[arg(long, default_value_t = 8)]
     max_tokens: u32,
+    /// Mutual TLS on both sides: the clients to Envoy, Envoy to every worker (each behind a
+    /// TLS front that requires the gateway's certificate), from a CA made for the run.
+    #[arg(long)]
+    tls: bool,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -91,6 +95,7 @@ fn options(args: &Args, wasm: PathBuf, work_dir: PathBuf) -> SoakOptions {
         work_dir,
         token_latency: Duration::from_micros(args.token_latency_us),
         max_tokens: args.max_tokens.max(1),
+        tls: args.tls,
     }
 }
 

@@ -31,11 +31,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::load::{LoadReport, LoadSpec, Stop, run_load};
+use crate::load::{ClientTls, LoadReport, LoadSpec, Stop, run_load};
+use crate::tls::RunTls;
 use chaos::{Action, Step, run_chaos};
 use deployment::{HOSTILE_PREFILL, LONGEST_OUTAGE, WorkerTiming, stack_spec};
 use pinroute_harness::sim::Fault;
-use pinroute_harness::stack::Stack;
+use pinroute_harness::stack::{Stack, StackSpec, WorkerFronts};
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
 use recovery::Recovery;
 use report::{Measured, SoakReport};
@@ -62,16 +63,22 @@ pub struct SoakOptions {
     pub token_latency: Duration,
     /// Tokens a request asks for (up to twice this).
     pub max_tokens: u32,
+    /// Mutual TLS on both sides: clients to Envoy, Envoy to every worker (behind TLS fronts).
+    pub tls: bool,
 }
 
 /// Starts the stack, runs the load and the chaos together, and reports.
 pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
-    let spec = stack_spec(
+    let mut spec = stack_spec(
         options.wasm.clone(),
         WorkerTiming {
             token_latency: options.token_latency,
         },
     );
+    let client_tls = match options.tls {
+        true => Some(with_tls(&mut spec, &options.work_dir.join("tls"))?),
+        false => None,
+    };
     let mut stack = Stack::start(&spec, &options.work_dir)
         .await
         .context("starting Envoy and the sim workers")?;
@@ -87,6 +94,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         answer_timeout: ANSWER_TIMEOUT,
         aftermath: LONGEST_OUTAGE + AFTERMATH_MARGIN,
         token_latency: options.token_latency,
+        tls: client_tls.clone(),
     };
     log::info!(
         "soak: {} requests at concurrency {}",
@@ -108,7 +116,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
     let chaos = chaos?;
     tokio::time::sleep(LONGEST_OUTAGE + AFTERMATH_MARGIN).await;
     settle_with_access_log(&shared, stack.envoy.access_log_path()).await?;
-    let recovery = Recovery::check(stack.envoy.listen()).await;
+    let recovery = Recovery::check(stack.envoy.listen(), client_tls).await;
     let measured = Measured {
         command: options.command.clone(),
         requests: options.requests,
@@ -127,6 +135,20 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         log: scan_log(stack.envoy.log_path())?,
     };
     Ok(SoakReport::new(measured))
+}
+
+/// Puts mutual TLS on both sides of `spec`, from a CA made in `dir`; how clients reach it.
+fn with_tls(spec: &mut StackSpec, dir: &Path) -> Result<ClientTls> {
+    let tls = RunTls::create(dir, true)?;
+    spec.edge.tls = Some(tls.listener);
+    if let Some((server, worker_tls)) = tls.workers {
+        spec.worker_fronts = Some(WorkerFronts {
+            server,
+            client_ca: Some(tls.ca),
+        });
+        spec.edge.worker_tls = Some(worker_tls);
+    }
+    Ok(tls.client)
 }
 
 async fn run_load_then_finish(workload: SoakWorkload, options: &SoakOptions) -> LoadReport {

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::deployment::{DECODE_WORKERS, PREFILL_WORKERS};
 use super::mix::COMPLETIONS;
-use crate::load::{ChunkedBody, Connections};
+use crate::load::{ChunkedBody, ClientTls, Connections};
 
 /// Sequential unpinned requests sent after the soak.
 pub const RECOVERY_REQUESTS: u64 = 60;
@@ -30,7 +30,7 @@ pub struct Recovery {
 impl Recovery {
     /// Sends [`RECOVERY_REQUESTS`] unpinned completions one after the other and checks that
     /// each worker took at least half its fair share.
-    pub async fn check(gateway: SocketAddr) -> Recovery {
+    pub async fn check(gateway: SocketAddr, tls: Option<ClientTls>) -> Recovery {
         let mut recovery = Recovery {
             requests: RECOVERY_REQUESTS,
             ..Recovery::default()
@@ -41,7 +41,7 @@ impl Recovery {
         for (id, _) in PREFILL_WORKERS {
             recovery.prefill.insert(id, 0);
         }
-        let mut connections = Connections::default();
+        let mut connections = Connections::new(tls);
         for seq in 0..RECOVERY_REQUESTS {
             recovery.send(&mut connections, gateway, seq).await;
         }

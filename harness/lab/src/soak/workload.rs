@@ -8,7 +8,9 @@ use super::chaos::{Outages, Progress};
 use super::mix::{self, Planned};
 use super::outcome::{Answer, Judgement, Timing, Verdict, judge};
 use super::tally::Tally;
-use crate::load::{Exchange, FailedExchange, Sample, StatusClass, VirtualUser, Workload};
+use crate::load::{
+    ClientTls, Exchange, FailedExchange, Sample, StatusClass, VirtualUser, Workload,
+};
 
 /// State shared by the workload, the chaos and the report.
 #[derive(Debug)]
@@ -47,6 +49,8 @@ pub struct SoakWorkload {
     pub aftermath: Duration,
     /// The sim workers' time per generated token (when a client leaves the decode stream).
     pub token_latency: Duration,
+    /// TLS to the gateway; `None`: clear text.
+    pub tls: Option<ClientTls>,
 }
 
 impl Workload for SoakWorkload {
@@ -103,6 +107,10 @@ impl Workload for SoakWorkload {
 
     fn label(&self, _seq: u64) -> &'static str {
         "soak"
+    }
+
+    fn client_tls(&self) -> Option<ClientTls> {
+        self.tls.clone()
     }
 }
 
