@@ -28,12 +28,13 @@ mod prompt;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use pinroute::policy::api::Api;
 use pinroute::policy::availability::RegistryOnly;
 use pinroute::policy::config::Config;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::picker;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
-use pinroute::policy::prefix::{PromptPrefix, prompt_member};
+use pinroute::policy::prefix::PromptPrefix;
 use pinroute::policy::registry::Worker;
 use pinroute::policy::resolve::{PromptFacts, Resolver};
 use pinroute::policy::rewrite::{self, BodyEdit, DecodeBody};
@@ -207,7 +208,9 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
 /// The same request's choice by prefix affinity, hashing its prompt as the filter does.
 fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
     let settings = &config.settings;
-    let raw = prompt_member(request).map_or(&b""[..], |p| p.get().as_bytes());
+    let raw = request
+        .get(Api::ChatCompletions.prompt_field())
+        .map_or(&b""[..], |p| p.get().as_bytes());
     let prefix = if raw.len() < settings.prefix_min_bytes {
         PromptPrefix::unhashed(raw.len())
     } else {

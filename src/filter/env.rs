@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::host::{Host, HostError};
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
+use crate::policy::api::ErrorShape;
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
 use crate::policy::error::RouteError;
@@ -44,6 +45,8 @@ pub struct Env<H: Host> {
     /// The request's `x-request-id`, for the prefill hop and the logs (known once the
     /// headers are read).
     pub request_id: String,
+    /// How the request's client reads an error (known once its path is read).
+    pub errors: ErrorShape,
     /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
     load_changes: RefCell<Vec<(WorkerId, i64)>>,
     /// This VM's requests in flight, for the in-flight limit.
@@ -66,10 +69,21 @@ impl<H: Host> Env<H> {
             rotation,
             metrics,
             request_id: String::new(),
+            errors: ErrorShape::default(),
             load_changes: RefCell::default(),
             slots,
             holds_slot: false,
         }
+    }
+
+    /// A number no other request shares, on any thread or replica: for the ids the gateway
+    /// makes (`policy::responses`).
+    pub fn unique(&self) -> u128 {
+        let mut seed = Vec::with_capacity(self.request_id.len() + 16);
+        seed.extend_from_slice(self.request_id.as_bytes());
+        seed.extend_from_slice(&self.host.now_nanos().to_le_bytes());
+        seed.extend_from_slice(&self.rotation.get().to_le_bytes());
+        xxhash_rust::xxh3::xxh3_128(&seed)
     }
 
     /// Takes a slot of the in-flight limit for this request (`docs/semantics.md` §1), or
@@ -314,7 +328,7 @@ impl<H: Host> Env<H> {
         if let Some(methods) = error.allow() {
             headers.push(("allow", methods));
         }
-        let body = error.body();
+        let body = error.body(self.errors);
         if let Err(failure) = self
             .host
             .send_response(error.status(), &headers, body.as_bytes())

@@ -3,6 +3,7 @@
 
 use super::env::{Env, host_failure};
 use super::host::{Headers, Host};
+use crate::policy::api::ErrorShape;
 use crate::policy::error::{RouteError, quoted};
 use crate::policy::headers;
 use crate::policy::paths::{self, Destination};
@@ -26,19 +27,32 @@ const NOT_FORWARDED: &[&str] = &[
 ];
 
 /// Where the request may go, from its path, method and announced size: only the routed
-/// paths reach a worker, a completion only by `POST`, no body over the limit.
-pub fn admit(env: &Env<impl Host>, headers: &Headers) -> Result<Destination, RouteError> {
+/// paths reach a worker, a generation only by `POST`, no body over the limit. The path also
+/// tells how the client reads an error.
+pub fn admit(env: &mut Env<impl Host>, headers: &Headers) -> Result<Destination, RouteError> {
+    let canonical = paths::canonical_path(header_text(headers, ":path"));
+    env.errors = ErrorShape::of_path(&canonical);
     let settings = &env.config.settings;
-    let destination = paths::destination(header_text(headers, ":path"), &settings.routed_paths);
+    let destination = paths::destination_of(canonical, &settings.routed_paths);
     let method = header_text(headers, ":method");
     match &destination {
         Destination::NotRouted(path) => {
             let path = quoted(path);
             return Err(RouteError::UnknownPath { path });
         }
-        Destination::Completion(path) if method != "POST" => {
-            let method = quoted(method);
-            return Err(RouteError::MethodNotAllowed { method, path });
+        Destination::Generation(api) if method != "POST" => {
+            return Err(RouteError::MethodNotAllowed {
+                method: quoted(method),
+                path: api.path().to_string(),
+                allow: "POST",
+            });
+        }
+        Destination::StoredResponse(stored) if method != stored.method() => {
+            return Err(RouteError::MethodNotAllowed {
+                method: quoted(method),
+                path: quoted(&stored.path),
+                allow: stored.method(),
+            });
         }
         _ => {}
     }

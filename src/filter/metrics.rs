@@ -34,6 +34,7 @@ pub enum Counter {
     LocalShortPrompt,
     LocalNextTurn,
     LocalByPicker,
+    LocalStateful,
     Placed(Pool, Placement),
 }
 
@@ -83,6 +84,7 @@ const COUNTERS: &[(Counter, &str)] = &[
     ),
     (Counter::LocalNextTurn, "pinroute.prefill.local_next_turn"),
     (Counter::LocalByPicker, "pinroute.prefill.local_by_picker"),
+    (Counter::LocalStateful, "pinroute.prefill.local_stateful"),
     placed(
         Pool::Prefill,
         Placement::Load,
@@ -223,6 +225,7 @@ impl Metrics {
             }
             PrefillPlan::Local(LocalPrefill::NextTurn) => self.count(host, Counter::LocalNextTurn),
             PrefillPlan::Local(LocalPrefill::Picker) => self.count(host, Counter::LocalByPicker),
+            PrefillPlan::Local(LocalPrefill::Stateful) => self.count(host, Counter::LocalStateful),
             _ => {}
         }
     }

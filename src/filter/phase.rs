@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 
 use serde_json::value::RawValue;
 
+use crate::policy::api::Api;
 use crate::policy::error::RouteError;
 use crate::policy::pins::HeaderHints;
 use crate::policy::registry::WorkerId;
@@ -34,11 +35,11 @@ pub enum Phase {
     Answered,
 }
 
-/// What the headers of a completion request decided, for its body and its prefill hop.
+/// What the headers of a generation request decided, for its body and its prefill hop.
 pub struct Completion {
     pub hints: HeaderHints,
-    /// The path both hops carry: the plain spelling of the completion path.
-    pub path: &'static str,
+    /// Its API: the plain spelling of its path is the one both hops carry.
+    pub api: Api,
     /// Client headers, minus stripped ones, for the prefill hop.
     pub forwarded: Vec<(String, String)>,
 }
@@ -48,7 +49,7 @@ pub struct PrefillAttempt {
     pub target: Target,
     /// Unpinned fallbacks still to try, next last.
     pub remaining: Vec<Target>,
-    pub path: &'static str,
+    pub api: Api,
     pub forwarded: Vec<(String, String)>,
     /// The prefill body, kept only while a retry may need it.
     pub body: String,

@@ -51,9 +51,9 @@ pub fn first_attempt(
     Ok(PrefillAttempt {
         target,
         remaining: candidates,
-        path: completion.path,
+        api: completion.api,
         forwarded: completion.forwarded.clone(),
-        body: rewrite::prefill_body(request, held_body_size),
+        body: rewrite::prefill_body(completion.api, request, held_body_size),
         decode_body,
         decode,
         held_body_size,
@@ -69,7 +69,7 @@ pub fn dispatch(
     let rank = attempt.target.rank.map(|r| r.to_string());
     let mut headers: Vec<(&str, &str)> = vec![
         (":method", "POST"),
-        (":path", attempt.path),
+        (":path", attempt.api.path()),
         (":authority", &address),
         ("content-type", "application/json"),
         ("x-request-id", &env.request_id),

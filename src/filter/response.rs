@@ -278,7 +278,7 @@ fn served_decode_worker(env: &Env<impl Host>, routed: &Routed) -> WorkerId {
 pub fn replace_body(env: &Env<impl Host>, error: &RouteError, size: usize) {
     if let Err(status) = env
         .host
-        .replace_response_body(size, error.body().as_bytes())
+        .replace_response_body(size, error.body(env.errors).as_bytes())
     {
         log::error!(
             "pinroute: could not replace the response of {}: {status}",

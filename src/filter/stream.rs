@@ -5,20 +5,23 @@
 
 use super::decode_retry;
 use super::env::{Env, host_failure};
-use super::host::{Flow, Host};
+use super::host::{Flow, Headers, Host};
 use super::intake::{self, forwarded_headers, header_text};
 use super::metrics::Counter;
 use super::phase::{Answer, Completion, Phase, Routed};
 use super::prefill::{self, PrefillVerdict};
 use super::response::{self, HeldBody, Outcome, RoutedBody};
+use crate::policy::api::Api;
 use crate::policy::error::RouteError;
 use crate::policy::hop::HopFailure;
 use crate::policy::json::JsonObject;
 use crate::policy::paths::Destination;
+use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
-use crate::policy::rewrite::DecodeBody;
-use crate::policy::{headers, passthrough, picker, pins, prefix, steering};
+use crate::policy::responses::{self, ResponsesRequest};
+use crate::policy::rewrite::{self, DecodeBody};
+use crate::policy::{headers, passthrough, picker, pins, steering};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
@@ -174,36 +177,63 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
         env.set_request_header(name, None)?;
     }
     env.request_id = intake::request_id(env, &headers)?;
-    let Destination::Completion(path) = destination else {
-        let decode = env.with_resolver(&hints, None, |r| r.token_hop(&hints.pins))?;
-        env.count_panics(false, decode.panic);
-        let reads_body = passthrough::read_as_json(header_text(&headers, "content-type"));
-        if end_of_stream || !reads_body {
-            let body = if end_of_stream {
-                RoutedBody::Empty
-            } else {
-                RoutedBody::Unread
+    let api = match destination {
+        Destination::Generation(api) => api,
+        Destination::StoredResponse(stored) => {
+            // As on the other one-hop paths, prefill pins do not apply.
+            let pins = Pins {
+                prefill_worker_id: None,
+                prefill_dp_rank: None,
+                ..hints.pins
             };
-            let routed = response::route(env, decode, body, None)?;
-            return Ok((Phase::Routed(routed), Flow::Continue));
+            let holder = ResponsesRequest::about(&stored.id, &env.config.registry)?;
+            hints.pins = holder.pin(pins, "the response id of the path")?;
+            if header_text(&headers, ":path") != stored.path {
+                env.set_request_header(":path", Some(&stored.path))?;
+            }
+            return route_one_hop(env, &hints, &headers, end_of_stream);
         }
-        return Ok((Phase::PassthroughBody(decode), Flow::Pause));
+        Destination::Other | Destination::NotRouted(_) => {
+            return route_one_hop(env, &hints, &headers, end_of_stream);
+        }
     };
     if end_of_stream {
         return Err(RouteError::InvalidBody("the body is empty".into()));
     }
-    if header_text(&headers, ":path") != path {
-        env.set_request_header(":path", Some(path))?;
+    if header_text(&headers, ":path") != api.path() {
+        env.set_request_header(":path", Some(api.path()))?;
     }
     let forwarded = forwarded_headers(&headers, upstream_header);
     env.take_slot()?;
     env.set_request_header("content-length", None)?;
     let completion = Completion {
         hints,
-        path,
+        api,
         forwarded,
     };
     Ok((Phase::CompletionBody(completion), Flow::Pause))
+}
+
+/// A request of another path (or about a stored response): one hop, its JSON body read first.
+fn route_one_hop<H: Host>(
+    env: &mut Env<H>,
+    hints: &HeaderHints,
+    headers: &Headers,
+    end_of_stream: bool,
+) -> Step {
+    let decode = env.with_resolver(hints, None, |r| r.token_hop(&hints.pins))?;
+    env.count_panics(false, decode.panic);
+    let reads_body = passthrough::read_as_json(header_text(headers, "content-type"));
+    if end_of_stream || !reads_body {
+        let body = if end_of_stream {
+            RoutedBody::Empty
+        } else {
+            RoutedBody::Unread
+        };
+        let routed = response::route(env, decode, body, None)?;
+        return Ok((Phase::Routed(routed), Flow::Continue));
+    }
+    Ok((Phase::PassthroughBody(decode), Flow::Pause))
 }
 
 fn on_completion_body<H: Host>(
@@ -216,7 +246,12 @@ fn on_completion_body<H: Host>(
         return Ok((Phase::CompletionBody(completion), Flow::Pause));
     };
     let request = JsonObject::parse(&body).map_err(|e| RouteError::InvalidBody(e.to_string()))?;
+    let api = completion.api;
     steering::check_completion(&request)?;
+    rewrite::check_limits(api, &request)?;
+    let responses = (api == Api::Responses)
+        .then(|| ResponsesRequest::read(&request, &env.config.registry))
+        .transpose()?;
     let pins = completion
         .hints
         .pins
@@ -224,12 +259,29 @@ fn on_completion_body<H: Host>(
         .or(pins::parse_nvext(&request)?);
     intake::check_caller(env, &completion.hints, &pins)?;
     env.count_pins(&pins, &completion.hints);
-    let raw_prompt = prefix::prompt_member(&request).map_or(&[][..], |p| p.get().as_bytes());
+    let pins = match &responses {
+        Some(state) => state.pin(pins, responses::PREVIOUS_RESPONSE_ID)?,
+        None => pins,
+    };
+    let raw_prompt = request
+        .get(api.prompt_field())
+        .map_or(&[][..], |p| p.get().as_bytes());
     let prompt = env.read_prompt(raw_prompt, &pins);
-    let route = env.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
+    let mut route = env.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
+    if let Some(state) = &responses {
+        route = state.route(route);
+    }
     env.count_route(&route);
     env.remember_turn(prompt.as_ref(), &route);
-    let decode_body = DecodeBody::new(&request, &body);
+    let stamp = responses
+        .filter(|state| state.stored)
+        .map(|_| responses::response_id(route.decode.target.worker.id, env.unique()))
+        .map(|id| format!("\"{id}\""));
+    let gateway: Vec<(&str, &str)> = stamp
+        .iter()
+        .map(|id| (responses::REQUEST_ID, id.as_str()))
+        .collect();
+    let decode_body = DecodeBody::new(&request, &body, &gateway);
     let candidates = match route.prefill {
         PrefillPlan::Skip | PrefillPlan::Local(_) => {
             if route.prefill == PrefillPlan::Skip

@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 
+use super::api::ErrorShape;
 use super::availability::Unavailability;
 use super::hop::{Hop, HopFailure};
 use super::registry::{Role, WorkerId};
@@ -15,8 +16,12 @@ pub enum RouteError {
     InvalidBody(String),
     #[error("{field}: {reason}")]
     InvalidField { field: &'static str, reason: String },
-    #[error("{method} is not allowed on {path}: it takes POST")]
-    MethodNotAllowed { method: String, path: &'static str },
+    #[error("{method} is not allowed on {path}: it takes {allow}")]
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: &'static str,
+    },
     #[error("{caller} may not {privilege}")]
     NotPermitted {
         caller: String,
@@ -24,6 +29,8 @@ pub enum RouteError {
     },
     #[error("path {path} is not served by this gateway")]
     UnknownPath { path: String },
+    #[error("response {id} is not stored on any worker: {reason}")]
+    ResponseNotFound { id: String, reason: &'static str },
     #[error("request body is larger than the {limit}-byte limit")]
     BodyTooLarge { limit: usize },
     #[error("{hop} hop: a data-parallel rank was pinned without a {hop} worker")]
@@ -116,7 +123,7 @@ impl RouteError {
             | WrongRole { .. }
             | RankOutOfRange { .. } => 400,
             NotPermitted { .. } => 403,
-            UnknownPath { .. } => 404,
+            UnknownPath { .. } | ResponseNotFound { .. } => 404,
             MethodNotAllowed { .. } => 405,
             BodyTooLarge { .. } => 413,
             WorkerUnavailable { .. } | NoWorkerAvailable { .. } | Overloaded { .. } => 503,
@@ -149,6 +156,7 @@ impl RouteError {
                 ..
             } => "session_not_allowed",
             UnknownPath { .. } => "unknown_path",
+            ResponseNotFound { .. } => "response_not_found",
             BodyTooLarge { .. } => "body_too_large",
             RankWithoutWorker { .. } => "rank_without_worker",
             UnknownWorker { .. } => "unknown_worker",
@@ -174,6 +182,7 @@ impl RouteError {
         "pin_not_allowed",
         "session_not_allowed",
         "unknown_path",
+        "response_not_found",
         "body_too_large",
         "rank_without_worker",
         "unknown_worker",
@@ -214,15 +223,39 @@ impl RouteError {
 
     /// The methods a path takes, for the `Allow` header of a 405.
     pub fn allow(&self) -> Option<&'static str> {
-        matches!(self, RouteError::MethodNotAllowed { .. }).then_some("POST")
+        match self {
+            RouteError::MethodNotAllowed { allow, .. } => Some(allow),
+            _ => None,
+        }
     }
 
-    /// The OpenAI-shaped JSON body: `{"error": {"message", "type", "code"}}`.
-    pub fn body(&self) -> String {
-        serde_json::json!({
-            "error": { "message": self.to_string(), "type": self.kind(), "code": self.code() }
-        })
+    /// The JSON body, in the shape the path's clients read: OpenAI's `{"error": {"message",
+    /// "type", "code"}}`, or Anthropic's `{"type": "error", "error": {"type", "message"}}`
+    /// with the same `code` beside them.
+    pub fn body(&self, shape: ErrorShape) -> String {
+        let message = self.to_string();
+        match shape {
+            ErrorShape::OpenAi => serde_json::json!({
+                "error": { "message": message, "type": self.kind(), "code": self.code() }
+            }),
+            ErrorShape::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": { "type": self.anthropic_kind(), "message": message, "code": self.code() }
+            }),
+        }
         .to_string()
+    }
+
+    /// Anthropic's error `type` for the status.
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status() {
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            400..=499 => "invalid_request_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //! | `docs/semantics.md` | module |
 //! |---|---|
 //! | §1 Which paths take the two-hop flow | [`paths`] |
+//! | §1, §4, §6 The generation APIs: each one's path, prompt, limits and error shape | [`api`] |
+//! | §4 State the Responses API keeps on a decode worker | [`responses`] |
 //! | §1, §4 Other paths: passed on, never carrying KV transfer parameters | [`passthrough`] |
 //! | §1 The in-flight limit, over all Envoy threads | [`inflight`] |
 //! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
@@ -27,6 +29,7 @@
 //! | §9 Picker mode: an endpoint picker's choices, its allowlist | [`picker`] |
 
 pub mod answers;
+pub mod api;
 pub mod availability;
 pub mod callers;
 pub mod config;
@@ -44,6 +47,7 @@ pub mod pins;
 pub mod prefix;
 pub mod registry;
 pub mod resolve;
+pub mod responses;
 pub mod retries;
 pub mod rewrite;
 pub mod select;

@@ -1,32 +1,40 @@
 //! Which paths reach a worker, and which take the two-hop flow (`docs/semantics.md` §1):
-//! the completion paths, however a client spells them, and the rest of the inference
-//! surface an operator routes.
+//! the generation APIs' paths, however a client spells them, a stored response's, and the
+//! rest of the inference surface an operator routes.
 //!
 //! A worker's HTTP server decodes `%xx` before it matches a route, so `/v1/%63ompletions`
 //! reaches the completions handler. The filter therefore decides on the path as a server
 //! could read it — percent-decoded, repeated slashes merged, dot segments resolved — so no
 //! spelling carries a completion request past the body rules.
 
-/// The paths whose body is read and which take the prefill hop.
-pub const COMPLETION_PATHS: &[&str] = &["/v1/completions", "/v1/chat/completions"];
+use super::api::Api;
 
-/// The other paths routed by default: the OpenAI-compatible inference surface. vLLM's
-/// control endpoints (`/reset_prefix_cache`, `/sleep`, `/collective_rpc`, ...) are not.
+/// The other paths routed by default: the read-only inference surface. vLLM's control
+/// endpoints (`/reset_prefix_cache`, `/sleep`, `/collective_rpc`, ...) are not.
 pub const INFERENCE_PATHS: &[&str] = &[
     "/v1/embeddings",
     "/v1/models",
+    "/v1/messages/count_tokens",
     "/tokenize",
     "/detokenize",
     "/health",
 ];
 
+/// Where stored responses are read and cancelled: `/v1/responses/{id}` and
+/// `/v1/responses/{id}/cancel`.
+const STORED_RESPONSES: &str = "/v1/responses/";
+const CANCEL: &str = "/cancel";
+
 /// Where a request's path takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
-    /// A completion path, in its plain spelling: two hops, both sent to that spelling (with no
-    /// query), so a worker never sees one it would route elsewhere (a trailing slash, a dot
-    /// segment, an escape) and no prefill runs for a decode hop that would not find its handler.
-    Completion(&'static str),
+    /// A generation API: two hops, both sent to its plain spelling (with no query), so a
+    /// worker never sees one it would route elsewhere (a trailing slash, a dot segment, an
+    /// escape) and no prefill runs for a decode hop that would not find its handler.
+    Generation(Api),
+    /// A stored response, read (`GET`) or cancelled (`POST .../cancel`): one hop to the
+    /// worker that stored it, sent to `path`, the plain spelling.
+    StoredResponse(StoredResponse),
     /// Another routed path: one hop, as the client sent it.
     Other,
     /// Not routed: its canonical spelling, for the 404.
@@ -36,14 +44,51 @@ pub enum Destination {
 /// Where `raw` (a request's `:path`) goes, given the other paths an operator routes: exact
 /// paths, or prefixes written `/prefix/*`.
 pub fn destination(raw: &str, routed: &[String]) -> Destination {
-    let canonical = canonical_path(raw);
-    if let Some(path) = COMPLETION_PATHS.iter().find(|path| **path == canonical) {
-        return Destination::Completion(path);
+    destination_of(canonical_path(raw), routed)
+}
+
+/// Where a path already in its canonical spelling ([`canonical_path`]) goes.
+pub fn destination_of(canonical: String, routed: &[String]) -> Destination {
+    if let Some(api) = Api::at(&canonical) {
+        return Destination::Generation(api);
+    }
+    if let Some(stored) = StoredResponse::at(&canonical) {
+        return Destination::StoredResponse(stored);
     }
     if routed.iter().any(|route| matches_route(route, &canonical)) {
         Destination::Other
     } else {
         Destination::NotRouted(canonical)
+    }
+}
+
+/// A request about one stored response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The response id, as the path names it.
+    pub id: String,
+    /// `POST /v1/responses/{id}/cancel`, else `GET /v1/responses/{id}`.
+    pub cancel: bool,
+    pub path: String,
+}
+
+impl StoredResponse {
+    fn at(canonical: &str) -> Option<StoredResponse> {
+        let rest = canonical.strip_prefix(STORED_RESPONSES)?;
+        let (id, cancel) = match rest.strip_suffix(CANCEL) {
+            Some(id) => (id, true),
+            None => (rest, false),
+        };
+        (!id.is_empty() && !id.contains('/')).then(|| StoredResponse {
+            id: id.to_string(),
+            cancel,
+            path: canonical.to_string(),
+        })
+    }
+
+    /// The method the path takes.
+    pub fn method(&self) -> &'static str {
+        if self.cancel { "POST" } else { "GET" }
     }
 }
 

@@ -1,15 +1,13 @@
 //! A prompt's beginning as chained block hashes (`docs/semantics.md` §5): what prefix
 //! affinity places requests by, and what the turn memory knows a conversation by.
 //!
-//! The prompt is hashed as the client wrote it (the raw JSON of `messages` or `prompt`),
+//! The prompt is hashed as the client wrote it (the raw JSON of its API's prompt member,
+//! `policy::api`),
 //! never re-serialised: two requests share a hash at a depth exactly when their prompts
 //! share every byte up to it. Only the first `prefix_affinity_bytes` (at most
 //! [`MAX_WINDOW_BYTES`]) are read, in [`BLOCK_BYTES`] blocks, into a fixed array.
 
-use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-use super::json::JsonObject;
 
 /// Bytes per hashed block.
 pub const BLOCK_BYTES: usize = 256;
@@ -18,12 +16,6 @@ pub const MAX_WINDOW_BYTES: usize = 16 * 1024;
 const MAX_BLOCKS: usize = MAX_WINDOW_BYTES / BLOCK_BYTES;
 /// The seed of the first block's hash (any fixed value: replicas must agree).
 const SEED: u64 = 0x7069_6e72_6f75_7465;
-
-/// The prompt of a completion request, as the client wrote it: `messages` for chat,
-/// `prompt` for completions.
-pub fn prompt_member<'a>(request: &JsonObject<'a>) -> Option<&'a RawValue> {
-    request.get("messages").or_else(|| request.get("prompt"))
-}
 
 /// The hashes of a prompt's first blocks.
 #[derive(Clone, PartialEq, Eq)]

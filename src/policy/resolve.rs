@@ -48,6 +48,9 @@ pub enum LocalPrefill {
     NextTurn,
     /// The picker routed the request as one hop (`x-dynamo-routing-mode: aggregated`).
     Picker,
+    /// The request reads or starts state only its decode worker keeps: it continues a stored
+    /// response, or runs in the background (`super::responses`).
+    Stateful,
 }
 
 /// What the request's prompt tells the prefill plan.
@@ -113,6 +116,19 @@ pub fn prompt_use(settings: &Settings, pins: &Pins, bytes: usize) -> PromptUse {
 }
 
 impl Route {
+    /// The route with its unpinned prefill hop left out: the decode worker prefills.
+    pub fn in_one_hop(self, why: LocalPrefill) -> Route {
+        match self.prefill {
+            PrefillPlan::Candidates(_) => Route {
+                prefill: PrefillPlan::Local(why),
+                prefill_panic: false,
+                prefill_placement: None,
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     /// The workers the turn memory may keep for this route's conversation (`docs/semantics.md`
     /// §5): the prefill worker (if a hop was planned) and the decode worker, but only when
     /// pinroute chose both from the prompt. A pinned hop or a session's placement was the
@@ -168,13 +184,8 @@ impl<A: Availability> Resolver<'_, A> {
         };
         let picker_decided = route.prefill_placement == Some(Placement::Picker)
             || self.picked.mode == Some(RoutingMode::Disaggregated);
-        Ok(match (&route.prefill, self.local_prefill(&route.decode)) {
-            (PrefillPlan::Candidates(_), Some(why)) if !picker_decided => Route {
-                prefill: PrefillPlan::Local(why),
-                prefill_panic: false,
-                prefill_placement: None,
-                ..route
-            },
+        Ok(match self.local_prefill(&route.decode) {
+            Some(why) if !picker_decided => route.in_one_hop(why),
             _ => route,
         })
     }

@@ -2,6 +2,8 @@
 
 use serde_json::value::RawValue;
 
+use super::api::Api;
+use super::error::RouteError;
 use super::hop::HopFailure;
 use super::json::{JsonObject, write_key};
 
@@ -15,7 +17,8 @@ const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id"
 
 /// Request fields that make a worker's answer larger without changing the KV it computes:
 /// the prefill hop never carries them, so its answer stays within a bound (§4) whatever the
-/// client asked of the decode hop.
+/// client asked of the decode hop. `include` asks the Responses API for extra output
+/// (log-probabilities, reasoning text).
 pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "echo",
     "logprobs",
@@ -24,39 +27,123 @@ pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "n",
     "best_of",
     "return_token_ids",
+    "include",
 ];
 
+/// Fields a prefill hop never carries: it is not streamed, and a minimum length would outlast
+/// its single token. `background` is the Responses API's (the hop is answered, not polled).
+const NOT_FOR_PREFILL: &[&str] = &[
+    "stream_options",
+    "min_tokens",
+    "min_completion_tokens",
+    "background",
+    KV_TRANSFER_PARAMS,
+];
+
+/// How the prefill hop's body treats one of the client's members.
+enum PrefillMember {
+    Kept,
+    Dropped,
+    Set(&'static str),
+    Rewritten(String),
+}
+
 /// The prefill hop's body: the client's, capped at one token, not streamed, and asking for
-/// a remote decode. Any `kv_transfer_params` of the client's is dropped, and so are the
-/// decode hop's pins in `nvext` and the fields that would inflate its answer.
-pub fn prefill_body(request: &JsonObject<'_>, capacity: usize) -> String {
+/// a remote decode, in `api`'s own fields (§4). Any `kv_transfer_params` of the client's is
+/// dropped, and so are the decode hop's pins in `nvext` and the fields that would inflate its
+/// answer.
+pub fn prefill_body(api: Api, request: &JsonObject<'_>, capacity: usize) -> String {
     let mut out = ObjectWriter::with_capacity(capacity + PREFILL_KV_TRANSFER_PARAMS.len() + 64);
-    let mut has_max_tokens = false;
-    let mut has_stream = false;
     for (key, value) in request.members() {
+        match prefill_member(api, key, value) {
+            PrefillMember::Kept => out.member(key, value.get()),
+            PrefillMember::Dropped => {}
+            PrefillMember::Set(raw) => out.member(key, raw),
+            PrefillMember::Rewritten(raw) => out.member(key, &raw),
+        }
+    }
+    for (key, raw) in prefill_defaults(api) {
+        if request.get(key).is_none() {
+            out.member(key, raw);
+        }
+    }
+    out.member(KV_TRANSFER_PARAMS, PREFILL_KV_TRANSFER_PARAMS);
+    out.finish()
+}
+
+fn prefill_member(api: Api, key: &str, value: &RawValue) -> PrefillMember {
+    match (api, key) {
+        (_, "stream") => PrefillMember::Set("false"),
+        (Api::Responses, "store") => PrefillMember::Set("false"),
+        (Api::Generate, "sampling_params") => PrefillMember::Rewritten(one_token_sampling(value)),
+        (_, "max_completion_tokens") => PrefillMember::Set("1"),
+        (_, "nvext") => PrefillMember::Rewritten(without_decode_pins(value)),
+        (_, key) if key == api.limit_field() => PrefillMember::Set("1"),
+        (_, key) if NOT_FOR_PREFILL.contains(&key) || ANSWER_INFLATING_FIELDS.contains(&key) => {
+            PrefillMember::Dropped
+        }
+        _ => PrefillMember::Kept,
+    }
+}
+
+/// Members the prefill hop needs even where the client left them out: no stream, one token,
+/// and nothing stored on the prefill worker.
+fn prefill_defaults(api: Api) -> &'static [(&'static str, &'static str)] {
+    match api {
+        Api::Completions | Api::ChatCompletions | Api::Messages => {
+            &[("stream", "false"), ("max_tokens", "1")]
+        }
+        Api::Responses => &[
+            ("stream", "false"),
+            ("max_output_tokens", "1"),
+            ("store", "false"),
+        ],
+        Api::Generate => &[
+            ("stream", "false"),
+            ("sampling_params", r#"{"max_tokens":1}"#),
+        ],
+    }
+}
+
+/// Refuses a request whose limits the prefill hop could not cap: `sampling_params` that is
+/// not one JSON object (`/inference/v1/generate`).
+pub fn check_limits(api: Api, request: &JsonObject<'_>) -> Result<(), RouteError> {
+    let Some(params) = request
+        .get("sampling_params")
+        .filter(|_| api == Api::Generate)
+    else {
+        return Ok(());
+    };
+    if params.get() == "null" {
+        return Ok(());
+    }
+    JsonObject::parse(params.get().as_bytes())
+        .map(drop)
+        .map_err(|why| RouteError::InvalidField {
+            field: "sampling_params",
+            reason: format!("must be a JSON object: {why}"),
+        })
+}
+
+/// `/inference/v1/generate`'s `sampling_params` for one token: `max_tokens` 1, no minimum,
+/// nothing that inflates the answer; anything but an object is passed as it is, for the
+/// worker to refuse.
+fn one_token_sampling(params: &RawValue) -> String {
+    if params.get() == "null" {
+        return r#"{"max_tokens":1}"#.to_string();
+    }
+    let Ok(object) = JsonObject::parse(params.get().as_bytes()) else {
+        return params.get().to_string();
+    };
+    let mut out = ObjectWriter::with_capacity(params.get().len() + 16);
+    for (key, value) in object.members() {
         match key {
-            "stream" => {
-                has_stream = true;
-                out.member(key, "false");
-            }
-            "max_tokens" => {
-                has_max_tokens = true;
-                out.member(key, "1");
-            }
-            "max_completion_tokens" => out.member(key, "1"),
-            "stream_options" | "min_tokens" | "min_completion_tokens" | KV_TRANSFER_PARAMS => {}
-            "nvext" => out.member(key, &without_decode_pins(value)),
+            "max_tokens" | "min_tokens" => {}
             _ if ANSWER_INFLATING_FIELDS.contains(&key) => {}
             _ => out.member(key, value.get()),
         }
     }
-    if !has_stream {
-        out.member("stream", "false");
-    }
-    if !has_max_tokens {
-        out.member("max_tokens", "1");
-    }
-    out.member(KV_TRANSFER_PARAMS, PREFILL_KV_TRANSFER_PARAMS);
+    out.member("max_tokens", "1");
     out.finish()
 }
 
@@ -97,27 +184,44 @@ impl BodyEdit {
 }
 
 /// The token-generating hop's body, before the prefill answer is known: the client's body
-/// intact but for its `kv_transfer_params`, which a client must never steer.
+/// intact but for its `kv_transfer_params`, which a client must never steer, and with the
+/// members the gateway sets (a stored response's `request_id`, `policy::responses`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeBody {
     /// The client sent none: its body stays as Envoy holds it, and the prefill worker's
-    /// `kv_transfer_params` go in right after its `{`, the first `open` bytes.
-    Held { open: usize, empty: bool },
+    /// `kv_transfer_params` and the gateway's members go in right after its `{`, the first
+    /// `open` bytes.
+    Held {
+        open: usize,
+        empty: bool,
+        gateway: String,
+    },
     /// The client sent some: the body is rebuilt without them, replacing all `held` bytes.
     Rebuilt { open: ObjectWriter, held: usize },
 }
 
 impl DecodeBody {
-    /// `held` is the client's body, the bytes `request` was parsed from.
-    pub fn new(request: &JsonObject<'_>, held: &[u8]) -> Self {
+    /// `held` is the client's body, the bytes `request` was parsed from; `gateway` the
+    /// members the gateway sets, which the client's body does not have.
+    pub fn new(request: &JsonObject<'_>, held: &[u8], gateway: &[(&str, &str)]) -> Self {
         if request.get(KV_TRANSFER_PARAMS).is_none() {
             let open = held.iter().position(|&b| b == b'{').map_or(0, |at| at + 1);
+            let mut members = String::new();
+            for (key, raw) in gateway {
+                write_key(&mut members, key);
+                members.push_str(raw);
+                members.push(',');
+            }
             return Self::Held {
                 open,
                 empty: request.members().next().is_none(),
+                gateway: members,
             };
         }
         let mut open = ObjectWriter::with_capacity(held.len() + 64);
+        for (key, raw) in gateway {
+            open.member(key, raw);
+        }
         for (key, value) in request
             .members()
             .filter(|(key, _)| *key != KV_TRANSFER_PARAMS)
@@ -134,20 +238,31 @@ impl DecodeBody {
     /// `kv_transfer_params` when it sent any; `None` when the held body goes as it is.
     pub fn finish(self, kv_transfer_params: Option<&RawValue>) -> Option<BodyEdit> {
         match self {
-            Self::Held { open, empty } => kv_transfer_params.map(|params| {
-                let mut with =
-                    String::with_capacity(params.get().len() + KV_TRANSFER_PARAMS.len() + 4);
+            Self::Held {
+                open,
+                empty,
+                gateway,
+            } => {
+                if kv_transfer_params.is_none() && gateway.is_empty() {
+                    return None;
+                }
+                let params = kv_transfer_params.map_or("", |p| p.get());
+                let mut with = String::with_capacity(params.len() + gateway.len() + 24);
                 with.push('{');
-                write_key(&mut with, KV_TRANSFER_PARAMS);
-                with.push_str(params.get());
-                if !empty {
+                if let Some(params) = kv_transfer_params {
+                    write_key(&mut with, KV_TRANSFER_PARAMS);
+                    with.push_str(params.get());
                     with.push(',');
                 }
-                BodyEdit {
+                with.push_str(&gateway);
+                if empty {
+                    with.pop();
+                }
+                Some(BodyEdit {
                     replaced: open,
                     with,
-                }
-            }),
+                })
+            }
             Self::Rebuilt { mut open, held } => {
                 if let Some(params) = kv_transfer_params {
                     open.member(KV_TRANSFER_PARAMS, params.get());

@@ -23,7 +23,7 @@ fn chat(turns: usize) -> String {
 
 /// A completion request that its body sends on at once, without a prefill hop.
 fn routed_at_once(host: FakeHost, config: &str, extra: &[(&str, &str)], body: &str) -> Request {
-    let headers = [COMPLETION_HEADERS, extra].concat();
+    let headers = [extra, COMPLETION_HEADERS].concat();
     let mut request = Request::on(host, config, &headers);
     assert_eq!(request.headers(false), Flow::Pause);
     assert_eq!(request.body(body), Flow::Continue, "routed at once");

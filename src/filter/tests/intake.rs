@@ -32,7 +32,7 @@ fn the_engines_control_surface_is_not_routed() {
 #[test]
 fn an_operator_can_route_more_paths() {
     let config = config_with(r#""routed_paths": ["/metrics", "/inference/*"]"#);
-    for path in ["/metrics", "/inference/v1/generate"] {
+    for path in ["/metrics", "/inference/v1/abort_requests"] {
         let mut request = Request::new(&config, &[(":method", "GET"), (":path", path)]);
         assert_eq!(request.headers(true), Flow::Continue, "{path}");
     }

@@ -98,7 +98,8 @@ impl Request {
     }
 
     fn completion_on(host: FakeHost, config: &str, extra: &[(&str, &str)], body: &str) -> Self {
-        let headers = [COMPLETION_HEADERS, extra].concat();
+        // The first copy of a header is the one read: `extra` may name another path.
+        let headers = [extra, COMPLETION_HEADERS].concat();
         let mut request = Self::on(host, config, &headers);
         assert_eq!(request.headers(false), Flow::Pause);
         assert_eq!(request.body(body), Flow::Pause);

@@ -4,7 +4,7 @@ use super::*;
 use crate::policy::testing::test;
 
 fn body_of(error: &RouteError) -> serde_json::Value {
-    serde_json::from_str(&error.body()).unwrap()
+    serde_json::from_str(&error.body(ErrorShape::OpenAi)).unwrap()
 }
 
 #[test]
@@ -35,9 +35,18 @@ fn each_error_has_its_status_code_and_type() {
             "unknown_path",
         ),
         (
+            RouteError::ResponseNotFound {
+                id: "\"resp_x\"".into(),
+                reason: "x",
+            },
+            404,
+            "response_not_found",
+        ),
+        (
             RouteError::MethodNotAllowed {
                 method: "\"GET\"".into(),
-                path: "/v1/completions",
+                path: "/v1/completions".into(),
+                allow: "POST",
             },
             405,
             "method_not_allowed",
@@ -273,4 +282,32 @@ fn the_body_escapes_what_a_client_sent() {
             .unwrap()
             .contains("\"a\\\"}\"")
     );
+}
+
+#[test]
+fn anthropic_clients_read_the_same_error_in_their_own_shape() {
+    let cases = [
+        (RouteError::InvalidBody("x".into()), "invalid_request_error"),
+        (
+            RouteError::ResponseNotFound {
+                id: "\"r\"".into(),
+                reason: "x",
+            },
+            "not_found_error",
+        ),
+        (RouteError::BodyTooLarge { limit: 1 }, "request_too_large"),
+        (RouteError::Overloaded { limit: 1 }, "overloaded_error"),
+        (RouteError::Internal("x"), "api_error"),
+    ];
+    for (error, kind) in cases {
+        let body: serde_json::Value =
+            serde_json::from_str(&error.body(ErrorShape::Anthropic)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "error",
+                "error": {"type": kind, "message": error.to_string(), "code": error.code()}
+            })
+        );
+    }
 }

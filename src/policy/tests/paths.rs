@@ -3,7 +3,7 @@ use crate::policy::testing::test;
 
 fn completion_path(raw: &str) -> Option<&'static str> {
     match destination(raw, &[]) {
-        Destination::Completion(path) => Some(path),
+        Destination::Generation(api) => Some(api.path()),
         _ => None,
     }
 }
@@ -100,8 +100,51 @@ fn a_trailing_slash_or_dot_is_still_the_plain_completion_path() {
     ] {
         assert_eq!(
             destination(raw, &[]),
-            Destination::Completion("/v1/completions"),
+            Destination::Generation(Api::Completions),
             "{raw}"
         );
+    }
+}
+
+#[test]
+fn every_generation_api_takes_two_hops() {
+    for api in Api::ALL {
+        assert_eq!(destination(api.path(), &[]), Destination::Generation(api));
+    }
+    assert_eq!(
+        destination("/inference/v1//generate?x", &[]),
+        Destination::Generation(Api::Generate)
+    );
+}
+
+#[test]
+fn a_stored_response_is_read_and_cancelled_at_its_own_paths() {
+    let stored = |raw: &str| match destination(raw, &[]) {
+        Destination::StoredResponse(stored) => {
+            let method = stored.method();
+            Some((stored.id, method, stored.path))
+        }
+        _ => None,
+    };
+    assert_eq!(
+        stored("/v1/responses/resp_1"),
+        Some(("resp_1".into(), "GET", "/v1/responses/resp_1".into()))
+    );
+    assert_eq!(
+        stored("/v1//responses/resp_1/./cancel?x"),
+        Some((
+            "resp_1".into(),
+            "POST",
+            "/v1/responses/resp_1/cancel".into()
+        ))
+    );
+    for other in [
+        "/v1/responses/",
+        "/v1/responses/resp_1/input_items",
+        "/v1/responses/cancel",
+        "/v1/responses/a/b/cancel",
+    ] {
+        let kept = stored(other).filter(|(id, _, _)| id != "cancel");
+        assert_eq!(kept, None, "{other}");
     }
 }
