@@ -188,8 +188,13 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
             };
             let holder = ResponsesRequest::about(&stored.id, &env.config.registry)?;
             hints.pins = holder.pin(pins, "the response id of the path")?;
-            if header_text(&headers, ":path") != stored.path {
-                env.set_request_header(":path", Some(&stored.path))?;
+            let raw = header_text(&headers, ":path");
+            let path = match raw.split_once('?') {
+                Some((_, query)) => format!("{}?{query}", stored.path),
+                None => stored.path,
+            };
+            if raw != path {
+                env.set_request_header(":path", Some(&path))?;
             }
             return route_one_hop(env, &hints, &headers, end_of_stream);
         }

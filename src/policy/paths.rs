@@ -9,14 +9,23 @@
 
 use super::api::Api;
 
-/// The other paths routed by default: the read-only inference surface. vLLM's control
-/// endpoints (`/reset_prefix_cache`, `/sleep`, `/collective_rpc`, ...) are not.
+/// The other paths routed by default: the inference surface that generates nothing and keeps
+/// no state — embeddings, the model list, token counts, the renderings of a prompt (vLLM
+/// serves `render` and `derender` with `--enable-scale-out`) and health. vLLM's control
+/// endpoints (`/reset_prefix_cache`, `/sleep`, `/collective_rpc`,
+/// `/inference/v1/abort_requests`, ...) are not.
 pub const INFERENCE_PATHS: &[&str] = &[
     "/v1/embeddings",
     "/v1/models",
     "/v1/messages/count_tokens",
     "/tokenize",
     "/detokenize",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+    "/v1/messages/render",
+    "/v1/responses/render",
+    "/v1/completions/derender",
+    "/v1/chat/completions/derender",
     "/health",
 ];
 
@@ -52,13 +61,12 @@ pub fn destination_of(canonical: String, routed: &[String]) -> Destination {
     if let Some(api) = Api::at(&canonical) {
         return Destination::Generation(api);
     }
-    if let Some(stored) = StoredResponse::at(&canonical) {
-        return Destination::StoredResponse(stored);
-    }
     if routed.iter().any(|route| matches_route(route, &canonical)) {
-        Destination::Other
-    } else {
-        Destination::NotRouted(canonical)
+        return Destination::Other;
+    }
+    match StoredResponse::at(&canonical) {
+        Some(stored) => Destination::StoredResponse(stored),
+        None => Destination::NotRouted(canonical),
     }
 }
 
@@ -69,6 +77,8 @@ pub struct StoredResponse {
     pub id: String,
     /// `POST /v1/responses/{id}/cancel`, else `GET /v1/responses/{id}`.
     pub cancel: bool,
+    /// The plain spelling of the path, without the query (vLLM reads `stream` and
+    /// `starting_after` from a `GET`'s).
     pub path: String,
 }
 

@@ -17,8 +17,8 @@ const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id"
 
 /// Request fields that make a worker's answer larger without changing the KV it computes:
 /// the prefill hop never carries them, so its answer stays within a bound (§4) whatever the
-/// client asked of the decode hop. `include` asks the Responses API for extra output
-/// (log-probabilities, reasoning text).
+/// client asked of the decode hop. `include` and `enable_response_messages` ask the Responses
+/// API for extra output (log-probabilities, the messages as the engine saw them).
 pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "echo",
     "logprobs",
@@ -28,6 +28,7 @@ pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "best_of",
     "return_token_ids",
     "include",
+    "enable_response_messages",
 ];
 
 /// Fields a prefill hop never carries: it is not streamed, and a minimum length would outlast

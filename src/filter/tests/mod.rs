@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 mod affinity;
+mod apis;
 mod decode_retry;
 mod fake_host;
 mod inflight;
