@@ -10,6 +10,7 @@
     clippy::indexing_slicing
 )]
 
+mod apis;
 mod cost;
 mod flow;
 mod robustness;
