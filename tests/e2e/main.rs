@@ -11,6 +11,7 @@
 )]
 
 mod adversarial;
+mod apis;
 mod burst;
 mod callers;
 mod cancelled;
