@@ -40,10 +40,13 @@ mod completion;
 mod config;
 mod engine;
 mod kv;
+mod messages;
 mod openai;
+mod responses;
 mod routes;
 mod server;
 mod state;
+mod tokens;
 
 #[cfg(test)]
 mod tests;
@@ -134,6 +137,11 @@ impl SimWorker {
     /// KV entries produced and not yet taken by a decode worker.
     pub fn pending_kv(&self) -> usize {
         self.state.kv.len()
+    }
+
+    /// Responses API responses the worker stores (`store: true`).
+    pub fn stored_responses(&self) -> usize {
+        self.state.responses.len()
     }
 
     /// How many leading blocks of `prompt` the worker's prefix cache holds (0 without one).
