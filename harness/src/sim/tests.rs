@@ -1296,3 +1296,230 @@ async fn background_responses_finish_later_unless_cancelled() {
     assert_eq!(reply.json()["error"]["type"], "Bad Request");
     assert_eq!(reply.json()["error"]["param"], "background");
 }
+
+fn messages_hop(system: &str) -> Value {
+    json!({"model": "sim-model", "system": system, "messages": conversation(),
+           "max_tokens": 1, "stream": false, "kv_transfer_params": prefill_hop_params()})
+}
+
+#[tokio::test]
+async fn messages_prefill_then_decode_loads_the_kv() {
+    let prefill = start(140, SimRole::Prefill, 1).await;
+    let decode = start(240, SimRole::Decode, 1).await;
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-request-id", "m1")],
+        &messages_hop("be brief"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(
+        body["id"], "chatcmpl-m1",
+        "vLLM answers its chat completion's id"
+    );
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["content"], json!([{"type": "text", "text": "tok0"}]));
+    assert_eq!(body["stop_reason"], "max_tokens");
+    assert!(
+        body.get("stop_sequence").is_none(),
+        "vLLM drops null fields"
+    );
+    assert_eq!(
+        body["usage"],
+        json!({"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 0})
+    );
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["remote_engine_id"], "sim-140-0", "top-level: {body}");
+
+    let mut mismatched = messages_hop("be verbose");
+    mismatched["kv_transfer_params"] = kv;
+    mismatched["max_tokens"] = json!(3);
+    let reply = post(&decode, "/v1/messages", &[], &mismatched).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let error = reply.json();
+    assert_eq!(error["type"], "error", "Anthropic's shape: {error}");
+    assert_eq!(error["error"]["type"], "BadRequestError");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt differs"),
+        "{error}"
+    );
+    assert_eq!(error["sim"]["worker_id"], 240);
+
+    let kv = prefill_kv_of(&prefill, "/v1/messages", &messages_hop("be brief")).await;
+    let mut decode_body = messages_hop("be brief");
+    decode_body["kv_transfer_params"] = kv;
+    decode_body["max_tokens"] = json!(3);
+    let reply = post(
+        &decode,
+        "/v1/messages",
+        &[("x-request-id", "m1")],
+        &decode_body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["content"][0]["text"], "tok0 tok1 tok2");
+    assert_eq!(body["sim"]["kv_from"], 140);
+    assert!(body.get("kv_transfer_params").is_none(), "{body}");
+}
+
+#[tokio::test]
+async fn messages_prefill_hop_checks_and_errors_take_vllm_shapes() {
+    let prefill = start(141, SimRole::Prefill, 1).await;
+    let mut uncapped = messages_hop("s");
+    uncapped["max_tokens"] = json!(16);
+    let mut streamed = messages_hop("s");
+    streamed["stream"] = json!(true);
+    for (body, expected) in [(uncapped, "max_tokens"), (streamed, "stream")] {
+        let reply = post(&prefill, "/v1/messages", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let error = reply.json();
+        assert_eq!(error["type"], "error");
+        assert_eq!(error["error"]["type"], "BadRequestError");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+    }
+
+    // Request validation is vLLM's app-wide handler: OpenAI's shape.
+    let mut missing = messages_hop("s");
+    missing.as_object_mut().unwrap().remove("max_tokens");
+    let mut zero = messages_hop("s");
+    zero["max_tokens"] = json!(0);
+    let mut no_model = messages_hop("s");
+    no_model.as_object_mut().unwrap().remove("model");
+    for (body, param) in [
+        (missing, "body.max_tokens"),
+        (zero, "body.max_tokens"),
+        (no_model, "body.model"),
+    ] {
+        let reply = post(&prefill, "/v1/messages", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let error = &reply.json()["error"];
+        assert_eq!(error["type"], "Bad Request", "{error}");
+        assert_eq!(error["param"], param);
+        assert_eq!(error["code"], 400);
+    }
+    assert_eq!(prefill.pending_kv(), 0);
+
+    prefill.set_fault(Fault::Status(503));
+    let reply = post(&prefill, "/v1/messages", &[], &messages_hop("s")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.json()["type"], "error");
+    assert_eq!(reply.json()["error"]["type"], "ServiceUnavailableError");
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-data-parallel-rank", "3")],
+        &messages_hop("s"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    prefill.set_fault(Fault::None);
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-data-parallel-rank", "3")],
+        &messages_hop("s"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out of range"),
+        "{}",
+        reply.text
+    );
+}
+
+#[tokio::test]
+async fn messages_stream_anthropic_events() {
+    let worker = start(340, SimRole::Aggregated, 1).await;
+    let body = json!({"model": "m", "messages": conversation(), "max_tokens": 3, "stream": true});
+    let reply = post(&worker, "/v1/messages", &[("x-request-id", "ms")], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let events = named_events(&reply.text);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    );
+    let message = &events[0].1["message"];
+    assert_eq!(message["id"], "chatcmpl-ms");
+    assert_eq!(message["content"], json!([]));
+    assert_eq!(
+        message["usage"],
+        json!({"input_tokens": 10, "output_tokens": 0})
+    );
+    assert_eq!(
+        events[1].1["content_block"],
+        json!({"type": "text", "text": ""})
+    );
+    let text: String = events[2..5]
+        .iter()
+        .map(|(_, data)| {
+            assert_eq!(data["delta"]["type"], "text_delta");
+            assert_eq!(data["index"], 0);
+            data["delta"]["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2");
+    assert_eq!(events[5].1["index"], 0);
+    assert_eq!(
+        events[6].1["delta"],
+        json!({"stop_reason": "max_tokens", "stop_sequence": null})
+    );
+    assert_eq!(events[6].1["usage"]["output_tokens"], 3);
+    assert_eq!(events[7].1["sim"]["worker_id"], 340);
+}
+
+#[tokio::test]
+async fn count_tokens_counts_what_messages_would_prefill() {
+    let worker = start(341, SimRole::Aggregated, 1).await;
+    let body = json!({"model": "m", "system": "be brief", "messages": conversation()});
+    let reply = post(&worker, "/v1/messages/count_tokens", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(
+        reply.json(),
+        json!({"input_tokens": 12, "context_management": {"original_input_tokens": 12}})
+    );
+    let mut message = body.clone();
+    message["max_tokens"] = json!(1);
+    let answer = post(&worker, "/v1/messages", &[], &message).await.json();
+    assert_eq!(answer["usage"]["input_tokens"], 12);
+
+    let reply = post(
+        &worker,
+        "/v1/messages/count_tokens",
+        &[],
+        &json!({"model": "m"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.json()["error"]["param"], "body.messages");
+    let recorded = worker.requests();
+    assert_eq!(recorded.len(), 3);
+    assert_eq!(recorded[0].path, "/v1/messages/count_tokens");
+    assert_eq!(recorded[0].body, body);
+    assert_eq!(recorded[1].path, "/v1/messages");
+}
