@@ -1523,3 +1523,157 @@ async fn count_tokens_counts_what_messages_would_prefill() {
     assert_eq!(recorded[0].body, body);
     assert_eq!(recorded[1].path, "/v1/messages");
 }
+
+fn prompt_ids() -> Value {
+    json!((100..120).collect::<Vec<u32>>())
+}
+
+fn generate_hop(token_ids: &Value) -> Value {
+    json!({"token_ids": token_ids, "sampling_params": {"max_tokens": 1, "temperature": 0.0},
+           "stream": false, "kv_transfer_params": prefill_hop_params()})
+}
+
+#[tokio::test]
+async fn generate_prefill_then_decode_loads_the_kv() {
+    let prefill = start(150, SimRole::Prefill, 1).await;
+    let decode = start(250, SimRole::Decode, 1).await;
+    let reply = post(
+        &prefill,
+        "/inference/v1/generate",
+        &[("x-request-id", "g1")],
+        &generate_hop(&prompt_ids()),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["request_id"], "generate-tokens-g1");
+    assert_eq!(body["output_mode"], "tokens");
+    assert_eq!(body["choices"][0]["token_ids"], json!([0]));
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert!(body["choices"][0].get("text").is_none());
+    assert_eq!(body["usage"]["prompt_tokens"], 20);
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["remote_engine_id"], "sim-150-0", "top-level: {body}");
+
+    let other_ids = json!((200..220).collect::<Vec<u32>>());
+    let mismatched = json!({"token_ids": other_ids, "sampling_params": {"max_tokens": 4},
+                            "kv_transfer_params": kv});
+    let reply = post(&decode, "/inference/v1/generate", &[], &mismatched).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("prompt differs"),
+        "{}",
+        reply.text
+    );
+
+    let kv = prefill_kv_of(
+        &prefill,
+        "/inference/v1/generate",
+        &generate_hop(&prompt_ids()),
+    )
+    .await;
+    let decode_body = json!({"token_ids": prompt_ids(), "sampling_params": {"max_tokens": 4},
+                             "request_id": "from-body", "kv_transfer_params": kv});
+    let reply = post(&decode, "/inference/v1/generate", &[], &decode_body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["request_id"], "generate-tokens-from-body");
+    assert_eq!(body["choices"][0]["token_ids"], json!([0, 1, 2, 3]));
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+    assert_eq!(body["sim"]["kv_from"], 150);
+    assert_eq!(body["kv_transfer_params"], Value::Null);
+}
+
+#[tokio::test]
+async fn generate_prefill_hop_checks_and_validation() {
+    let prefill = start(151, SimRole::Prefill, 1).await;
+    let hop = generate_hop(&prompt_ids());
+    let mut uncapped = hop.clone();
+    uncapped["sampling_params"] = json!({"temperature": 0.0});
+    let mut streamed = hop.clone();
+    streamed["stream"] = json!(true);
+    for (body, expected) in [
+        (uncapped, "sampling_params.max_tokens"),
+        (streamed, "stream"),
+    ] {
+        let reply = post(&prefill, "/inference/v1/generate", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let message = reply.error_message();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+    }
+    let invalid = [
+        (json!({"token_ids": [1, 2]}), "body.sampling_params"),
+        (json!({"sampling_params": {}}), "body.token_ids"),
+        (
+            json!({"token_ids": [], "sampling_params": {}}),
+            "body.token_ids",
+        ),
+        (
+            json!({"token_ids": [1, -2], "sampling_params": {}}),
+            "body.token_ids",
+        ),
+        (
+            json!({"token_ids": [1], "sampling_params": {}, "output_mode": "logits"}),
+            "body.output_mode",
+        ),
+    ];
+    for (body, param) in invalid {
+        let reply = post(&prefill, "/inference/v1/generate", &[], &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.text
+        );
+        assert_eq!(reply.json()["error"]["param"], param, "{}", reply.text);
+        assert_eq!(reply.json()["error"]["type"], "Bad Request");
+    }
+    let too_few = json!({"token_ids": [1], "sampling_params": {"max_tokens": 2, "min_tokens": 3}});
+    let reply = post(&prefill, "/inference/v1/generate", &[], &too_few).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert_eq!(prefill.pending_kv(), 0);
+}
+
+#[tokio::test]
+async fn generate_streams_one_chunk_per_token() {
+    let worker = start(350, SimRole::Aggregated, 1).await;
+    let body = json!({"token_ids": prompt_ids(), "sampling_params": {"max_tokens": 3},
+                      "stream": true, "stream_options": {"include_usage": true},
+                      "output_mode": "text"});
+    let reply = post(
+        &worker,
+        "/inference/v1/generate",
+        &[("x-request-id", "gs")],
+        &body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let payloads = sse_payloads(&reply.text);
+    assert_eq!(payloads.len(), 3 + 1 + 1, "{payloads:?}");
+    assert_eq!(payloads[4], "[DONE]");
+    let chunks: Vec<Value> = payloads[..4]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    for (index, chunk) in chunks[..3].iter().enumerate() {
+        assert_eq!(chunk["request_id"], "generate-tokens-gs");
+        assert_eq!(chunk["output_mode"], "text");
+        assert_eq!(chunk["choices"][0]["token_ids"], json!([index]));
+        assert!(chunk.get("kv_transfer_params").is_none());
+    }
+    let text: String = chunks[..3]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2");
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], Value::Null);
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[2]["sim"]["worker_id"], 350);
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["completion_tokens"], 3);
+    assert_eq!(chunks[3]["usage"]["prompt_tokens"], 20);
+}
