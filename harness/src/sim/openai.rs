@@ -299,12 +299,12 @@ impl GenerationRequest {
         let store = optional_bool(object, "store")?.unwrap_or(true);
         let background = optional_bool(object, "background")?.unwrap_or(false);
         if background && !store {
+            // vLLM's model validator raises a VLLMValidationError, which pydantic does not
+            // wrap: its own handler answers it, with `(parameter=...)` in the message.
             return Err(ApiError {
                 param: Some("background".into()),
-                ..ApiError::validation(
-                    "background",
-                    "value_error",
-                    "Value error, background can only be used when `store` is true",
+                ..ApiError::bad_request(
+                    "background can only be used when `store` is true (parameter=background)",
                 )
             });
         }

@@ -1293,8 +1293,15 @@ async fn background_responses_finish_later_unless_cancelled() {
     let unstored = json!({"input": PROMPT, "background": true, "store": false});
     let reply = post(&worker, "/v1/responses", &[], &unstored).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
-    assert_eq!(reply.json()["error"]["type"], "Bad Request");
+    assert_eq!(reply.json()["error"]["type"], "BadRequestError");
     assert_eq!(reply.json()["error"]["param"], "background");
+    assert!(
+        reply
+            .error_message()
+            .contains("only be used when `store` is true"),
+        "{}",
+        reply.text
+    );
 }
 
 fn messages_hop(system: &str) -> Value {
