@@ -1,13 +1,14 @@
 //! A vLLM-compatible worker simulator for end-to-end tests and `pinroute-harness up`.
 //!
-//! A [`SimWorker`] speaks the subset of vLLM's OpenAI server pinroute relies on, plays
+//! A [`SimWorker`] speaks the subset of vLLM's (0.32) server pinroute relies on, plays
 //! one role of a prefill/decode deployment, and proves KV hand-over: a prefill hop
-//! (`kv_transfer_params.do_remote_decode: true`, `max_tokens: 1`, `stream: false`)
-//! stores a KV entry and answers NIXL-like `kv_transfer_params`; a decode hop carrying
-//! them takes that entry from the prefill worker (`GET /sim/kv/{id}`) and checks that
-//! it was computed for the same prompt. Every response names the worker and rank in
-//! `x-sim-worker-id` / `x-sim-dp-rank` and (JSON bodies, last SSE chunk) in a
-//! top-level `sim` object: `{"worker_id", "role", "dp_rank", "kv_from", "prompt_tokens"}`.
+//! (`kv_transfer_params.do_remote_decode: true`, capped to 1 token, `stream: false`)
+//! stores a KV entry and answers NIXL-like `kv_transfer_params` (a top-level member of the
+//! JSON answer, on every API); a decode hop carrying them takes that entry from the
+//! prefill worker (`GET /sim/kv/{id}`) and checks that it was computed for the same
+//! prompt. Every response names the worker and rank in `x-sim-worker-id` /
+//! `x-sim-dp-rank` and (JSON bodies, the last SSE event or chunk that carries content) in
+//! a top-level `sim` object: `{"worker_id", "role", "dp_rank", "kv_from", "prompt_tokens"}`.
 //!
 //! HTTP endpoints:
 //! - `GET /health`, `GET /v1/models`, `GET /metrics` (Prometheus text: `sim_requests_total`,
@@ -24,6 +25,42 @@
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (recorded, subject to faults).
 //!   Response ids are `cmpl-<x-request-id>` (`chatcmpl-<x-request-id>` for chat, as vLLM).
 //!   The `model` field of requests is not checked.
+//! - `POST /v1/responses` (OpenAI's Responses API; recorded, subject to faults): the prompt
+//!   is `instructions` + `input`, limited by `max_output_tokens` (16 by default); a prefill
+//!   hop also needs `store: false`. The id is the body's `request_id`, else
+//!   `resp_<x-request-id>` (vLLM draws `resp_<uuid>`). The answer is vLLM's response
+//!   object, `status: "incomplete"` with `incomplete_details.reason: "max_output_tokens"`
+//!   (the simulated model always stops at its limit, and vLLM reports that so); streamed:
+//!   `event:`/`data:` pairs `response.created`, `response.in_progress`,
+//!   `response.output_item.added`, `response.content_part.added`, a
+//!   `response.output_text.delta` per token, `response.output_text.done`,
+//!   `response.content_part.done`, `response.output_item.done`, `response.completed`. As
+//!   vLLM with `VLLM_ENABLE_RESPONSES_API_STORE=1`, each worker keeps the responses with
+//!   `store: true` (the default): `GET /v1/responses/{id}` answers one (JSON only),
+//!   `POST /v1/responses/{id}/cancel` makes a background one still queued `cancelled`
+//!   (any other: 400 `Cannot cancel a synchronous response.`), an unknown id or
+//!   `previous_response_id` is a 404 (`Response with id '<id>' not found.`), and a known
+//!   `previous_response_id` prefixes its conversation to the prompt. `background: true`
+//!   (with `store`) answers the `queued` response at once and stores the finished one
+//!   later (a streamed background request is answered the same way). GET and cancel are
+//!   recorded and subject to faults too.
+//! - `POST /v1/messages` (Anthropic's Messages API, as vLLM's `entrypoints/anthropic`):
+//!   the prompt is `system` + `messages`; `model` and `max_tokens` are required. The id is
+//!   the chat completion's, `chatcmpl-<x-request-id>`; null fields are left out (as vLLM's
+//!   `exclude_none`), `kv_transfer_params` included; streamed: `message_start`,
+//!   `content_block_start`, a `content_block_delta` (`text_delta`) per token,
+//!   `content_block_stop`, `message_delta`, `message_stop`. Errors take Anthropic's shape
+//!   `{"type": "error", "error": {"type", "message"}}` with vLLM's error types
+//!   (`BadRequestError`, ...), except request-validation errors (a missing `max_tokens`),
+//!   which vLLM answers in OpenAI's shape (`type: "Bad Request"`, `param: "body.<field>"`).
+//!   `POST /v1/messages/count_tokens` answers `{"input_tokens", "context_management"}`
+//!   (recorded).
+//! - `POST /inference/v1/generate` (vLLM's token-in/token-out API): the prompt is
+//!   `token_ids`, the limits are `sampling_params.max_tokens` (16 by default) and
+//!   `min_tokens`; the answer's `request_id` is `generate-tokens-<x-request-id, else the
+//!   body's request_id>`, its choices carry the generated `token_ids` (token `i` has id
+//!   `i`; `output_mode: "text"` adds `text`); streamed: one `data:` chunk per token, the
+//!   usage chunk with `stream_options.include_usage`, `data: [DONE]`.
 //! - Control, for workers running in another process:
 //!   - `GET /sim/requests`: JSON array of [`RecordedRequest`]
 //!     (`[{"path": "/v1/completions", "headers": [["x-request-id", "r1"], ...], "body": {...}}]`);
@@ -40,10 +77,13 @@ mod completion;
 mod config;
 mod engine;
 mod kv;
+mod messages;
 mod openai;
+mod responses;
 mod routes;
 mod server;
 mod state;
+mod tokens;
 
 #[cfg(test)]
 mod tests;
@@ -114,7 +154,8 @@ impl SimWorker {
         &self.state.config
     }
 
-    /// Every request received on the completion paths, in arrival order.
+    /// Every request received on the generation paths (and on the Responses API's GET and
+    /// cancel, and `count_tokens`), in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.state.requests()
     }
@@ -134,6 +175,11 @@ impl SimWorker {
     /// KV entries produced and not yet taken by a decode worker.
     pub fn pending_kv(&self) -> usize {
         self.state.kv.len()
+    }
+
+    /// Responses API responses the worker stores (`store: true`).
+    pub fn stored_responses(&self) -> usize {
+        self.state.responses.len()
     }
 
     /// How many leading blocks of `prompt` the worker's prefix cache holds (0 without one).

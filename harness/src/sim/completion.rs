@@ -1,5 +1,6 @@
-//! `/v1/completions` and `/v1/chat/completions`: faults, rank choice, KV transfer
-//! checks and (streamed) fake generation.
+//! The generation path of every API (`/v1/completions`, `/v1/chat/completions`,
+//! `/v1/responses`, `/v1/messages`, `/inference/v1/generate`): faults, rank choice, KV
+//! transfer checks and (streamed) fake generation.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -16,14 +17,16 @@ use super::config::{Fault, HOSTILE_ANSWERS, SimRole};
 use super::engine::Engine;
 use super::kv::{KvEntry, fetch_remote_kv};
 use super::openai::{
-    ApiError, Endpoint, Generation, GenerationRequest, KvRequest, RemotePrefill, sim_object,
+    ApiError, Endpoint, Generation, GenerationRequest, KvRequest, RemotePrefill, generated_text,
+    sim_object,
 };
+use super::responses;
 use super::server::close_connection;
 use super::state::{InFlight, RankSelection, SimState, bump, unix_seconds};
 
 pub(crate) const WORKER_ID_HEADER: &str = "x-sim-worker-id";
 pub(crate) const DP_RANK_RESPONSE_HEADER: &str = "x-sim-dp-rank";
-const REQUEST_ID_HEADER: &str = "x-request-id";
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Overrides the worker's prefill latency for one request, in ms: lets test traffic hold a
 /// prefill hop open (the filter passes a client's headers on to the prefill worker).
 pub const PREFILL_LATENCY_HEADER: &str = "x-sim-prefill-latency-ms";
@@ -51,7 +54,7 @@ pub(crate) async fn handle_completion(
         }
         fault => fault,
     };
-    if let Some(response) = apply_fault(state, fault, selection.label()).await {
+    if let Some(response) = apply_fault(state, endpoint, fault, selection.label()).await {
         return response;
     }
     let rank = match selection {
@@ -61,7 +64,7 @@ pub(crate) async fn handle_completion(
                 "data_parallel_rank {requested} is out of range [0, {}).",
                 state.config.dp_size
             );
-            return error_response(state, requested, &ApiError::bad_request(message));
+            return error_response(state, endpoint, requested, &ApiError::bad_request(message));
         }
     };
     state.count_rank_request(rank);
@@ -81,12 +84,44 @@ pub(crate) async fn handle_completion(
                 error.status,
                 error.message
             );
-            error_response(state, i64::from(rank), &error)
+            error_response(state, endpoint, i64::from(rank), &error)
         }
     }
 }
 
-async fn apply_fault(state: &SimState, fault: Fault, rank_label: i64) -> Option<Response> {
+/// Serves a request beside generation (a stored response, token counting): recorded,
+/// failed by the worker's fault as generation is (a hostile or altering fault serves it
+/// plainly), else `answer`'s body or error in `endpoint`'s shape.
+pub(crate) async fn handle_side_request(
+    state: &SimState,
+    endpoint: Endpoint,
+    path: &str,
+    headers: &HeaderMap,
+    body: Value,
+    answer: impl FnOnce(&Value) -> Result<Value, ApiError>,
+) -> Response {
+    state.record(path, headers, body.clone());
+    let rank = i64::from(state.header_rank_or_zero(headers));
+    let fault = match state.fault() {
+        Fault::Hostile => Fault::None,
+        fault => fault,
+    };
+    if let Some(response) = apply_fault(state, endpoint, fault, rank).await {
+        return response;
+    }
+    match answer(&body) {
+        Ok(answer) => json_response(state, rank, StatusCode::OK, &answer),
+        Err(error) => error_response(state, endpoint, rank, &error),
+    }
+}
+
+/// The answer a fault gives instead of serving (`None`: serve, maybe altered).
+pub(crate) async fn apply_fault(
+    state: &SimState,
+    endpoint: Endpoint,
+    fault: Fault,
+    rank_label: i64,
+) -> Option<Response> {
     match fault {
         Fault::None => None,
         Fault::Status(code) => {
@@ -98,6 +133,7 @@ async fn apply_fault(state: &SimState, fault: Fault, rank_label: i64) -> Option<
             );
             Some(error_response(
                 state,
+                endpoint,
                 rank_label,
                 &ApiError::new(status, message),
             ))
@@ -174,9 +210,14 @@ async fn gzipped(response: Response) -> Response {
     Response::from_parts(parts, Body::from(compressed))
 }
 
-/// An OpenAI-style error with the `sim` object and identity headers.
-pub(crate) fn error_response(state: &SimState, rank_label: i64, error: &ApiError) -> Response {
-    let mut body = error.body();
+/// An error in `endpoint`'s shape, with the `sim` object and identity headers.
+pub(crate) fn error_response(
+    state: &SimState,
+    endpoint: Endpoint,
+    rank_label: i64,
+    error: &ApiError,
+) -> Response {
+    let mut body = error.body_for(endpoint);
     if let Some(object) = body.as_object_mut() {
         let sim = sim_object(
             state.config.id,
@@ -190,7 +231,12 @@ pub(crate) fn error_response(state: &SimState, rank_label: i64, error: &ApiError
     json_response(state, rank_label, error.status, &body)
 }
 
-fn json_response(state: &SimState, rank_label: i64, status: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(
+    state: &SimState,
+    rank_label: i64,
+    status: StatusCode,
+    body: &Value,
+) -> Response {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -224,37 +270,64 @@ async fn generate(
     in_flight: InFlight,
     kv_padding: usize,
 ) -> Result<Response, ApiError> {
-    let request = GenerationRequest::parse(endpoint, body)?;
+    let mut request = GenerationRequest::parse(endpoint, body)?;
+    let conversation = responses::continue_conversation(state, &mut request)?;
     let plan = plan_kv(state, &request, rank, kv_padding).await?;
     let first_token_delay = match plan.kv_from {
         Some(_) => Duration::ZERO,
         None => prefill_latency(state, headers),
     };
-    let prompt = body.get(endpoint.prompt_field()).unwrap_or(&Value::Null);
+    let prompt = request.prompt(body);
     let prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
-    let generation = build_generation(state, &request, headers, rank, plan, prefilled);
+    let generation = build_generation(state, &request, body, headers, rank, plan, prefilled);
     bump(
         &state.counters.generated_tokens,
         u64::from(generation.tokens),
     );
+    // What a Responses request that stores its answer keeps, for `previous_response_id`.
+    let stored = (endpoint == Endpoint::Responses && request.store).then(|| {
+        let mut conversation = conversation;
+        conversation.push(Value::String(generated_text(generation.tokens)));
+        conversation
+    });
+    let latency = first_token_delay + state.config.token_latency.saturating_mul(generation.tokens);
+    if request.background {
+        let conversation = stored.unwrap_or_default();
+        let queued =
+            responses::start_background(state, generation, conversation, latency, in_flight);
+        return Ok(json_response(
+            state,
+            i64::from(rank),
+            StatusCode::OK,
+            &queued,
+        ));
+    }
     if request.stream {
+        let on_done = stored.map(|conversation| {
+            let store = state.responses.clone();
+            let finished = responses::finished_response(&generation);
+            Box::new(move || store.insert(finished, conversation)) as OnDone
+        });
         Ok(stream_response(
             state,
             rank,
-            generation,
+            &generation,
             first_token_delay,
             in_flight,
+            on_done,
         ))
     } else {
-        let latency =
-            first_token_delay + state.config.token_latency.saturating_mul(generation.tokens);
         sleep_unless_zero(latency).await;
         state.engine.stall().await;
+        let answer = generation.full_response();
+        if let Some(conversation) = stored {
+            state.responses.insert(answer.clone(), conversation);
+        }
         Ok(json_response(
             state,
             i64::from(rank),
             StatusCode::OK,
-            &generation.full_response(),
+            &answer,
         ))
     }
 }
@@ -353,10 +426,20 @@ fn check_prefill_hop(request: &GenerationRequest) -> Result<(), ApiError> {
         )));
     }
     if request.max_tokens != 1 {
+        let field = match request.endpoint {
+            Endpoint::Responses => "max_output_tokens",
+            Endpoint::Generate => "sampling_params.max_tokens",
+            _ => "max_tokens",
+        };
         return Err(ApiError::bad_request(format!(
-            "prefill hop (kv_transfer_params.do_remote_decode=true) must set max_tokens to 1 (it would generate {} tokens)",
+            "prefill hop (kv_transfer_params.do_remote_decode=true) must set {field} to 1 (it would generate {} tokens)",
             request.max_tokens
         )));
+    }
+    if request.store {
+        return Err(ApiError::bad_request(
+            "prefill hop (kv_transfer_params.do_remote_decode=true) must set store=false: the prefill worker would keep a response the client never sees (store defaults to true)",
+        ));
     }
     Ok(())
 }
@@ -461,6 +544,7 @@ fn verify_kv_entry(
 fn build_generation(
     state: &SimState,
     request: &GenerationRequest,
+    body: &Value,
     headers: &HeaderMap,
     rank: u32,
     plan: KvPlan,
@@ -478,9 +562,18 @@ fn build_generation(
         sim.insert("cached_tokens".into(), prefilled.cached.into());
         sim.insert("computed_tokens".into(), prefilled.computed.into());
     }
+    let echo = match request.endpoint {
+        Endpoint::Responses => responses::echo_fields(body, request.max_tokens),
+        Endpoint::Generate => json!({"text_output": request.text_output}),
+        _ => Value::Null,
+    };
+    let item_id = match request.endpoint {
+        Endpoint::Responses => format!("msg_{}", fresh_suffix(state)),
+        _ => String::new(),
+    };
     Generation {
         endpoint: request.endpoint,
-        id: response_id(state, request.endpoint, headers),
+        id: response_id(state, request, headers),
         created: unix_seconds(),
         model: state.config.model.clone(),
         tokens: request.max_tokens,
@@ -489,20 +582,42 @@ fn build_generation(
         cached_tokens: prefilled.cached,
         sim,
         kv_transfer_params: plan.response_params,
+        echo,
+        item_id,
     }
 }
 
-/// `cmpl-<x-request-id>` (`chatcmpl-` for chat), as vLLM does; a fresh id without one.
-fn response_id(state: &SimState, endpoint: Endpoint, headers: &HeaderMap) -> String {
-    let request_id = headers
+/// The response id, as vLLM forms it: `<prefix><x-request-id>` (`cmpl-`, `chatcmpl-`,
+/// `generate-tokens-`, whose body `request_id` stands in for the header); a Responses id
+/// is the body's `request_id` (`resp_<x-request-id>` without one, where vLLM draws a
+/// random `resp_<uuid>`). A fresh id without either.
+fn response_id(state: &SimState, request: &GenerationRequest, headers: &HeaderMap) -> String {
+    let prefix = request.endpoint.id_prefix();
+    let header = headers
         .get(REQUEST_ID_HEADER)
         .and_then(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|value| !value.is_empty());
-    match request_id {
-        Some(request_id) => format!("{}-{request_id}", endpoint.id_prefix()),
-        None => state.fresh_id(endpoint.id_prefix()).1,
+    let (first, second) = match request.endpoint {
+        Endpoint::Responses => (request.request_id.as_deref(), header.map(|id| (prefix, id))),
+        Endpoint::Generate => (
+            None,
+            header
+                .or(request.request_id.as_deref())
+                .map(|id| (prefix, id)),
+        ),
+        _ => (None, header.map(|id| (prefix, id))),
+    };
+    match (first, second) {
+        (Some(id), _) => id.to_string(),
+        (None, Some((prefix, id))) => format!("{prefix}{id}"),
+        (None, None) => format!("{prefix}{}", fresh_suffix(state)),
     }
+}
+
+/// A fresh unique id without a kind prefix (`sim<worker>-<epoch>-<n>`).
+pub(crate) fn fresh_suffix(state: &SimState) -> String {
+    state.fresh_id("sim").1.split_off(4)
 }
 
 async fn sleep_unless_zero(duration: Duration) {
@@ -511,59 +626,50 @@ async fn sleep_unless_zero(duration: Duration) {
     }
 }
 
-fn sse_event(payload: &str) -> String {
-    format!("data: {payload}\n\n")
-}
-
-/// One SSE event per token (each after `token_latency`), the final chunk, the usage
-/// chunk when asked for, then `data: [DONE]`.
+/// The events of `generation`'s stream with their delays: the opening events at once,
+/// one frame per token (each after `token_latency`, the first after the prefill too), then
+/// the closing events.
 fn sse_events(
     generation: &Generation,
     first_token_delay: Duration,
     token_latency: Duration,
 ) -> Vec<(Duration, String)> {
-    let mut events: Vec<(Duration, String)> = (0..generation.tokens)
-        .map(|index| {
-            let delay = if index == 0 {
-                first_token_delay + token_latency
-            } else {
-                token_latency
-            };
-            (delay, sse_event(&generation.token_chunk(index).to_string()))
-        })
-        .collect();
-    events.push((
-        Duration::ZERO,
-        sse_event(&generation.final_chunk().to_string()),
-    ));
-    if generation.include_usage {
-        events.push((
-            Duration::ZERO,
-            sse_event(&generation.usage_chunk().to_string()),
-        ));
-    }
-    events.push((Duration::ZERO, sse_event("[DONE]")));
-    events
+    let frames = generation.stream_frames();
+    let head = frames.head.into_iter().map(|event| (Duration::ZERO, event));
+    let tokens = frames.tokens.into_iter().enumerate().map(|(index, event)| {
+        let delay = if index == 0 {
+            first_token_delay + token_latency
+        } else {
+            token_latency
+        };
+        (delay, event)
+    });
+    let tail = frames.tail.into_iter().map(|event| (Duration::ZERO, event));
+    head.chain(tokens).chain(tail).collect()
 }
+
+/// Runs once the last event of a stream is produced (not when the client goes away).
+pub(crate) type OnDone = Box<dyn FnOnce() + Send>;
 
 /// The answer streamed: each token after its delay and after any prefill holding the
 /// engine; the request counts as in flight until its last chunk.
 fn stream_response(
     state: &SimState,
     rank: u32,
-    generation: Generation,
+    generation: &Generation,
     first_token_delay: Duration,
     in_flight: InFlight,
+    on_done: Option<OnDone>,
 ) -> Response {
-    let events = sse_events(&generation, first_token_delay, state.config.token_latency);
+    let events = sse_events(generation, first_token_delay, state.config.token_latency);
     let last = events.len().saturating_sub(1);
     let engine: std::sync::Arc<Engine> = state.engine.clone();
-    let mut in_flight = Some(in_flight);
+    let mut done = Some((in_flight, on_done));
     let events = events.into_iter().enumerate().map(move |(index, event)| {
         (
             event,
             engine.clone(),
-            (index == last).then(|| in_flight.take()).flatten(),
+            (index == last).then(|| done.take()).flatten(),
         )
     });
     let stream =
@@ -572,7 +678,12 @@ fn stream_response(
             if !delay.is_zero() {
                 engine.stall().await;
             }
-            drop(done);
+            if let Some((in_flight, on_done)) = done {
+                if let Some(on_done) = on_done {
+                    on_done();
+                }
+                drop(in_flight);
+            }
             Ok::<Bytes, Infallible>(Bytes::from(event))
         });
     let mut response = Response::new(Body::from_stream(stream));

@@ -153,8 +153,11 @@ impl Default for SimConfig {
     }
 }
 
-/// A failure injected into the completion endpoints (`/v1/completions`,
-/// `/v1/chat/completions`). Requests are still recorded before the fault applies.
+/// A failure injected into the generation endpoints (`/v1/completions`,
+/// `/v1/chat/completions`, `/v1/responses`, `/v1/messages`, `/inference/v1/generate`); the
+/// Responses API's GET and cancel and `/v1/messages/count_tokens` fail the same way, but
+/// serve plainly under the faults that alter an answer. Requests are still recorded
+/// before the fault applies.
 ///
 /// JSON shape (as used by `POST /sim/fault`, wrapped in `{"fault": ...}`):
 /// `"none"`, `"hang"`, `"close"`, `{"status": 503}`, and the hostile answers

@@ -8,11 +8,17 @@ use super::kv::prompt_hash;
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 16;
 pub(crate) const MAX_MODEL_LEN: u64 = 65_536;
 
-/// The two generation endpoints.
+/// The generation endpoints: one generation path, each answering in its API's shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     Completions,
     Chat,
+    /// OpenAI's Responses API (`/v1/responses`).
+    Responses,
+    /// Anthropic's Messages API (`/v1/messages`).
+    Messages,
+    /// vLLM's token-in/token-out API (`/inference/v1/generate`).
+    Generate,
 }
 
 impl Endpoint {
@@ -20,21 +26,21 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::Generate => "/inference/v1/generate",
         }
     }
 
-    /// vLLM's response id prefix: `cmpl-<request id>` / `chatcmpl-<request id>`.
+    /// vLLM's response id prefix: `cmpl-<request id>` / `chatcmpl-<request id>` (the
+    /// Messages API answers its chat completion's id), `generate-tokens-<request id>`;
+    /// `resp_<...>` for Responses, whose ids are the body's `request_id`.
     pub(crate) fn id_prefix(self) -> &'static str {
         match self {
-            Endpoint::Completions => "cmpl",
-            Endpoint::Chat => "chatcmpl",
-        }
-    }
-
-    pub(crate) fn prompt_field(self) -> &'static str {
-        match self {
-            Endpoint::Completions => "prompt",
-            Endpoint::Chat => "messages",
+            Endpoint::Completions => "cmpl-",
+            Endpoint::Chat | Endpoint::Messages => "chatcmpl-",
+            Endpoint::Responses => "resp_",
+            Endpoint::Generate => "generate-tokens-",
         }
     }
 
@@ -43,15 +49,24 @@ impl Endpoint {
         match self {
             Endpoint::Completions => &["max_tokens"],
             Endpoint::Chat => &["max_completion_tokens", "max_tokens"],
+            Endpoint::Responses => &["max_output_tokens"],
+            Endpoint::Messages | Endpoint::Generate => &["max_tokens"],
         }
     }
 }
 
-/// An error answered as `{"error": {"message", "type", "param", "code"}}`.
+/// An error answered as `{"error": {"message", "type", "param", "code"}}` (on the Messages
+/// API, as Anthropic's `{"type": "error", "error": {"type", "message"}}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) message: String,
+    /// `error.type` when vLLM names it rather than deriving it from the status.
+    pub(crate) kind: Option<&'static str>,
+    pub(crate) param: Option<String>,
+    /// The body failed FastAPI's request validation: vLLM's app-wide handler answers it,
+    /// in OpenAI's shape whatever the endpoint (the Messages API's router never sees it).
+    pub(crate) validation: bool,
 }
 
 impl ApiError {
@@ -59,6 +74,9 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            kind: None,
+            param: None,
+            validation: false,
         }
     }
 
@@ -66,13 +84,55 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
+    /// What vLLM's validation handler answers for a body that does not fit the request
+    /// model: 400, `type: "Bad Request"`, `param: "body.<field>"`.
+    pub(crate) fn validation(field: &str, kind: &str, message: &str) -> Self {
+        let loc = format!("body.{field}");
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{message}'}}"
+            ),
+            kind: Some("Bad Request"),
+            param: Some(loc),
+            validation: true,
+        }
+    }
+
+    /// vLLM's `create_error_response(err_type="invalid_request_error", param=...)`.
+    pub(crate) fn invalid_request(
+        status: StatusCode,
+        param: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            kind: Some("invalid_request_error"),
+            param: Some(param.to_string()),
+            ..Self::new(status, message)
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        self.kind.unwrap_or_else(|| error_type(self.status))
+    }
+
     pub(crate) fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
-            "type": error_type(self.status),
-            "param": null,
+            "type": self.kind(),
+            "param": self.param,
             "code": self.status.as_u16(),
         }})
+    }
+
+    /// The body on `endpoint`: the Messages API's router translates the errors of its
+    /// handler into Anthropic's shape, keeping vLLM's error type.
+    pub(crate) fn body_for(&self, endpoint: Endpoint) -> Value {
+        if endpoint == Endpoint::Messages && !self.validation {
+            json!({"type": "error", "error": {"type": self.kind(), "message": self.message}})
+        } else {
+            self.body()
+        }
     }
 }
 
@@ -107,7 +167,15 @@ pub(crate) struct RemotePrefill {
     pub(crate) engine_id: Option<String>,
 }
 
-/// A validated `/v1/completions` or `/v1/chat/completions` request.
+/// Where a request's prompt is: a field of the body (not copied: benchmark prompts are
+/// large), or built from several (`instructions` + `input`, `system` + `messages`).
+#[derive(Debug, Clone)]
+pub(crate) enum Prompt {
+    Field(&'static str),
+    Built(Value),
+}
+
+/// A validated generation request, whatever its API.
 #[derive(Debug, Clone)]
 pub(crate) struct GenerationRequest {
     pub(crate) endpoint: Endpoint,
@@ -116,9 +184,20 @@ pub(crate) struct GenerationRequest {
     pub(crate) limits_present: Vec<(&'static str, u64)>,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    pub(crate) prompt: Prompt,
     pub(crate) prompt_hash: String,
     pub(crate) prompt_tokens: u64,
     pub(crate) kv: KvRequest,
+    /// The body's `request_id` (Responses, generate).
+    pub(crate) request_id: Option<String>,
+    /// Responses: keep the finished response (vLLM's default `store: true`).
+    pub(crate) store: bool,
+    /// Responses: answer at once and finish in the background.
+    pub(crate) background: bool,
+    /// Responses: the stored response this one continues.
+    pub(crate) previous_response_id: Option<String>,
+    /// generate: `output_mode: "text"` (detokenized text beside the token ids).
+    pub(crate) text_output: bool,
 }
 
 impl GenerationRequest {
@@ -126,36 +205,361 @@ impl GenerationRequest {
         let Some(object) = body.as_object() else {
             return Err(ApiError::bad_request("request body must be a JSON object"));
         };
-        let prompt = required_prompt(endpoint, object)?;
+        match endpoint {
+            Endpoint::Completions | Endpoint::Chat => Self::parse_openai(endpoint, object),
+            Endpoint::Responses => Self::parse_responses(object),
+            Endpoint::Messages => Self::parse_messages(object),
+            Endpoint::Generate => Self::parse_generate(object),
+        }
+    }
+
+    fn new(
+        endpoint: Endpoint,
+        object: &Map<String, Value>,
+        prompt: Prompt,
+        limits: Limits,
+    ) -> Self {
+        let mut request = GenerationRequest {
+            endpoint,
+            max_tokens: limits.max_tokens,
+            limits_present: limits.present,
+            stream: false,
+            include_usage: false,
+            prompt: Prompt::Built(Value::Null),
+            prompt_hash: String::new(),
+            prompt_tokens: 0,
+            kv: parse_kv_request(object.get("kv_transfer_params")),
+            request_id: None,
+            store: false,
+            background: false,
+            previous_response_id: None,
+            text_output: false,
+        };
+        let value = match &prompt {
+            Prompt::Field(field) => object.get(*field).unwrap_or(&Value::Null),
+            Prompt::Built(prompt) => prompt,
+        };
+        request.prompt_hash = prompt_hash(value);
+        request.prompt_tokens = count_tokens(value).max(1);
+        request.prompt = prompt;
+        request
+    }
+
+    /// The prompt (`body` is the request's body).
+    pub(crate) fn prompt<'a>(&'a self, body: &'a Value) -> &'a Value {
+        match &self.prompt {
+            Prompt::Field(field) => body.get(*field).unwrap_or(&Value::Null),
+            Prompt::Built(prompt) => prompt,
+        }
+    }
+
+    /// Replaces the prompt (a Responses request continuing a stored conversation).
+    pub(crate) fn set_built_prompt(&mut self, prompt: Value) {
+        self.prompt_hash = prompt_hash(&prompt);
+        self.prompt_tokens = count_tokens(&prompt).max(1);
+        self.prompt = Prompt::Built(prompt);
+    }
+
+    fn parse_openai(endpoint: Endpoint, object: &Map<String, Value>) -> Result<Self, ApiError> {
+        let field = required_prompt(endpoint, object)?;
         let limits_present = limits_present(object)?;
         let max_tokens = effective_max_tokens(endpoint, object)?;
         let stream = optional_bool(object, "stream")?.unwrap_or(false);
-        check_min_tokens(object, max_tokens)?;
+        check_min_tokens(object, &["min_tokens", "min_completion_tokens"], max_tokens)?;
         let include_usage = stream_include_usage(object, stream)?;
-        Ok(GenerationRequest {
-            endpoint,
+        let limits = Limits {
             max_tokens,
-            limits_present,
-            stream,
-            include_usage,
-            prompt_hash: prompt_hash(prompt),
-            prompt_tokens: count_tokens(prompt).max(1),
-            kv: parse_kv_request(object.get("kv_transfer_params")),
+            present: limits_present,
+        };
+        let mut request = Self::new(endpoint, object, Prompt::Field(field), limits);
+        request.stream = stream;
+        request.include_usage = include_usage;
+        Ok(request)
+    }
+
+    /// `/v1/responses`: the prompt is `instructions` + `input` (a string or a list of
+    /// items), limited by `max_output_tokens`.
+    fn parse_responses(object: &Map<String, Value>) -> Result<Self, ApiError> {
+        let input = match object.get("input") {
+            Some(input @ (Value::String(_) | Value::Array(_))) => input,
+            None | Some(Value::Null) => {
+                return Err(ApiError::validation("input", "missing", "Field required"));
+            }
+            Some(_) => {
+                return Err(ApiError::validation(
+                    "input",
+                    "string_type",
+                    "Input should be a valid string or a list of items",
+                ));
+            }
+        };
+        let instructions = optional_string(object, "instructions")?;
+        let limits = Limits::of(object, Endpoint::Responses)?;
+        let stream = optional_bool(object, "stream")?.unwrap_or(false);
+        let store = optional_bool(object, "store")?.unwrap_or(true);
+        let background = optional_bool(object, "background")?.unwrap_or(false);
+        if background && !store {
+            // vLLM's model validator raises a VLLMValidationError, which pydantic does not
+            // wrap: its own handler answers it, with `(parameter=...)` in the message.
+            return Err(ApiError {
+                param: Some("background".into()),
+                ..ApiError::bad_request(
+                    "background can only be used when `store` is true (parameter=background)",
+                )
+            });
+        }
+        let mut items: Vec<Value> = instructions.map(Value::from).into_iter().collect();
+        items.push(input.clone());
+        let mut request = Self::new(
+            Endpoint::Responses,
+            object,
+            Prompt::Built(Value::Array(items)),
+            limits,
+        );
+        request.stream = stream;
+        request.store = store;
+        request.background = background;
+        request.previous_response_id = optional_string(object, "previous_response_id")?;
+        request.request_id = optional_string(object, "request_id")?;
+        Ok(request)
+    }
+
+    /// `/v1/messages`: the prompt is `system` + `messages`; `model` and `max_tokens` are
+    /// required.
+    fn parse_messages(object: &Map<String, Value>) -> Result<Self, ApiError> {
+        let prompt = anthropic_prompt(object)?;
+        let max_tokens = match object.get("max_tokens") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::validation(
+                    "max_tokens",
+                    "missing",
+                    "Field required",
+                ));
+            }
+            Some(value) => match value.as_i64() {
+                Some(tokens) if tokens <= 0 => {
+                    return Err(ApiError::validation(
+                        "max_tokens",
+                        "value_error",
+                        "Value error, max_tokens must be positive",
+                    ));
+                }
+                Some(_) => checked_limit("max_tokens", value.as_u64().unwrap_or(0))?,
+                None => {
+                    return Err(ApiError::validation(
+                        "max_tokens",
+                        "int_type",
+                        "Input should be a valid integer",
+                    ));
+                }
+            },
+        };
+        let limits = Limits {
+            max_tokens,
+            present: vec![("max_tokens", u64::from(max_tokens))],
+        };
+        let stream = optional_bool(object, "stream")?.unwrap_or(false);
+        let mut request = Self::new(Endpoint::Messages, object, prompt, limits);
+        request.stream = stream;
+        Ok(request)
+    }
+
+    /// `/inference/v1/generate`: the prompt is `token_ids`; the limits are in
+    /// `sampling_params`.
+    fn parse_generate(object: &Map<String, Value>) -> Result<Self, ApiError> {
+        check_token_ids(object.get("token_ids"))?;
+        let sampling = match object.get("sampling_params") {
+            Some(Value::Object(sampling)) => sampling,
+            None | Some(Value::Null) => {
+                return Err(ApiError::validation(
+                    "sampling_params",
+                    "missing",
+                    "Field required",
+                ));
+            }
+            Some(_) => {
+                return Err(ApiError::validation(
+                    "sampling_params",
+                    "dataclass_type",
+                    "Input should be a dictionary or an instance of SamplingParams",
+                ));
+            }
+        };
+        let limits = Limits::of(sampling, Endpoint::Generate)?;
+        check_min_tokens(sampling, &["min_tokens"], limits.max_tokens)?;
+        let stream = optional_bool(object, "stream")?.unwrap_or(false);
+        let include_usage = match object.get("stream_options") {
+            Some(Value::Object(options)) => {
+                optional_bool(options, "include_usage")?.unwrap_or(false)
+            }
+            _ => false,
+        };
+        let text_output = match object.get("output_mode") {
+            None | Some(Value::Null) => false,
+            Some(Value::String(mode)) if mode == "tokens" => false,
+            Some(Value::String(mode)) if mode == "text" => true,
+            Some(_) => {
+                return Err(ApiError::validation(
+                    "output_mode",
+                    "literal_error",
+                    "Input should be 'tokens' or 'text'",
+                ));
+            }
+        };
+        let mut request = Self::new(
+            Endpoint::Generate,
+            object,
+            Prompt::Field("token_ids"),
+            limits,
+        );
+        request.stream = stream;
+        request.include_usage = include_usage;
+        request.text_output = text_output;
+        request.request_id = optional_string(object, "request_id")?;
+        Ok(request)
+    }
+}
+
+/// A request's length limit, and every limit field it names.
+struct Limits {
+    max_tokens: u32,
+    present: Vec<(&'static str, u64)>,
+}
+
+impl Limits {
+    /// The limit fields of `endpoint` in `object` (the body, or generate's
+    /// `sampling_params`), [`DEFAULT_MAX_TOKENS`] without one.
+    fn of(object: &Map<String, Value>, endpoint: Endpoint) -> Result<Limits, ApiError> {
+        let mut present = Vec::new();
+        for field in endpoint.limit_fields() {
+            if let Some(value) = optional_u64(object, field)? {
+                present.push((*field, value));
+            }
+        }
+        Ok(Limits {
+            max_tokens: effective_max_tokens(endpoint, object)?,
+            present,
         })
     }
 }
 
-fn required_prompt(endpoint: Endpoint, object: &Map<String, Value>) -> Result<&Value, ApiError> {
-    let field = endpoint.prompt_field();
+/// The Messages API's prompt: `messages`, after `system` when there is one.
+fn anthropic_prompt(object: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    match object.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => {}
+        None | Some(Value::Null) => {
+            return Err(ApiError::validation("model", "missing", "Field required"));
+        }
+        Some(_) => {
+            return Err(ApiError::validation(
+                "model",
+                "value_error",
+                "Value error, Model is required",
+            ));
+        }
+    }
+    match object.get("messages") {
+        Some(Value::Array(_)) => {}
+        None | Some(Value::Null) => {
+            return Err(ApiError::validation(
+                "messages",
+                "missing",
+                "Field required",
+            ));
+        }
+        Some(_) => {
+            return Err(ApiError::validation(
+                "messages",
+                "list_type",
+                "Input should be a valid list",
+            ));
+        }
+    }
+    match object.get("system") {
+        None | Some(Value::Null) => Ok(Prompt::Field("messages")),
+        Some(system @ (Value::String(_) | Value::Array(_))) => {
+            let messages = object.get("messages").cloned().unwrap_or(Value::Null);
+            Ok(Prompt::Built(json!([system, messages])))
+        }
+        Some(_) => Err(ApiError::validation(
+            "system",
+            "string_type",
+            "Input should be a valid string or a list of content blocks",
+        )),
+    }
+}
+
+/// The prompt tokens of an Anthropic body (`/v1/messages/count_tokens`).
+pub(crate) fn anthropic_input_tokens(body: &Value) -> Result<u64, ApiError> {
+    let Some(object) = body.as_object() else {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    };
+    let prompt = anthropic_prompt(object)?;
+    Ok(match &prompt {
+        Prompt::Field(field) => count_tokens(object.get(*field).unwrap_or(&Value::Null)),
+        Prompt::Built(prompt) => count_tokens(prompt),
+    }
+    .max(1))
+}
+
+fn check_token_ids(token_ids: Option<&Value>) -> Result<(), ApiError> {
+    let Some(token_ids) = token_ids.filter(|ids| !ids.is_null()) else {
+        return Err(ApiError::validation(
+            "token_ids",
+            "missing",
+            "Field required",
+        ));
+    };
+    let Some(ids) = token_ids.as_array() else {
+        return Err(ApiError::validation(
+            "token_ids",
+            "list_type",
+            "Input should be a valid list",
+        ));
+    };
+    if ids.is_empty() {
+        return Err(ApiError::validation(
+            "token_ids",
+            "too_short",
+            "List should have at least 1 item after validation, not 0",
+        ));
+    }
+    if !ids.iter().all(|id| id.as_u64().is_some()) {
+        return Err(ApiError::validation(
+            "token_ids",
+            "value_error",
+            "Value error, token_ids must not contain negative values",
+        ));
+    }
+    Ok(())
+}
+
+fn optional_string(object: &Map<String, Value>, field: &str) -> Result<Option<String>, ApiError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(ApiError::validation(
+            field,
+            "string_type",
+            "Input should be a valid string",
+        )),
+    }
+}
+
+/// The field holding the prompt of a completion (`prompt`) or chat (`messages`) request.
+fn required_prompt(
+    endpoint: Endpoint,
+    object: &Map<String, Value>,
+) -> Result<&'static str, ApiError> {
+    let (field, expected) = match endpoint {
+        Endpoint::Chat => ("messages", "an array of messages"),
+        _ => ("prompt", "a string or an array"),
+    };
     match (endpoint, object.get(field)) {
-        (Endpoint::Completions, Some(prompt @ (Value::String(_) | Value::Array(_)))) => Ok(prompt),
-        (Endpoint::Chat, Some(messages @ Value::Array(_))) => Ok(messages),
+        (Endpoint::Chat, Some(Value::Array(_)))
+        | (Endpoint::Completions, Some(Value::String(_) | Value::Array(_))) => Ok(field),
         _ => Err(ApiError::bad_request(format!(
-            "field `{field}` is required ({})",
-            match endpoint {
-                Endpoint::Completions => "a string or an array",
-                Endpoint::Chat => "an array of messages",
-            }
+            "field `{field}` is required ({expected})"
         ))),
     }
 }
@@ -214,8 +618,12 @@ fn checked_limit(field: &str, value: u64) -> Result<u32, ApiError> {
     u32::try_from(value).map_err(|_| ApiError::bad_request(format!("`{field}` is too large")))
 }
 
-fn check_min_tokens(object: &Map<String, Value>, max_tokens: u32) -> Result<(), ApiError> {
-    for field in ["min_tokens", "min_completion_tokens"] {
+fn check_min_tokens(
+    object: &Map<String, Value>,
+    fields: &[&str],
+    max_tokens: u32,
+) -> Result<(), ApiError> {
+    for field in fields {
         if let Some(minimum) = optional_u64(object, field)?
             && minimum > u64::from(max_tokens)
         {
@@ -380,10 +788,35 @@ pub(crate) struct Generation {
     pub(crate) cached_tokens: u64,
     pub(crate) sim: Value,
     pub(crate) kv_transfer_params: Value,
+    /// What the answer repeats of the request: the Responses API's request fields
+    /// ([`super::responses::echo_fields`]); generate's `output_mode: "text"`.
+    pub(crate) echo: Value,
+    /// Responses: the id of the output message item.
+    pub(crate) item_id: String,
+}
+
+/// An SSE answer: events sent at once, then one string of events per token (after the
+/// token's delay), then the closing events.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StreamFrames {
+    pub(crate) head: Vec<String>,
+    pub(crate) tokens: Vec<String>,
+    pub(crate) tail: Vec<String>,
+}
+
+/// `data: <payload>`, one SSE event.
+pub(crate) fn sse_data(payload: &str) -> String {
+    format!("data: {payload}\n\n")
+}
+
+/// `event: <name>` and `data: <payload>`, one named SSE event.
+pub(crate) fn sse_named(event: &str, payload: &Value) -> String {
+    format!("event: {event}\ndata: {payload}\n\n")
 }
 
 impl Generation {
-    fn usage(&self) -> Value {
+    /// The usage object of the OpenAI APIs.
+    pub(crate) fn usage(&self) -> Value {
         let completion = u64::from(self.tokens);
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -403,7 +836,7 @@ impl Generation {
         body
     }
 
-    /// The non-streaming `text_completion` / `chat.completion` object.
+    /// The non-streaming answer.
     pub(crate) fn full_response(&self) -> Value {
         let text = generated_text(self.tokens);
         let (object, choice) = match self.endpoint {
@@ -416,6 +849,9 @@ impl Generation {
                 json!({"index": 0, "message": {"role": "assistant", "content": text},
                        "logprobs": null, "finish_reason": "length", "stop_reason": null}),
             ),
+            Endpoint::Responses => return super::responses::finished_response(self),
+            Endpoint::Messages => return super::messages::full_response(self),
+            Endpoint::Generate => return super::tokens::full_response(self),
         };
         let mut body = self.envelope(object, json!([choice]));
         body.insert("usage".into(), self.usage());
@@ -424,18 +860,42 @@ impl Generation {
         Value::Object(body)
     }
 
+    /// The streamed answer's events.
+    pub(crate) fn stream_frames(&self) -> StreamFrames {
+        match self.endpoint {
+            Endpoint::Completions | Endpoint::Chat => self.openai_frames(),
+            Endpoint::Responses => super::responses::stream_frames(self),
+            Endpoint::Messages => super::messages::stream_frames(self),
+            Endpoint::Generate => super::tokens::stream_frames(self),
+        }
+    }
+
+    /// One chunk per token, the final chunk, the usage chunk when asked for, `[DONE]`.
+    fn openai_frames(&self) -> StreamFrames {
+        let tokens = (0..self.tokens)
+            .map(|index| sse_data(&self.token_chunk(index).to_string()))
+            .collect();
+        let mut tail = vec![sse_data(&self.final_chunk().to_string())];
+        if self.include_usage {
+            tail.push(sse_data(&self.usage_chunk().to_string()));
+        }
+        tail.push(sse_data("[DONE]"));
+        StreamFrames {
+            head: Vec::new(),
+            tokens,
+            tail,
+        }
+    }
+
     fn chunk_object(&self) -> &'static str {
         match self.endpoint {
-            Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
+            _ => "text_completion",
         }
     }
 
     fn chunk_choice(&self, piece: Option<String>, first: bool, finish_reason: Value) -> Value {
         match self.endpoint {
-            Endpoint::Completions => {
-                json!({"index": 0, "text": piece.unwrap_or_default(), "logprobs": null, "finish_reason": finish_reason})
-            }
             Endpoint::Chat => {
                 let mut delta = Map::new();
                 if first {
@@ -445,6 +905,9 @@ impl Generation {
                     delta.insert("content".into(), json!(piece));
                 }
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+            }
+            _ => {
+                json!({"index": 0, "text": piece.unwrap_or_default(), "logprobs": null, "finish_reason": finish_reason})
             }
         }
     }

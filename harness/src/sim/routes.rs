@@ -15,9 +15,12 @@ use serde_json::{Value, json};
 
 use super::completion::{
     DP_RANK_RESPONSE_HEADER, WORKER_ID_HEADER, add_identity_headers, handle_completion,
+    handle_side_request,
 };
 use super::config::Fault;
-use super::openai::{ApiError, Endpoint};
+use super::messages::count_tokens_response;
+use super::openai::{ApiError, Endpoint, anthropic_input_tokens};
+use super::responses;
 use super::state::{SimState, read};
 
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -37,6 +40,12 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{id}", get(retrieve_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/inference/v1/generate", post(generate_tokens))
         .route("/sim/info", get(info))
         .route("/sim/requests", get(list_requests).delete(clear_requests))
         .route("/sim/fault", get(get_fault).post(set_fault))
@@ -111,6 +120,66 @@ async fn completions(State(state): SharedState, headers: HeaderMap, body: Bytes)
 
 async fn chat_completions(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
     handle_completion(&state, Endpoint::Chat, &headers, &body).await
+}
+
+async fn create_response(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    handle_completion(&state, Endpoint::Responses, &headers, &body).await
+}
+
+/// `GET /v1/responses/{id}`: a response this worker stored (404 in vLLM's shape).
+async fn retrieve_response(
+    State(state): SharedState,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let path = format!("/v1/responses/{id}");
+    handle_side_request(
+        &state,
+        Endpoint::Responses,
+        &path,
+        &headers,
+        Value::Null,
+        |_| {
+            state
+                .responses
+                .get(&id)
+                .ok_or_else(|| responses::not_found(&id))
+        },
+    )
+    .await
+}
+
+/// `POST /v1/responses/{id}/cancel`: cancels a background response still running.
+async fn cancel_response(
+    State(state): SharedState,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/v1/responses/{id}/cancel");
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    handle_side_request(&state, Endpoint::Responses, &path, &headers, body, |_| {
+        state.responses.cancel(&id)
+    })
+    .await
+}
+
+async fn messages(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    handle_completion(&state, Endpoint::Messages, &headers, &body).await
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt tokens `/v1/messages` would count.
+async fn count_tokens(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let path = "/v1/messages/count_tokens";
+    handle_side_request(&state, Endpoint::Messages, path, &headers, body, |body| {
+        anthropic_input_tokens(body).map(count_tokens_response)
+    })
+    .await
+}
+
+async fn generate_tokens(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {
+    handle_completion(&state, Endpoint::Generate, &headers, &body).await
 }
 
 async fn info(State(state): SharedState) -> Response {

@@ -12,6 +12,7 @@ use super::cache::PrefixCache;
 use super::config::{Fault, RecordedRequest, SimConfig};
 use super::engine::Engine;
 use super::kv::KvStore;
+use super::responses::ResponseStore;
 
 /// The header vLLM reads to pick a data-parallel engine.
 pub(crate) const DP_RANK_HEADER: &str = "x-data-parallel-rank";
@@ -80,6 +81,8 @@ pub(crate) struct SimState {
     pub(crate) engine: Arc<Engine>,
     /// Completion requests being served (a stream until its last chunk).
     pub(crate) in_flight: Arc<AtomicU64>,
+    /// Responses API responses kept with `store: true`.
+    pub(crate) responses: Arc<ResponseStore>,
     recorded: Mutex<Vec<RecordedRequest>>,
     fault: Mutex<Fault>,
     next_rank: AtomicU32,
@@ -110,6 +113,7 @@ impl SimState {
             cache,
             engine: Arc::default(),
             in_flight: Arc::default(),
+            responses: Arc::new(ResponseStore::new()),
             config,
             advertised: advertised_address(bound),
             kv: KvStore::new(),

@@ -916,3 +916,771 @@ async fn a_gzip_worker_compresses_only_when_asked() {
     .await;
     assert_eq!(asked.header("content-encoding"), "gzip");
 }
+
+/// `(event, data)` of each event of a stream of named SSE events.
+fn named_events(text: &str) -> Vec<(String, Value)> {
+    assert!(text.ends_with("\n\n"), "{text:?}");
+    text.split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {event:?}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "event name and type differ: {event}");
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
+fn responses_hop(input: &Value) -> Value {
+    json!({"model": "sim-model", "instructions": "be brief", "input": input,
+           "max_output_tokens": 1, "stream": false, "store": false,
+           "kv_transfer_params": prefill_hop_params()})
+}
+
+fn conversation() -> Value {
+    json!([{"role": "user", "content": PROMPT}])
+}
+
+#[tokio::test]
+async fn responses_prefill_then_decode_loads_the_kv() {
+    let prefill = start(130, SimRole::Prefill, 1).await;
+    let decode = start(230, SimRole::Decode, 1).await;
+    let reply = post(
+        &prefill,
+        "/v1/responses",
+        &[("x-request-id", "r1")],
+        &responses_hop(&conversation()),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["id"], "resp_r1");
+    assert_eq!(body["object"], "response");
+    assert_eq!(body["status"], "incomplete", "stopped by max_output_tokens");
+    assert_eq!(body["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(body["max_output_tokens"], 1);
+    assert_eq!(body["output"][0]["content"][0]["text"], "tok0");
+    assert_eq!(
+        body["usage"]["input_tokens"],
+        2 + 1 + 9,
+        "instructions, then the input's role and content"
+    );
+    assert_eq!(body["usage"]["output_tokens"], 1);
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["do_remote_prefill"], true, "top-level, as vLLM answers");
+    assert_eq!(kv["remote_engine_id"], "sim-130-0");
+    assert_eq!(prefill.pending_kv(), 1);
+    assert_eq!(
+        prefill.stored_responses(),
+        0,
+        "a prefill hop stores nothing"
+    );
+
+    let mismatched = json!({"instructions": "be verbose", "input": conversation(),
+                            "max_output_tokens": 3, "kv_transfer_params": kv});
+    let reply = post(&decode, "/v1/responses", &[], &mismatched).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("prompt differs"),
+        "{}",
+        reply.text
+    );
+
+    let kv = prefill_kv_of(&prefill, "/v1/responses", &responses_hop(&conversation())).await;
+    let decode_body = json!({"instructions": "be brief", "input": conversation(),
+                             "max_output_tokens": 3, "kv_transfer_params": kv});
+    let reply = post(
+        &decode,
+        "/v1/responses",
+        &[("x-request-id", "r1")],
+        &decode_body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["id"], "resp_r1");
+    assert_eq!(body["output"][0]["content"][0]["text"], "tok0 tok1 tok2");
+    assert_eq!(body["output"][0]["type"], "message");
+    assert_eq!(body["output"][0]["status"], "completed");
+    assert_eq!(body["sim"]["kv_from"], 130);
+    assert_eq!(body["kv_transfer_params"], Value::Null);
+    assert_eq!(decode.stored_responses(), 1, "store defaults to true");
+    assert_eq!(prefill.pending_kv(), 0);
+}
+
+/// Runs a prefill hop on `path` and returns the `kv_transfer_params` it answered.
+async fn prefill_kv_of(prefill: &SimWorker, path: &str, hop: &Value) -> Value {
+    let reply = post(prefill, path, &[], hop).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let kv = reply.json()["kv_transfer_params"].clone();
+    assert!(kv.is_object(), "{}", reply.text);
+    kv
+}
+
+#[tokio::test]
+async fn responses_prefill_hop_must_be_capped_unstreamed_and_unstored() {
+    let prefill = start(131, SimRole::Prefill, 1).await;
+    let hop = responses_hop(&json!(PROMPT));
+    let with = |field: &str, value: Value| {
+        let mut body = hop.clone();
+        body[field] = value;
+        body
+    };
+    let mut absent = hop.clone();
+    absent.as_object_mut().unwrap().remove("max_output_tokens");
+    let mut stored = hop.clone();
+    stored.as_object_mut().unwrap().remove("store");
+    let cases = [
+        (with("stream", json!(true)), "stream"),
+        (with("max_output_tokens", json!(5)), "max_output_tokens"),
+        (absent, "max_output_tokens"),
+        (with("store", json!(true)), "store=false"),
+        (stored, "store=false"),
+    ];
+    for (body, expected) in cases {
+        let reply = post(&prefill, "/v1/responses", &[], &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.text
+        );
+        let message = reply.error_message();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+        assert_eq!(reply.json()["error"]["type"], "BadRequestError");
+    }
+    assert_eq!(prefill.pending_kv(), 0);
+    assert_eq!(prefill.requests().len(), 5, "refused hops are recorded");
+}
+
+#[tokio::test]
+async fn responses_stream_as_vllm_emits_them_and_are_stored_when_done() {
+    let worker = start(330, SimRole::Aggregated, 1).await;
+    let body = json!({"input": PROMPT, "max_output_tokens": 3, "stream": true});
+    let reply = post(&worker, "/v1/responses", &[("x-request-id", "s1")], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let events = named_events(&reply.text);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    for (sequence, (_, data)) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], sequence as u64);
+    }
+    let created = &events[0].1["response"];
+    assert_eq!(
+        (created["id"].as_str(), created["status"].as_str()),
+        (Some("resp_s1"), Some("in_progress"))
+    );
+    assert_eq!(created["output"], json!([]));
+    assert!(created.get("sim").is_none());
+    let item_id = events[2].1["item"]["id"].as_str().unwrap();
+    assert!(item_id.starts_with("msg_"), "{item_id}");
+    let deltas: String = events[4..7]
+        .iter()
+        .map(|(_, data)| {
+            assert_eq!(data["item_id"], item_id);
+            data["delta"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(deltas, "tok0 tok1 tok2");
+    assert_eq!(events[7].1["text"], "tok0 tok1 tok2");
+    assert_eq!(events[9].1["item"]["content"][0]["text"], "tok0 tok1 tok2");
+    let completed = &events[10].1["response"];
+    assert_eq!(completed["status"], "incomplete");
+    assert_eq!(completed["usage"]["output_tokens"], 3);
+    assert_eq!(completed["output"][0]["id"], item_id);
+    assert_eq!(completed["sim"]["worker_id"], 330);
+
+    let stored = get(&worker, "/v1/responses/resp_s1").await;
+    assert_eq!(stored.status, StatusCode::OK, "{}", stored.text);
+    assert_eq!(stored.json(), *completed);
+}
+
+#[tokio::test]
+async fn stored_responses_are_retrieved_cancelled_and_continued_per_worker() {
+    let worker = start(331, SimRole::Aggregated, 1).await;
+    let other = start(332, SimRole::Aggregated, 1).await;
+    let first = json!({"input": PROMPT, "max_output_tokens": 2});
+    let reply = post(&worker, "/v1/responses", &[("x-request-id", "t1")], &first).await;
+    let answer = reply.json();
+    assert_eq!(answer["id"], "resp_t1");
+
+    let stored = get(&worker, "/v1/responses/resp_t1").await;
+    assert_eq!(stored.status, StatusCode::OK);
+    assert_eq!(stored.json(), answer);
+    assert_eq!(stored.header("x-sim-worker-id"), "331");
+    let missing = get(&other, "/v1/responses/resp_t1").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        missing.json()["error"],
+        json!({"message": "Response with id 'resp_t1' not found.", "type": "invalid_request_error",
+               "param": "response_id", "code": 404})
+    );
+
+    let cancel = post(&worker, "/v1/responses/resp_t1/cancel", &[], &json!({})).await;
+    assert_eq!(cancel.status, StatusCode::BAD_REQUEST, "{}", cancel.text);
+    assert_eq!(
+        cancel.json()["error"]["message"],
+        "Cannot cancel a synchronous response."
+    );
+    assert_eq!(cancel.json()["error"]["type"], "invalid_request_error");
+    let cancel = post(&other, "/v1/responses/resp_t1/cancel", &[], &json!({})).await;
+    assert_eq!(cancel.status, StatusCode::NOT_FOUND);
+
+    let follow_up = json!({"input": "and then?", "previous_response_id": "resp_t1",
+                           "request_id": "resp_follow", "max_output_tokens": 2});
+    let reply = post(
+        &worker,
+        "/v1/responses",
+        &[("x-request-id", "t2")],
+        &follow_up,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["id"], "resp_follow", "the body's request_id wins");
+    assert_eq!(body["previous_response_id"], "resp_t1");
+    assert_eq!(
+        body["usage"]["input_tokens"],
+        9 + 2 + 2,
+        "the first prompt, its answer, then the new input"
+    );
+    let reply = post(&other, "/v1/responses", &[], &follow_up).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.text);
+    assert_eq!(
+        reply.error_message(),
+        "Response with id 'resp_t1' not found."
+    );
+
+    let unstored = json!({"input": PROMPT, "store": false, "request_id": "resp_gone"});
+    post(&worker, "/v1/responses", &[], &unstored).await;
+    assert_eq!(
+        get(&worker, "/v1/responses/resp_gone").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let paths: Vec<String> = worker.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/responses",
+            "/v1/responses/resp_t1",
+            "/v1/responses/resp_t1/cancel",
+            "/v1/responses",
+            "/v1/responses",
+            "/v1/responses/resp_gone",
+        ]
+    );
+    let other_paths: Vec<String> = other.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        other_paths,
+        [
+            "/v1/responses/resp_t1",
+            "/v1/responses/resp_t1/cancel",
+            "/v1/responses"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_continued_conversation_needs_the_previous_response_on_both_hops() {
+    let prefill = start(133, SimRole::Prefill, 1).await;
+    let decode = start(233, SimRole::Decode, 1).await;
+    let first = json!({"input": PROMPT, "max_output_tokens": 2, "request_id": "resp_c1"});
+    assert_eq!(
+        post(&decode, "/v1/responses", &[], &first).await.status,
+        StatusCode::OK
+    );
+    let mut hop = responses_hop(&json!("and then?"));
+    hop["previous_response_id"] = json!("resp_c1");
+    let reply = post(&prefill, "/v1/responses", &[], &hop).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::NOT_FOUND,
+        "vLLM renders the prompt from the stored response: {}",
+        reply.text
+    );
+    assert_eq!(prefill.pending_kv(), 0);
+}
+
+#[tokio::test]
+async fn background_responses_finish_later_unless_cancelled() {
+    let config =
+        SimConfig::new(334, SimRole::Aggregated).with_token_latency(Duration::from_millis(40));
+    let worker = SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let body = json!({"input": PROMPT, "max_output_tokens": 3, "background": true,
+                      "request_id": "resp_bg1"});
+    let started = Instant::now();
+    let reply = post(&worker, "/v1/responses", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "answered at once"
+    );
+    let queued = reply.json();
+    assert_eq!(
+        (queued["id"].as_str(), queued["status"].as_str()),
+        (Some("resp_bg1"), Some("queued"))
+    );
+    assert_eq!(queued["background"], true);
+    assert_eq!(queued["output"], json!([]));
+    assert_eq!(queued["usage"], Value::Null);
+    assert_eq!(
+        get(&worker, "/v1/responses/resp_bg1").await.json()["status"],
+        "queued"
+    );
+    assert_eq!(worker.in_flight(), 1, "still generating");
+
+    let mut finished = Value::Null;
+    for _ in 0..100 {
+        finished = get(&worker, "/v1/responses/resp_bg1").await.json();
+        if finished["status"] != "queued" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(finished["status"], "incomplete", "{finished}");
+    assert_eq!(
+        finished["output"][0]["content"][0]["text"],
+        "tok0 tok1 tok2"
+    );
+    assert_eq!(finished["background"], true);
+    assert_eq!(worker.in_flight(), 0);
+    let cancel = post(&worker, "/v1/responses/resp_bg1/cancel", &[], &json!({})).await;
+    assert_eq!(
+        cancel.status,
+        StatusCode::BAD_REQUEST,
+        "finished: {}",
+        cancel.text
+    );
+
+    let mut second = body.clone();
+    second["request_id"] = json!("resp_bg2");
+    post(&worker, "/v1/responses", &[], &second).await;
+    let cancel = post(&worker, "/v1/responses/resp_bg2/cancel", &[], &json!({})).await;
+    assert_eq!(cancel.status, StatusCode::OK, "{}", cancel.text);
+    assert_eq!(cancel.json()["status"], "cancelled");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        get(&worker, "/v1/responses/resp_bg2").await.json()["status"],
+        "cancelled",
+        "the generation finishing later does not undo the cancel"
+    );
+
+    let unstored = json!({"input": PROMPT, "background": true, "store": false});
+    let reply = post(&worker, "/v1/responses", &[], &unstored).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert_eq!(reply.json()["error"]["type"], "BadRequestError");
+    assert_eq!(reply.json()["error"]["param"], "background");
+    assert!(
+        reply
+            .error_message()
+            .contains("only be used when `store` is true"),
+        "{}",
+        reply.text
+    );
+}
+
+fn messages_hop(system: &str) -> Value {
+    json!({"model": "sim-model", "system": system, "messages": conversation(),
+           "max_tokens": 1, "stream": false, "kv_transfer_params": prefill_hop_params()})
+}
+
+#[tokio::test]
+async fn messages_prefill_then_decode_loads_the_kv() {
+    let prefill = start(140, SimRole::Prefill, 1).await;
+    let decode = start(240, SimRole::Decode, 1).await;
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-request-id", "m1")],
+        &messages_hop("be brief"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(
+        body["id"], "chatcmpl-m1",
+        "vLLM answers its chat completion's id"
+    );
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["content"], json!([{"type": "text", "text": "tok0"}]));
+    assert_eq!(body["stop_reason"], "max_tokens");
+    assert!(
+        body.get("stop_sequence").is_none(),
+        "vLLM drops null fields"
+    );
+    assert_eq!(
+        body["usage"],
+        json!({"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 0})
+    );
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["remote_engine_id"], "sim-140-0", "top-level: {body}");
+
+    let mut mismatched = messages_hop("be verbose");
+    mismatched["kv_transfer_params"] = kv;
+    mismatched["max_tokens"] = json!(3);
+    let reply = post(&decode, "/v1/messages", &[], &mismatched).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    let error = reply.json();
+    assert_eq!(error["type"], "error", "Anthropic's shape: {error}");
+    assert_eq!(error["error"]["type"], "BadRequestError");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt differs"),
+        "{error}"
+    );
+    assert_eq!(error["sim"]["worker_id"], 240);
+
+    let kv = prefill_kv_of(&prefill, "/v1/messages", &messages_hop("be brief")).await;
+    let mut decode_body = messages_hop("be brief");
+    decode_body["kv_transfer_params"] = kv;
+    decode_body["max_tokens"] = json!(3);
+    let reply = post(
+        &decode,
+        "/v1/messages",
+        &[("x-request-id", "m1")],
+        &decode_body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["content"][0]["text"], "tok0 tok1 tok2");
+    assert_eq!(body["sim"]["kv_from"], 140);
+    assert!(body.get("kv_transfer_params").is_none(), "{body}");
+}
+
+#[tokio::test]
+async fn messages_prefill_hop_checks_and_errors_take_vllm_shapes() {
+    let prefill = start(141, SimRole::Prefill, 1).await;
+    let mut uncapped = messages_hop("s");
+    uncapped["max_tokens"] = json!(16);
+    let mut streamed = messages_hop("s");
+    streamed["stream"] = json!(true);
+    for (body, expected) in [(uncapped, "max_tokens"), (streamed, "stream")] {
+        let reply = post(&prefill, "/v1/messages", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let error = reply.json();
+        assert_eq!(error["type"], "error");
+        assert_eq!(error["error"]["type"], "BadRequestError");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+    }
+
+    // Request validation is vLLM's app-wide handler: OpenAI's shape.
+    let mut missing = messages_hop("s");
+    missing.as_object_mut().unwrap().remove("max_tokens");
+    let mut zero = messages_hop("s");
+    zero["max_tokens"] = json!(0);
+    let mut no_model = messages_hop("s");
+    no_model.as_object_mut().unwrap().remove("model");
+    for (body, param) in [
+        (missing, "body.max_tokens"),
+        (zero, "body.max_tokens"),
+        (no_model, "body.model"),
+    ] {
+        let reply = post(&prefill, "/v1/messages", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let error = &reply.json()["error"];
+        assert_eq!(error["type"], "Bad Request", "{error}");
+        assert_eq!(error["param"], param);
+        assert_eq!(error["code"], 400);
+    }
+    assert_eq!(prefill.pending_kv(), 0);
+
+    prefill.set_fault(Fault::Status(503));
+    let reply = post(&prefill, "/v1/messages", &[], &messages_hop("s")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.json()["type"], "error");
+    assert_eq!(reply.json()["error"]["type"], "ServiceUnavailableError");
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-data-parallel-rank", "3")],
+        &messages_hop("s"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    prefill.set_fault(Fault::None);
+    let reply = post(
+        &prefill,
+        "/v1/messages",
+        &[("x-data-parallel-rank", "3")],
+        &messages_hop("s"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out of range"),
+        "{}",
+        reply.text
+    );
+}
+
+#[tokio::test]
+async fn messages_stream_anthropic_events() {
+    let worker = start(340, SimRole::Aggregated, 1).await;
+    let body = json!({"model": "m", "messages": conversation(), "max_tokens": 3, "stream": true});
+    let reply = post(&worker, "/v1/messages", &[("x-request-id", "ms")], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let events = named_events(&reply.text);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    );
+    let message = &events[0].1["message"];
+    assert_eq!(message["id"], "chatcmpl-ms");
+    assert_eq!(message["content"], json!([]));
+    assert_eq!(
+        message["usage"],
+        json!({"input_tokens": 10, "output_tokens": 0})
+    );
+    assert_eq!(
+        events[1].1["content_block"],
+        json!({"type": "text", "text": ""})
+    );
+    let text: String = events[2..5]
+        .iter()
+        .map(|(_, data)| {
+            assert_eq!(data["delta"]["type"], "text_delta");
+            assert_eq!(data["index"], 0);
+            data["delta"]["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2");
+    assert_eq!(events[5].1["index"], 0);
+    assert_eq!(
+        events[6].1["delta"],
+        json!({"stop_reason": "max_tokens", "stop_sequence": null})
+    );
+    assert_eq!(events[6].1["usage"]["output_tokens"], 3);
+    assert_eq!(events[7].1["sim"]["worker_id"], 340);
+}
+
+#[tokio::test]
+async fn count_tokens_counts_what_messages_would_prefill() {
+    let worker = start(341, SimRole::Aggregated, 1).await;
+    let body = json!({"model": "m", "system": "be brief", "messages": conversation()});
+    let reply = post(&worker, "/v1/messages/count_tokens", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(
+        reply.json(),
+        json!({"input_tokens": 12, "context_management": {"original_input_tokens": 12}})
+    );
+    let mut message = body.clone();
+    message["max_tokens"] = json!(1);
+    let answer = post(&worker, "/v1/messages", &[], &message).await.json();
+    assert_eq!(answer["usage"]["input_tokens"], 12);
+
+    let reply = post(
+        &worker,
+        "/v1/messages/count_tokens",
+        &[],
+        &json!({"model": "m"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.json()["error"]["param"], "body.messages");
+    let recorded = worker.requests();
+    assert_eq!(recorded.len(), 3);
+    assert_eq!(recorded[0].path, "/v1/messages/count_tokens");
+    assert_eq!(recorded[0].body, body);
+    assert_eq!(recorded[1].path, "/v1/messages");
+}
+
+fn prompt_ids() -> Value {
+    json!((100..120).collect::<Vec<u32>>())
+}
+
+fn generate_hop(token_ids: &Value) -> Value {
+    json!({"token_ids": token_ids, "sampling_params": {"max_tokens": 1, "temperature": 0.0},
+           "stream": false, "kv_transfer_params": prefill_hop_params()})
+}
+
+#[tokio::test]
+async fn generate_prefill_then_decode_loads_the_kv() {
+    let prefill = start(150, SimRole::Prefill, 1).await;
+    let decode = start(250, SimRole::Decode, 1).await;
+    let reply = post(
+        &prefill,
+        "/inference/v1/generate",
+        &[("x-request-id", "g1")],
+        &generate_hop(&prompt_ids()),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["request_id"], "generate-tokens-g1");
+    assert_eq!(body["output_mode"], "tokens");
+    assert_eq!(body["choices"][0]["token_ids"], json!([0]));
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert!(body["choices"][0].get("text").is_none());
+    assert_eq!(body["usage"]["prompt_tokens"], 20);
+    let kv = body["kv_transfer_params"].clone();
+    assert_eq!(kv["remote_engine_id"], "sim-150-0", "top-level: {body}");
+
+    let other_ids = json!((200..220).collect::<Vec<u32>>());
+    let mismatched = json!({"token_ids": other_ids, "sampling_params": {"max_tokens": 4},
+                            "kv_transfer_params": kv});
+    let reply = post(&decode, "/inference/v1/generate", &[], &mismatched).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("prompt differs"),
+        "{}",
+        reply.text
+    );
+
+    let kv = prefill_kv_of(
+        &prefill,
+        "/inference/v1/generate",
+        &generate_hop(&prompt_ids()),
+    )
+    .await;
+    let decode_body = json!({"token_ids": prompt_ids(), "sampling_params": {"max_tokens": 4},
+                             "request_id": "from-body", "kv_transfer_params": kv});
+    let reply = post(&decode, "/inference/v1/generate", &[], &decode_body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["request_id"], "generate-tokens-from-body");
+    assert_eq!(body["choices"][0]["token_ids"], json!([0, 1, 2, 3]));
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+    assert_eq!(body["sim"]["kv_from"], 150);
+    assert_eq!(body["kv_transfer_params"], Value::Null);
+}
+
+#[tokio::test]
+async fn generate_prefill_hop_checks_and_validation() {
+    let prefill = start(151, SimRole::Prefill, 1).await;
+    let hop = generate_hop(&prompt_ids());
+    let mut uncapped = hop.clone();
+    uncapped["sampling_params"] = json!({"temperature": 0.0});
+    let mut streamed = hop.clone();
+    streamed["stream"] = json!(true);
+    for (body, expected) in [
+        (uncapped, "sampling_params.max_tokens"),
+        (streamed, "stream"),
+    ] {
+        let reply = post(&prefill, "/inference/v1/generate", &[], &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        let message = reply.error_message();
+        assert!(
+            message.contains("prefill hop") && message.contains(expected),
+            "{message}"
+        );
+    }
+    let invalid = [
+        (json!({"token_ids": [1, 2]}), "body.sampling_params"),
+        (json!({"sampling_params": {}}), "body.token_ids"),
+        (
+            json!({"token_ids": [], "sampling_params": {}}),
+            "body.token_ids",
+        ),
+        (
+            json!({"token_ids": [1, -2], "sampling_params": {}}),
+            "body.token_ids",
+        ),
+        (
+            json!({"token_ids": [1], "sampling_params": {}, "output_mode": "logits"}),
+            "body.output_mode",
+        ),
+    ];
+    for (body, param) in invalid {
+        let reply = post(&prefill, "/inference/v1/generate", &[], &body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.text
+        );
+        assert_eq!(reply.json()["error"]["param"], param, "{}", reply.text);
+        assert_eq!(reply.json()["error"]["type"], "Bad Request");
+    }
+    let too_few = json!({"token_ids": [1], "sampling_params": {"max_tokens": 2, "min_tokens": 3}});
+    let reply = post(&prefill, "/inference/v1/generate", &[], &too_few).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert_eq!(prefill.pending_kv(), 0);
+}
+
+#[tokio::test]
+async fn generate_streams_one_chunk_per_token() {
+    let worker = start(350, SimRole::Aggregated, 1).await;
+    let body = json!({"token_ids": prompt_ids(), "sampling_params": {"max_tokens": 3},
+                      "stream": true, "stream_options": {"include_usage": true},
+                      "output_mode": "text"});
+    let reply = post(
+        &worker,
+        "/inference/v1/generate",
+        &[("x-request-id", "gs")],
+        &body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let payloads = sse_payloads(&reply.text);
+    assert_eq!(payloads.len(), 3 + 1 + 1, "{payloads:?}");
+    assert_eq!(payloads[4], "[DONE]");
+    let chunks: Vec<Value> = payloads[..4]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    for (index, chunk) in chunks[..3].iter().enumerate() {
+        assert_eq!(chunk["request_id"], "generate-tokens-gs");
+        assert_eq!(chunk["output_mode"], "text");
+        assert_eq!(chunk["choices"][0]["token_ids"], json!([index]));
+        assert!(chunk.get("kv_transfer_params").is_none());
+    }
+    let text: String = chunks[..3]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2");
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], Value::Null);
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[2]["sim"]["worker_id"], 350);
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["completion_tokens"], 3);
+    assert_eq!(chunks[3]["usage"]["prompt_tokens"], 20);
+}
