@@ -162,8 +162,8 @@ fn whole_request(
     let route = resolver(config, turn)
         .resolve(&hints.pins.or(body_pins))
         .map_err(|e| e.to_string())?;
-    let decode = DecodeBody::new(&request, body);
-    let prefill = rewrite::prefill_body(&request, body.len());
+    let decode = DecodeBody::new(&request, body, &[]);
+    let prefill = rewrite::prefill_body(Api::ChatCompletions, &request, body.len());
     let params = rewrite::prefill_kv_transfer_params(PREFILL_RESPONSE.as_bytes())
         .map_err(|e| e.to_string())?;
     black_box(route);
@@ -277,7 +277,11 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
         "prefill_body",
         len,
         measure(budget, || {
-            drop(black_box(rewrite::prefill_body(&request, len)))
+            drop(black_box(rewrite::prefill_body(
+                Api::ChatCompletions,
+                &request,
+                len,
+            )))
         }),
     );
     report(
@@ -285,7 +289,7 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
         len,
         measure(budget, || {
             drop(black_box(
-                DecodeBody::new(&request, bytes).finish(params.as_deref()),
+                DecodeBody::new(&request, bytes, &[]).finish(params.as_deref()),
             ));
         }),
     );

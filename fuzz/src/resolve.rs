@@ -704,10 +704,11 @@ impl World<'_> {
     }
 
     fn check_error(&self, error: &RouteError) {
-        let body: serde_json::Value = match serde_json::from_str(&error.body()) {
-            Ok(body) => body,
-            Err(e) => violated(format!("error body is not JSON: {e}")),
-        };
+        let body: serde_json::Value =
+            match serde_json::from_str(&error.body(pinroute::policy::api::ErrorShape::OpenAi)) {
+                Ok(body) => body,
+                Err(e) => violated(format!("error body is not JSON: {e}")),
+            };
         let kind = if error.status() < 500 {
             "invalid_request_error"
         } else {
@@ -732,7 +733,9 @@ impl World<'_> {
         for worker in self.registry.workers() {
             let address = worker.address.to_string();
             assert!(
-                !error.body().contains(&address),
+                !error
+                    .body(pinroute::policy::api::ErrorShape::OpenAi)
+                    .contains(&address),
                 "error body leaks {address}"
             );
         }

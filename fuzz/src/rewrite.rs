@@ -22,6 +22,7 @@
 //! own `kv_transfer_params` object byte-identical, `None` for absent or `null`, and an error
 //! for a body that is not an object or a `kv_transfer_params` of another type.
 
+use pinroute::policy::api::Api;
 use pinroute::policy::hop::HopFailure;
 use pinroute::policy::json::JsonObject;
 use pinroute::policy::rewrite::{
@@ -73,9 +74,9 @@ pub fn check(data: &[u8]) {
 }
 
 fn check_prefill_body(request: &JsonObject<'_>, len: usize) {
-    let text = prefill_body(request, len);
+    let text = prefill_body(Api::Completions, request, len);
     assert_eq!(
-        prefill_body(request, 0),
+        prefill_body(Api::Completions, request, 0),
         text,
         "the capacity hint changed the prefill body"
     );
@@ -143,7 +144,7 @@ fn check_prefill_kv_value(raw: &str) {
 }
 
 fn check_decode_body(request: &JsonObject<'_>, held: &[u8], kv: Option<&RawValue>) {
-    let edit = DecodeBody::new(request, held).finish(kv);
+    let edit = DecodeBody::new(request, held, &[]).finish(kv);
     let client = members(request);
     let client_kv = client.iter().any(|(k, _)| k == KV);
     assert_eq!(

@@ -17,8 +17,7 @@ const DECODE_NVEXT_FIELDS: &[&str] = &["backend_instance_id", "decode_worker_id"
 
 /// Request fields that make a worker's answer larger without changing the KV it computes:
 /// the prefill hop never carries them, so its answer stays within a bound (§4) whatever the
-/// client asked of the decode hop. `include` and `enable_response_messages` ask the Responses
-/// API for extra output (log-probabilities, the messages as the engine saw them).
+/// client asked of the decode hop.
 pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "echo",
     "logprobs",
@@ -27,19 +26,21 @@ pub const ANSWER_INFLATING_FIELDS: &[&str] = &[
     "n",
     "best_of",
     "return_token_ids",
-    "include",
-    "enable_response_messages",
 ];
 
 /// Fields a prefill hop never carries: it is not streamed, and a minimum length would outlast
-/// its single token. `background` is the Responses API's (the hop is answered, not polled).
+/// its single token.
 const NOT_FOR_PREFILL: &[&str] = &[
     "stream_options",
     "min_tokens",
     "min_completion_tokens",
-    "background",
     KV_TRANSFER_PARAMS,
 ];
+
+/// The Responses API's own fields a prefill hop never carries: the hop is answered, not
+/// polled (`background`), and `include` and `enable_response_messages` only add output
+/// (log-probabilities, the messages as the engine saw them).
+const NOT_FOR_RESPONSES_PREFILL: &[&str] = &["background", "include", "enable_response_messages"];
 
 /// How the prefill hop's body treats one of the client's members.
 enum PrefillMember {
@@ -76,6 +77,7 @@ fn prefill_member(api: Api, key: &str, value: &RawValue) -> PrefillMember {
     match (api, key) {
         (_, "stream") => PrefillMember::Set("false"),
         (Api::Responses, "store") => PrefillMember::Set("false"),
+        (Api::Responses, key) if NOT_FOR_RESPONSES_PREFILL.contains(&key) => PrefillMember::Dropped,
         (Api::Generate, "sampling_params") => PrefillMember::Rewritten(one_token_sampling(value)),
         (_, "max_completion_tokens") => PrefillMember::Set("1"),
         (_, "nvext") => PrefillMember::Rewritten(without_decode_pins(value)),

@@ -88,7 +88,7 @@ async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
     let refused = send(
         &deployment,
         reqwest::Method::POST,
-        "/inference/v1/generate",
+        "/inference/v1/abort_requests",
         &pin,
         Some(forged.to_string()),
     )
@@ -101,7 +101,7 @@ async fn other_paths_refuse_a_json_body_naming_kv_transfer_params() {
     let passed = send(
         &deployment,
         reqwest::Method::POST,
-        "/inference/v1/generate",
+        "/inference/v1/abort_requests",
         &pin,
         Some(plain.to_string()),
     )

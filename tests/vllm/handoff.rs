@@ -117,7 +117,7 @@ pub fn raw_kv_transfer_params(body: &[u8]) -> Result<Option<String>, String> {
 fn the_exchange(exchanges: Vec<Exchange>, hop: &str) -> Result<Exchange, String> {
     let mut inference: Vec<Exchange> = exchanges
         .into_iter()
-        .filter(|e| e.path.starts_with("/v1/"))
+        .filter(|e| e.path.starts_with("/v1/") || e.path.starts_with("/inference/"))
         .collect();
     match inference.pop() {
         Some(exchange) if inference.is_empty() => Ok(exchange),

@@ -69,6 +69,15 @@ pub async fn run_all(gateway: &Gateway) {
             ("behind an endpoint picker (llm-d's protocol)", |g| {
                 Box::pin(behind_a_picker(g))
             }),
+            ("the Responses API takes two hops; its follow-up one", |g| {
+                Box::pin(responses_two_hops(g))
+            }),
+            ("Anthropic's Messages API takes two hops", |g| {
+                Box::pin(messages_two_hops(g))
+            }),
+            ("the token-in, token-out generate API takes two hops", |g| {
+                Box::pin(generate_two_hops(g))
+            }),
             // Last: the prefill's unread blocks stay leased (30 s) and would then expire.
             (
                 "decode without the prefill's kv_transfer_params recomputes (control)",
@@ -529,4 +538,94 @@ async fn other_paths(gateway: &Gateway) {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+}
+
+/// The Responses API's two hops: prefill's KV is what decode loads, the answer is the decode
+/// engine's, and its id names the decode worker, which a follow-up then reaches in one hop.
+async fn responses_two_hops(gateway: &Gateway) {
+    let (prompt, _) = fresh_prompt(gateway, "responses").await;
+    let body = json!({"model": gateway.pair.served_model_name(), "input": prompt,
+                      "max_output_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": true});
+    let answer = generation_two_hops(gateway, "/v1/responses", &body, "responses").await;
+    let id = answer["id"].as_str().unwrap();
+    assert!(id.starts_with(&format!("resp_w{DECODE}_")), "{answer}");
+    let follow_up = json!({"model": gateway.pair.served_model_name(), "input": "and then?",
+                           "previous_response_id": id, "max_output_tokens": 2});
+    let reply = post(gateway, gateway.envoy.url("/v1/responses"), &[], &follow_up).await;
+    reply.assert_ok("a follow-up");
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (None, Some(DECODE_ID)),
+        "one hop, to the engine that stored {id}"
+    );
+    assert_eq!(reply.json()["previous_response_id"], id);
+    let read = gateway
+        .http
+        .get(gateway.envoy.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 200);
+    let stored: Value = read.json().await.unwrap();
+    assert_eq!(stored["id"], id);
+    // What the follow-up and the read sent must not be mistaken for the next hand-off.
+    gateway.prefill_tap.take();
+    gateway.decode_tap.take();
+}
+
+/// Anthropic's Messages API: two hops, the prefill engine's thinking-budget check skipped.
+async fn messages_two_hops(gateway: &Gateway) {
+    let (prompt, _) = fresh_prompt(gateway, "messages").await;
+    let body = json!({"model": gateway.pair.served_model_name(), "max_tokens": MAX_TOKENS,
+                      "temperature": 0, "messages": [{"role": "user", "content": prompt}]});
+    let answer = generation_two_hops(gateway, "/v1/messages", &body, "messages").await;
+    assert_eq!(answer["type"], "message", "{answer}");
+}
+
+/// vLLM's token-in, token-out API: the limits inside `sampling_params`.
+async fn generate_two_hops(gateway: &Gateway) {
+    let (prompt, tokens) = fresh_prompt(gateway, "generate").await;
+    let body = json!({"model": gateway.pair.served_model_name(), "prompt": prompt});
+    let tokenized = post(gateway, gateway.pair.decode().url("/tokenize"), &[], &body).await;
+    let token_ids = tokenized.json()["tokens"].clone();
+    assert_eq!(token_ids.as_array().map(Vec::len), Some(tokens as usize));
+    let body = json!({"model": gateway.pair.served_model_name(), "token_ids": token_ids,
+                      "sampling_params": {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": true}});
+    let answer = generation_two_hops(gateway, "/inference/v1/generate", &body, "generate").await;
+    let generated = answer["choices"][0]["token_ids"].as_array().map(Vec::len);
+    assert_eq!(generated, Some(MAX_TOKENS as usize), "{answer}");
+}
+
+/// One request on `path` through both hops, pinned to the pair, whose decode engine took the
+/// prefill engine's KV: the answer.
+async fn generation_two_hops(gateway: &Gateway, path: &str, body: &Value, what: &str) -> Value {
+    let before = evidence(gateway).await;
+    let reply = post(
+        gateway,
+        gateway.envoy.url(path),
+        &[("x-dynamo-worker-instance-id", DECODE)],
+        body,
+    )
+    .await;
+    reply.assert_ok(what);
+    assert_eq!(
+        (reply.worker("prefill"), reply.worker("decode")),
+        (Some(PREFILL_ID), Some(DECODE_ID)),
+        "{what}: {}",
+        reply.text
+    );
+    let answer = reply.json();
+    let usage = &answer["usage"];
+    let tokens = usage["input_tokens"]
+        .as_u64()
+        .or(usage["prompt_tokens"].as_u64());
+    let generated = usage["output_tokens"]
+        .as_u64()
+        .or(usage["completion_tokens"].as_u64());
+    let (Some(tokens), Some(generated)) = (tokens, generated) else {
+        panic!("{what}: no usage in {answer}");
+    };
+    assert!(tokens >= 70, "{what}: {tokens} prompt tokens");
+    assert_handoff(gateway, &before, tokens, generated, what).await;
+    answer
 }

@@ -192,6 +192,7 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
         "--enforce-eager",
     ]));
     let mut env = cpu_env();
+    env.extend(serving_env());
     env.extend(instance.kv.env());
     ServeCommand {
         role: instance.role,
@@ -254,8 +255,10 @@ pub fn gpu_serve_command(
         Some(&kv_config),
         instance.dp_size,
     ));
-    let env = vec![
-        ("CUDA_VISIBLE_DEVICES".to_owned(), instance.gpus.clone()),
+    let env = [("CUDA_VISIBLE_DEVICES".to_owned(), instance.gpus.clone())]
+        .into_iter()
+        .chain(serving_env());
+    let env = env.chain([
         (
             "VLLM_NIXL_SIDE_CHANNEL_HOST".to_owned(),
             instance.side_channel_host.clone(),
@@ -264,14 +267,14 @@ pub fn gpu_serve_command(
             "VLLM_NIXL_SIDE_CHANNEL_PORT".to_owned(),
             instance.side_channel_port.to_string(),
         ),
-    ];
+    ]);
     let logging = instance.logging_config.iter().map(|path| {
         (
             "VLLM_LOGGING_CONFIG_PATH".to_owned(),
             path.to_string_lossy().into_owned(),
         )
     });
-    let env = env.into_iter().chain(logging).collect();
+    let env = env.chain(logging).collect();
     ServeCommand {
         role: instance.role,
         env,
@@ -286,6 +289,8 @@ fn common_args(
     kv_config: Option<&Value>,
     dp_size: u32,
 ) -> Vec<String> {
+    // `--enable-scale-out` serves the token-in, token-out `/inference/v1/generate` (and the
+    // prompt renderings), which the gateway disaggregates like the other generation APIs.
     let mut args = words(&[
         "--served-model-name",
         served_model_name,
@@ -293,6 +298,7 @@ fn common_args(
         &listen.ip().to_string(),
         "--port",
         &listen.port().to_string(),
+        "--enable-scale-out",
     ]);
     if let Some(kv_config) = kv_config {
         args.extend(words(&["--kv-transfer-config", &kv_config.to_string()]));
@@ -301,6 +307,12 @@ fn common_args(
         args.extend(words(&["--data-parallel-size", &dp_size.to_string()]));
     }
     args
+}
+
+/// What every engine of a pair runs with, on CPU or GPU: the Responses API keeps the
+/// responses it makes, so a follow-up can continue one on the worker that stored it.
+fn serving_env() -> [(String, String); 1] {
+    [("VLLM_ENABLE_RESPONSES_API_STORE".to_owned(), "1".to_owned())]
 }
 
 fn words(items: &[&str]) -> Vec<String> {
@@ -343,6 +355,11 @@ mod tests {
             "{prefill}"
         );
         assert!(command(PairRole::Decode).contains(r#""kv_role":"kv_consumer""#));
+        assert!(
+            prefill.contains(" VLLM_ENABLE_RESPONSES_API_STORE=1 ")
+                && prefill.contains(" --enable-scale-out "),
+            "the Responses API stores and generate is served: {prefill}"
+        );
     }
 
     #[test]
@@ -385,9 +402,10 @@ mod tests {
             gpu_serve_command(Path::new("vllm"), "Qwen/Qwen3-0.6B", "qwen", &instance).to_string();
         assert_eq!(
             line,
-            "CUDA_VISIBLE_DEVICES=1,2 VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5 VLLM_NIXL_SIDE_CHANNEL_PORT=5602 \
+            "CUDA_VISIBLE_DEVICES=1,2 VLLM_ENABLE_RESPONSES_API_STORE=1 \
+             VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5 VLLM_NIXL_SIDE_CHANNEL_PORT=5602 \
              vllm serve Qwen/Qwen3-0.6B --served-model-name qwen --host 10.0.0.5 --port 8201 \
-             --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
+             --enable-scale-out --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
              --data-parallel-size 2"
         );
     }
