@@ -247,31 +247,22 @@ async fn messages_errors_are_anthropics_from_the_filter_and_for_hostile_workers(
     assert_anthropic_error(&reply, 400, "invalid_request_error", "unknown_worker");
 
     // A decode worker that refuses a hop carrying the prefill's KV: its answer is withheld,
-    // in the client's shape.
-    deployment
-        .worker(201)
-        .unwrap()
-        .set_fault(Fault::Status(400));
-    let reply = post(
-        &deployment,
-        path,
-        &[("x-dynamo-worker-instance-id", "201")],
-        &body,
-    )
-    .await;
-    assert_anthropic_error(&reply, 400, "invalid_request_error", "decode_refused");
-    assert!(!reply.text.contains("remote_host"), "{}", reply.text);
-
-    // A decode worker that fails: a typed 502, Anthropic's `api_error`.
-    deployment.worker(201).unwrap().set_fault(Fault::Close);
-    let reply = post(
-        &deployment,
-        path,
-        &[("x-dynamo-worker-instance-id", "201")],
-        &body,
-    )
-    .await;
-    assert_anthropic_error(&reply, 502, "api_error", "pinned_worker_failed");
+    // in the client's shape; one that fails is a typed 502, Anthropic's `api_error`.
+    for (fault, status, kind, code) in [
+        (
+            Fault::Status(400),
+            400,
+            "invalid_request_error",
+            "decode_refused",
+        ),
+        (Fault::Close, 502, "api_error", "pinned_worker_failed"),
+    ] {
+        deployment.worker(201).unwrap().set_fault(fault);
+        let pin = [("x-dynamo-worker-instance-id", "201")];
+        let reply = post(&deployment, path, &pin, &body).await;
+        assert_anthropic_error(&reply, status, kind, code);
+        assert!(!reply.text.contains("remote_host"), "{}", reply.text);
+    }
     deployment.worker(201).unwrap().set_fault(Fault::None);
 
     // Every prefill worker answers garbage: the decode worker prefills itself.

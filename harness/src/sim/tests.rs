@@ -80,6 +80,13 @@ async fn post(worker: &SimWorker, path: &str, headers: &[(&str, &str)], body: &V
     send(request).await
 }
 
+/// `post`, answered 200: the answer's JSON.
+async fn post_ok(worker: &SimWorker, path: &str, headers: &[(&str, &str)], body: &Value) -> Value {
+    let reply = post(worker, path, headers, body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.json()
+}
+
 async fn get(worker: &SimWorker, path: &str) -> Reply {
     send(client().get(format!("{}{path}", worker.url()))).await
 }
@@ -166,15 +173,13 @@ async fn prefill_then_decode_loads_the_kv() {
     assert_eq!(prefill.pending_kv(), 1);
 
     let decode_body = json!({"prompt": PROMPT, "max_tokens": 4, "kv_transfer_params": kv});
-    let reply = post(
+    let body = post_ok(
         &decode,
         "/v1/completions",
         &[("x-request-id", "r1")],
         &decode_body,
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["choices"][0]["text"], "tok0 tok1 tok2 tok3");
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(body["sim"]["worker_id"], 201);
@@ -206,15 +211,13 @@ async fn chat_decode_streams_after_remote_prefill() {
     let messages = json!([{"role": "user", "content": PROMPT}]);
     let hop = json!({"messages": messages, "max_tokens": 1, "max_completion_tokens": 1, "stream": false,
                      "kv_transfer_params": prefill_hop_params()});
-    let reply = post(
+    let body = post_ok(
         &prefill,
         "/v1/chat/completions",
         &[("x-request-id", "c1")],
         &hop,
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["id"], "chatcmpl-c1");
     assert_eq!(body["object"], "chat.completion");
     assert_eq!(body["choices"][0]["message"]["content"], "tok0");
@@ -948,15 +951,13 @@ fn conversation() -> Value {
 async fn responses_prefill_then_decode_loads_the_kv() {
     let prefill = start(130, SimRole::Prefill, 1).await;
     let decode = start(230, SimRole::Decode, 1).await;
-    let reply = post(
+    let body = post_ok(
         &prefill,
         "/v1/responses",
         &[("x-request-id", "r1")],
         &responses_hop(&conversation()),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["id"], "resp_r1");
     assert_eq!(body["object"], "response");
     assert_eq!(body["status"], "incomplete", "stopped by max_output_tokens");
@@ -992,15 +993,13 @@ async fn responses_prefill_then_decode_loads_the_kv() {
     let kv = prefill_kv_of(&prefill, "/v1/responses", &responses_hop(&conversation())).await;
     let decode_body = json!({"instructions": "be brief", "input": conversation(),
                              "max_output_tokens": 3, "kv_transfer_params": kv});
-    let reply = post(
+    let body = post_ok(
         &decode,
         "/v1/responses",
         &[("x-request-id", "r1")],
         &decode_body,
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["id"], "resp_r1");
     assert_eq!(body["output"][0]["content"][0]["text"], "tok0 tok1 tok2");
     assert_eq!(body["output"][0]["type"], "message");
@@ -1150,15 +1149,13 @@ async fn stored_responses_are_retrieved_cancelled_and_continued_per_worker() {
 
     let follow_up = json!({"input": "and then?", "previous_response_id": "resp_t1",
                            "request_id": "resp_follow", "max_output_tokens": 2});
-    let reply = post(
+    let body = post_ok(
         &worker,
         "/v1/responses",
         &[("x-request-id", "t2")],
         &follow_up,
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["id"], "resp_follow", "the body's request_id wins");
     assert_eq!(body["previous_response_id"], "resp_t1");
     assert_eq!(
@@ -1313,15 +1310,13 @@ fn messages_hop(system: &str) -> Value {
 async fn messages_prefill_then_decode_loads_the_kv() {
     let prefill = start(140, SimRole::Prefill, 1).await;
     let decode = start(240, SimRole::Decode, 1).await;
-    let reply = post(
+    let body = post_ok(
         &prefill,
         "/v1/messages",
         &[("x-request-id", "m1")],
         &messages_hop("be brief"),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(
         body["id"], "chatcmpl-m1",
         "vLLM answers its chat completion's id"
@@ -1362,15 +1357,13 @@ async fn messages_prefill_then_decode_loads_the_kv() {
     let mut decode_body = messages_hop("be brief");
     decode_body["kv_transfer_params"] = kv;
     decode_body["max_tokens"] = json!(3);
-    let reply = post(
+    let body = post_ok(
         &decode,
         "/v1/messages",
         &[("x-request-id", "m1")],
         &decode_body,
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["content"][0]["text"], "tok0 tok1 tok2");
     assert_eq!(body["sim"]["kv_from"], 140);
     assert!(body.get("kv_transfer_params").is_none(), "{body}");
@@ -1544,15 +1537,13 @@ fn generate_hop(token_ids: &Value) -> Value {
 async fn generate_prefill_then_decode_loads_the_kv() {
     let prefill = start(150, SimRole::Prefill, 1).await;
     let decode = start(250, SimRole::Decode, 1).await;
-    let reply = post(
+    let body = post_ok(
         &prefill,
         "/inference/v1/generate",
         &[("x-request-id", "g1")],
         &generate_hop(&prompt_ids()),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
     assert_eq!(body["request_id"], "generate-tokens-g1");
     assert_eq!(body["output_mode"], "tokens");
     assert_eq!(body["choices"][0]["token_ids"], json!([0]));
@@ -1581,9 +1572,7 @@ async fn generate_prefill_then_decode_loads_the_kv() {
     .await;
     let decode_body = json!({"token_ids": prompt_ids(), "sampling_params": {"max_tokens": 4},
                              "request_id": "from-body", "kv_transfer_params": kv});
-    let reply = post(&decode, "/inference/v1/generate", &[], &decode_body).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    let body = reply.json();
+    let body = post_ok(&decode, "/inference/v1/generate", &[], &decode_body).await;
     assert_eq!(body["request_id"], "generate-tokens-from-body");
     assert_eq!(body["choices"][0]["token_ids"], json!([0, 1, 2, 3]));
     assert_eq!(body["usage"]["completion_tokens"], 4);
