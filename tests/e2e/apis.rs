@@ -79,6 +79,9 @@ async fn every_api_takes_two_hops_and_its_decode_loads_the_prefills_kv() {
             "{path}"
         );
         let decode_hop = &on_path(&deployment, decode, path)[0].body;
+        eprintln!(
+            "{path}\n  prefill hop to {prefill}: {sent}\n  decode hop to {decode}: {decode_hop}"
+        );
         assert_eq!(
             decode_hop["kv_transfer_params"]["do_remote_prefill"], true,
             "{path}"
