@@ -206,6 +206,44 @@ async fn a_stored_response_is_followed_up_read_and_cancelled_on_its_worker() {
         cancel.text
     );
 
+    // A background response: one hop, answered at once, finished on the worker its id names.
+    deployment.clear_requests();
+    let background = json!({"model": "sim-model", "input": PROMPT, "background": true});
+    let queued = post(&deployment, path, &[], &background).await;
+    queued.assert_ok("a background response");
+    assert_eq!(queued.worker("prefill"), None, "one hop: {}", queued.text);
+    assert_eq!(queued.json()["status"], "queued", "{}", queued.text);
+    let holder = queued.worker("decode").unwrap();
+    let background_id = queued.json()["id"].as_str().unwrap().to_string();
+    assert!(
+        background_id.starts_with(&format!("resp_w{holder}_")),
+        "{background_id}"
+    );
+    assert!(
+        [101, 102]
+            .iter()
+            .all(|p| deployment.worker(*p).unwrap().requests().is_empty()),
+        "no prefill hop for a background response"
+    );
+    let done = format!("/v1/responses/{background_id}");
+    let mut finished = None;
+    for _ in 0..50 {
+        let read = send(&deployment, Method::GET, &done, &[], None).await;
+        read.assert_ok("the background response");
+        assert_eq!(read.worker("decode"), Some(holder));
+        if !["queued", "in_progress"].contains(&read.json()["status"].as_str().unwrap_or("")) {
+            finished = Some(read.json());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let finished = finished.expect("the background response finished");
+    let text = &finished["output"][0]["content"][0]["text"];
+    assert!(
+        text.as_str().is_some_and(|t| t.starts_with("tok0 tok1")),
+        "{finished}"
+    );
+
     let elsewhere = send(
         &deployment,
         Method::GET,
