@@ -78,6 +78,9 @@ pub async fn run_all(gateway: &Gateway) {
             ("the token-in, token-out generate API takes two hops", |g| {
                 Box::pin(generate_two_hops(g))
             }),
+            ("the OpenAI and Anthropic SDKs take two hops", |g| {
+                Box::pin(sdks_two_hops(g))
+            }),
             // Last: the prefill's unread blocks stay leased (30 s) and would then expire.
             (
                 "decode without the prefill's kv_transfer_params recomputes (control)",
@@ -628,4 +631,86 @@ async fn generation_two_hops(gateway: &Gateway, path: &str, body: &Value, what: 
     assert!(tokens >= 70, "{what}: {tokens} prompt tokens");
     assert_handoff(gateway, &before, tokens, generated, what).await;
     answer
+}
+
+const SDK_VENV: &str = ".cache/sdk-venv";
+const SDK_REQUIREMENTS: &str = "tests/e2e/sdk/requirements.txt";
+const SDK_SCRIPT: &str = "tests/vllm/sdk_clients.py";
+
+/// The official OpenAI and Anthropic SDKs, as users run them: the Responses and Messages
+/// APIs, streamed and not, each through both hops, and the decode engine pulled each one's KV.
+async fn sdks_two_hops(gateway: &Gateway) {
+    let root = pinroute_harness::envoy::repo_root();
+    let python = tokio::task::spawn_blocking({
+        let root = root.clone();
+        move || {
+            pinroute_harness::venv::python_with(&root.join(SDK_VENV), &root.join(SDK_REQUIREMENTS))
+        }
+    })
+    .await
+    .unwrap()
+    .expect("installing the SDK venv");
+    let (prompt, _) = fresh_prompt(gateway, "sdk").await;
+    let before = evidence(gateway).await;
+    let url = gateway.envoy.url("");
+    let model = gateway.pair.served_model_name().to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(root.join(SDK_SCRIPT))
+            .args([url.trim_end_matches('/'), &model, &prompt])
+            .env("NO_PROXY", "*")
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the SDK script failed: {stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    for call in ["response", "response_stream", "message", "message_stream"] {
+        let hops = (
+            &seen[call]["status"],
+            &seen[call]["prefill"],
+            &seen[call]["decode"],
+        );
+        assert_eq!(
+            hops,
+            (&json!(200), &json!(PREFILL), &json!(DECODE)),
+            "{call}: {seen}"
+        );
+    }
+    for call in ["response", "message"] {
+        assert!(
+            seen[call]["text"].as_str().is_some_and(|t| !t.is_empty()),
+            "{seen}"
+        );
+    }
+    assert_eq!(
+        seen["response_stream"]["last"], "response.completed",
+        "{seen}"
+    );
+    assert_eq!(seen["message_stream"]["last"], "message_stop", "{seen}");
+    for stream in ["response_stream", "message_stream"] {
+        assert!(
+            seen[stream]["deltas"].as_u64() >= Some(2),
+            "{stream}: {seen}"
+        );
+    }
+    if gateway.connector == Connector::Nixl {
+        // The engines' counters trail the answers by up to a few seconds.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut moved = evidence(gateway).await.since(&before);
+        while moved.decode_nixl_transfers < 4.0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            moved = evidence(gateway).await.since(&before);
+        }
+        assert_eq!(
+            (moved.decode_nixl_transfers, moved.decode_nixl_failures),
+            (4.0, 0.0),
+            "decode pulled each request's KV: {moved:?}"
+        );
+        assert!(moved.decode_external_kv_tokens >= 4.0 * 64.0, "{moved:?}");
+    }
+    gateway.prefill_tap.take();
+    gateway.decode_tap.take();
 }
