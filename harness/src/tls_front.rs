@@ -1,7 +1,7 @@
 //! TLS for the tests of `docs/deploy.md` §2.8: a front that terminates TLS (optionally
 //! requiring a client certificate) and relays the bytes to a plain worker, as a vLLM started
 //! with `--ssl-certfile`/`--ssl-ca-certs` would serve; and a client that speaks HTTP/1.1
-//! over TLS to the gateway.
+//! over TLS to the gateway, or to a vLLM that serves TLS itself.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -118,13 +118,46 @@ pub async fn https_request(
 ) -> Result<TlsAnswer> {
     let mut config = client_config(ca, None)?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tls_exchange(addr, config, server_name, request).await
+}
+
+/// `GET path` over TLS to `addr` (an IP address in its certificate), trusting `ca` and
+/// presenting `client`: the status and the body (an answer that is not chunked, as vLLM's
+/// server sends for everything but streams).
+pub async fn https_get(
+    addr: SocketAddr,
+    ca: &Path,
+    client: &Issued,
+    path: &str,
+) -> Result<(u16, String)> {
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    let config = client_config(ca, Some(client))?;
+    let answer = tls_exchange(addr, config, &addr.ip().to_string(), &request).await?;
+    let response = answer.response;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP answer from {addr}{path}: {response:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow!("no status from {addr}{path}: {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+async fn tls_exchange(
+    addr: SocketAddr,
+    config: ClientConfig,
+    server_name: &str,
+    request: &str,
+) -> Result<TlsAnswer> {
     let name =
         ServerName::try_from(server_name.to_owned()).map_err(|e| anyhow!("{server_name}: {e}"))?;
     let stream = TcpStream::connect(addr).await?;
     let mut tls = TlsConnector::from(Arc::new(config))
         .connect(name, stream)
         .await
-        .context("TLS handshake with the gateway")?;
+        .with_context(|| format!("TLS handshake with {addr}"))?;
     let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     let mut answer = Vec::new();
     if !request.is_empty() {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use pinroute_harness::vllm::{Connector, KvEvidence, NixlPull, expected_kv_tokens};
+use pinroute_harness::vllm::{Connector, KvEvidence, NixlPull, VllmPair, expected_kv_tokens};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -23,14 +23,14 @@ pub async fn evidence(gateway: &Gateway) -> KvEvidence {
 
 /// Waits for the change since `before` to equal `expected`; the change seen otherwise.
 pub async fn wait_for(
-    gateway: &Gateway,
+    pair: &VllmPair,
     before: &KvEvidence,
     expected: &KvEvidence,
     patience: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + patience;
     loop {
-        let seen = gateway.pair.kv_evidence().await.unwrap().since(before);
+        let seen = pair.kv_evidence().await.unwrap().since(before);
         if seen == *expected {
             return Ok(());
         }
@@ -49,7 +49,7 @@ pub async fn assert_evidence(
     expected: &KvEvidence,
     what: &str,
 ) {
-    if let Err(e) = wait_for(gateway, before, expected, PATIENCE).await {
+    if let Err(e) = wait_for(&gateway.pair, before, expected, PATIENCE).await {
         panic!("{what}: {e}");
     }
 }
@@ -211,7 +211,7 @@ pub async fn nixl_pull_proof(
         decode_nixl_received: 1,
         ..KvEvidence::default()
     };
-    wait_for(gateway, before, &expected, patience).await?;
+    wait_for(&gateway.pair, before, &expected, patience).await?;
     let logged = gateway.pair.decode_nixl_pulls().unwrap();
     match logged.last() {
         Some(last) if *last == pull => Ok(()),

@@ -30,6 +30,7 @@ mod handoff;
 mod reply;
 mod scenarios;
 mod tap;
+mod tls;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -277,6 +278,17 @@ fn the_installs_vllm_command_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_connector_pair_behind_envoy() {
     run_suite(Connector::Example).await;
+}
+
+/// The pair behind vLLM's own mutual TLS (`tests/vllm/tls.rs`), with the ExampleConnector pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_behind_vllms_own_mutual_tls() {
+    if !wanted(Connector::Example) {
+        return;
+    }
+    let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    let dir = TempDir::with_prefix("pinroute-vllm-tls-").unwrap();
+    tls::run(dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::certs::Issued;
 use crate::venv::shell_quote;
 
 /// Tokens per KV block on CPU: KV moves in whole blocks, and CPU's default (128) would move
@@ -90,6 +91,8 @@ impl fmt::Display for ServeCommand {
 #[derive(Debug, Clone)]
 pub struct CpuInstance<'a> {
     pub role: PairRole,
+    /// vLLM's own TLS, requiring its callers' certificates; none: clear text.
+    pub tls: Option<&'a EngineTls>,
     pub listen: SocketAddr,
     /// The install's `vllm` command.
     pub vllm: &'a Path,
@@ -191,6 +194,9 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
         &CPU_BLOCK_SIZE.to_string(),
         "--enforce-eager",
     ]));
+    if let Some(tls) = instance.tls {
+        args.extend(tls.serve_args());
+    }
     let mut env = cpu_env();
     env.extend(serving_env());
     env.extend(instance.kv.env());
@@ -309,6 +315,34 @@ fn common_args(
     args
 }
 
+/// An engine serving HTTPS with vLLM's own `--ssl-*` options, and requiring a client
+/// certificate its CA signed (`--ssl-cert-reqs 2`, Python's `ssl.CERT_REQUIRED`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineTls {
+    /// The CA of the engines' certificates and of the certificates their callers present.
+    pub ca: PathBuf,
+    /// The engines' certificate (for `127.0.0.1`) and key.
+    pub server: Issued,
+    /// What the harness and the gateway present to the engines.
+    pub client: Issued,
+}
+
+impl EngineTls {
+    fn serve_args(&self) -> Vec<String> {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        vec![
+            "--ssl-certfile".to_owned(),
+            path(&self.server.cert),
+            "--ssl-keyfile".to_owned(),
+            path(&self.server.key),
+            "--ssl-ca-certs".to_owned(),
+            path(&self.ca),
+            "--ssl-cert-reqs".to_owned(),
+            "2".to_owned(),
+        ]
+    }
+}
+
 /// What every engine of a pair runs with, on CPU or GPU: the Responses API keeps the
 /// responses it makes, so a follow-up can continue one on the worker that stored it.
 fn serving_env() -> [(String, String); 1] {
@@ -330,6 +364,7 @@ mod tests {
         let command = |role| {
             cpu_serve_command(&CpuInstance {
                 role,
+                tls: None,
                 listen: "127.0.0.1:8101".parse().unwrap(),
                 vllm,
                 model_dir: model,
@@ -366,6 +401,7 @@ mod tests {
     fn cpu_nixl_instances_publish_their_side_channel_over_tcp_in_float32() {
         let line = cpu_serve_command(&CpuInstance {
             role: PairRole::Decode,
+            tls: None,
             listen: "127.0.0.1:8201".parse().unwrap(),
             vllm: Path::new("/v/vllm"),
             model_dir: Path::new("/m"),

@@ -26,7 +26,7 @@ mod process;
 mod scripts;
 
 pub use commands::{
-    CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, Connector, CpuInstance, CpuKv, GpuInstance,
+    CPU_BLOCK_SIZE, CPU_MAX_MODEL_LEN, Connector, CpuInstance, CpuKv, EngineTls, GpuInstance,
     NIXL_SIDE_CHANNEL_BASE_PORT, PairRole, ServeCommand, UCX_TRANSPORTS, cpu_serve_command,
     gpu_serve_command,
 };

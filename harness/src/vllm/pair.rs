@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::commands::{CPU_BLOCK_SIZE, Connector, CpuInstance, CpuKv, PairRole, cpu_serve_command};
+use super::commands::{
+    CPU_BLOCK_SIZE, Connector, CpuInstance, CpuKv, EngineTls, PairRole, cpu_serve_command,
+};
 use super::install::{ensure_vllm, planned_python, project_venv, vllm_command};
 use super::metrics::{counter_total, counter_where};
 use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
@@ -52,6 +54,8 @@ pub struct VllmPairOptions {
     pub prefill_listen: Option<SocketAddr>,
     pub decode_listen: Option<SocketAddr>,
     pub connector: Connector,
+    /// vLLM's own TLS on both engines, requiring client certificates; none: clear text.
+    pub tls: Option<EngineTls>,
 }
 
 impl VllmPairOptions {
@@ -63,6 +67,7 @@ impl VllmPairOptions {
             prefill_listen: None,
             decode_listen: None,
             connector: Connector::Example,
+            tls: None,
         }
     }
 }
@@ -207,7 +212,13 @@ impl VllmPair {
         let started = Instant::now();
         let spawn = |instance: &InstancePlan| {
             let log = work_dir.join(format!("{}.log", instance.command.role.as_str()));
-            VllmServer::spawn(instance.id, instance.address, &instance.command, &log)
+            VllmServer::spawn(
+                instance.id,
+                instance.address,
+                &instance.command,
+                &log,
+                plan.tls.as_ref(),
+            )
         };
         let prefill = spawn(&plan.prefill)?;
         let decode = spawn(&plan.decode)?;
@@ -373,6 +384,7 @@ pub async fn start_cpu_data_parallel(
     let listen = listen_or_free(options.decode_listen)?;
     let command = cpu_serve_command(&CpuInstance {
         role: PairRole::Decode,
+        tls: None,
         listen,
         vllm: &vllm_command(&python),
         model_dir: &model_dir,
@@ -385,6 +397,7 @@ pub async fn start_cpu_data_parallel(
         listen,
         &command,
         &options.work_dir.join("data-parallel.log"),
+        None,
     )?;
     wait_healthy(&[&server], Instant::now() + options.startup_timeout).await?;
     Ok(server)
@@ -406,6 +419,7 @@ pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
         prefill_listen: options.prefill_listen.unwrap_or(loopback(8101)),
         decode_listen: options.decode_listen.unwrap_or(loopback(8201)),
         side_channel_ports: (5600, 5610),
+        tls: options.tls.clone(),
     })
 }
 
@@ -436,6 +450,7 @@ fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
         prefill_listen: listen_or_free(options.prefill_listen)?,
         decode_listen: listen_or_free(options.decode_listen)?,
         side_channel_ports: (free_port()?, free_port()?),
+        tls: options.tls.clone(),
     })
 }
 

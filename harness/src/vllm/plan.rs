@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::commands::{
-    Connector, CpuInstance, CpuKv, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole,
+    Connector, CpuInstance, CpuKv, EngineTls, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole,
     ServeCommand, cpu_serve_command, gpu_serve_command,
 };
 use crate::venv::shell_quote;
@@ -54,6 +54,8 @@ pub struct PairPlan {
     /// `--tokenizer`.
     pub model: String,
     pub served_model_name: String,
+    /// The engines' TLS, when they serve HTTPS (the CPU pair's option).
+    pub tls: Option<EngineTls>,
 }
 
 impl PairPlan {
@@ -122,6 +124,8 @@ pub struct CpuPairLayout {
     pub decode_listen: SocketAddr,
     /// NixlConnector's side-channel ports (prefill, decode).
     pub side_channel_ports: (u16, u16),
+    /// vLLM's own TLS on both engines; none: clear text.
+    pub tls: Option<EngineTls>,
 }
 
 impl CpuPairLayout {
@@ -181,6 +185,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         dp_size: 1,
         command: cpu_serve_command(&CpuInstance {
             role,
+            tls: layout.tls.as_ref(),
             listen,
             vllm: &vllm_command(&layout.python),
             model_dir: &layout.model_dir,
@@ -195,6 +200,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         decode: instance(PairRole::Decode, layout.decode_listen),
         model: layout.model_dir.to_string_lossy().into_owned(),
         served_model_name: layout.served_model_name.clone(),
+        tls: layout.tls.clone(),
     }
 }
 
@@ -296,6 +302,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         decode,
         model: options.model.clone(),
         served_model_name: options.served_model_name.clone(),
+        tls: None,
     }
 }
 

@@ -13,8 +13,9 @@ use anyhow::{Context, Result, anyhow};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use super::commands::{PairRole, ServeCommand};
+use super::commands::{EngineTls, PairRole, ServeCommand};
 use super::metrics::counter_total;
+use crate::tls_front::https_get;
 
 /// What ZMQ raises when a port vLLM binds is taken.
 const STARTUP_FAULT: &str = "Address already in use";
@@ -34,6 +35,8 @@ pub struct VllmServer {
     log_path: PathBuf,
     process: Option<Started>,
     http: reqwest::Client,
+    /// vLLM's own TLS, when the server serves HTTPS and requires a client certificate.
+    tls: Option<EngineTls>,
 }
 
 #[derive(Debug)]
@@ -58,6 +61,7 @@ impl VllmServer {
         address: SocketAddr,
         command: &ServeCommand,
         log_path: &Path,
+        tls: Option<&EngineTls>,
     ) -> Result<Self> {
         let log =
             File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
@@ -87,6 +91,7 @@ impl VllmServer {
                 pid,
             }),
             http: http_client()?,
+            tls: tls.cloned(),
         })
     }
 
@@ -104,21 +109,14 @@ impl VllmServer {
             log_path: log_path.to_owned(),
             process: None,
             http: http_client()?,
+            tls: None,
         })
     }
 
     /// The model name the server answers to (its first `/v1/models` entry).
     pub async fn served_model_name(&self) -> Result<String> {
         let url = self.url("/v1/models");
-        let models: serde_json::Value = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .with_context(|| format!("GET {url}"))?
-            .json()
-            .await
+        let models: serde_json::Value = serde_json::from_str(&self.get_ok("/v1/models").await?)
             .with_context(|| format!("reading {url}"))?;
         models
             .pointer("/data/0/id")
@@ -144,9 +142,10 @@ impl VllmServer {
         self.process.as_ref().map(|p| p.pid)
     }
 
-    /// `http://<address><path>`.
+    /// `http://<address><path>`, or `https://` behind vLLM's own TLS.
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.address)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.address)
     }
 
     pub fn log_path(&self) -> &Path {
@@ -232,8 +231,33 @@ impl VllmServer {
 
     /// `GET /health` answers 200.
     pub async fn is_healthy(&self) -> bool {
-        let response = self.http.get(self.url("/health")).send().await;
-        response.is_ok_and(|r| r.status().is_success())
+        self.get("/health")
+            .await
+            .is_ok_and(|(status, _)| (200..300).contains(&status))
+    }
+
+    /// `GET path`: the status and the body, over vLLM's own TLS when it serves it.
+    async fn get(&self, path: &str) -> Result<(u16, String)> {
+        let url = self.url(path);
+        if let Some(tls) = &self.tls {
+            let get = https_get(self.address, &tls.ca, &tls.client, path);
+            return tokio::time::timeout(HTTP_TIMEOUT, get)
+                .await
+                .map_err(|_| anyhow!("GET {url}: no answer in {HTTP_TIMEOUT:?}"))?;
+        }
+        let response = self.http.get(&url).send().await;
+        let response = response.with_context(|| format!("GET {url}"))?;
+        let status = response.status().as_u16();
+        let body = response.text().await;
+        Ok((status, body.with_context(|| format!("reading {url}"))?))
+    }
+
+    /// `GET path`, answered 2xx: the body.
+    async fn get_ok(&self, path: &str) -> Result<String> {
+        match self.get(path).await? {
+            (200..=299, body) => Ok(body),
+            (status, body) => Err(anyhow!("vLLM {} {path}: {status} {body}", self.name())),
+        }
     }
 
     /// Waits for `GET /health` to answer 200, failing at once when the process exits.
@@ -254,16 +278,7 @@ impl VllmServer {
 
     /// `GET /metrics` (Prometheus text).
     pub async fn metrics(&self) -> Result<String> {
-        let response = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .with_context(|| format!("GET {}", self.url("/metrics")))?;
-        let response = response
-            .error_for_status()
-            .with_context(|| format!("vLLM {} /metrics", self.name()))?;
-        response.text().await.context("reading /metrics")
+        self.get_ok("/metrics").await
     }
 
     /// A counter summed over its label sets (engines, models); 0 when absent.
