@@ -15,7 +15,7 @@ use crate::policy::api::Api;
 use crate::policy::error::RouteError;
 use crate::policy::hop::HopFailure;
 use crate::policy::json::JsonObject;
-use crate::policy::paths::Destination;
+use crate::policy::paths::{Destination, StoredResponse};
 use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
@@ -180,22 +180,7 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     let api = match destination {
         Destination::Generation(api) => api,
         Destination::StoredResponse(stored) => {
-            // As on the other one-hop paths, prefill pins do not apply.
-            let pins = Pins {
-                prefill_worker_id: None,
-                prefill_dp_rank: None,
-                ..hints.pins
-            };
-            let holder = ResponsesRequest::about(&stored.id, &env.config.registry)?;
-            hints.pins = holder.pin(pins, "the response id of the path")?;
-            let raw = header_text(&headers, ":path");
-            let path = match raw.split_once('?') {
-                Some((_, query)) => format!("{}?{query}", stored.path),
-                None => stored.path,
-            };
-            if raw != path {
-                env.set_request_header(":path", Some(&path))?;
-            }
+            hints.pins = to_stored_response(env, &stored, hints.pins, &headers)?;
             return route_one_hop(env, &hints, &headers, end_of_stream);
         }
         Destination::Other | Destination::NotRouted(_) => {
@@ -217,6 +202,33 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
         forwarded,
     };
     Ok((Phase::CompletionBody(completion), Flow::Pause))
+}
+
+/// A read or cancel of a stored response: the pins of its one hop, to the worker its id names,
+/// and the path in its plain spelling, the client's query kept.
+fn to_stored_response<H: Host>(
+    env: &Env<H>,
+    stored: &StoredResponse,
+    pins: Pins,
+    headers: &Headers,
+) -> Result<Pins, RouteError> {
+    // As on the other one-hop paths, prefill pins do not apply.
+    let pins = Pins {
+        prefill_worker_id: None,
+        prefill_dp_rank: None,
+        ..pins
+    };
+    let holder = ResponsesRequest::about(&stored.id, &env.config.registry)?;
+    let pins = holder.pin(pins, "the response id of the path")?;
+    let raw = header_text(headers, ":path");
+    let path = match raw.split_once('?') {
+        Some((_, query)) => format!("{}?{query}", stored.path),
+        None => stored.path.clone(),
+    };
+    if raw != path {
+        env.set_request_header(":path", Some(&path))?;
+    }
+    Ok(pins)
 }
 
 /// A request of another path (or about a stored response): one hop, its JSON body read first.

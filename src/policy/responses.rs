@@ -110,6 +110,11 @@ impl ResponsesRequest {
     /// client pin that disagrees, or one of a prefill worker for a one-hop request, is refused
     /// (`field` names what set the holder).
     pub fn pin(&self, pins: Pins, field: &'static str) -> Result<Pins, RouteError> {
+        let field = if self.follows.is_some() {
+            field
+        } else {
+            "background"
+        };
         if self.one_hop() && pins.prefill_worker_id.is_some() {
             return Err(RouteError::InvalidField {
                 field,

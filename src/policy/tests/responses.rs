@@ -145,7 +145,10 @@ fn store_and_background_are_read_as_vllm_reads_them() {
     };
     assert!(matches!(
         background.pin(prefill, PREVIOUS_RESPONSE_ID),
-        Err(RouteError::InvalidField { .. })
+        Err(RouteError::InvalidField {
+            field: "background",
+            ..
+        })
     ));
 }
 
