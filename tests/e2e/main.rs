@@ -27,6 +27,8 @@ mod prefix;
 mod reply;
 mod routing;
 mod sdk;
+#[path = "../common/sdk.rs"]
+mod sdk_script;
 mod security;
 mod tls;
 

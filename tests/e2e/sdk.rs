@@ -4,33 +4,19 @@
 //! read back on its worker) and Anthropic's Messages API each get their answers, their typed
 //! errors, and their streams.
 
-use std::process::Command;
-
 use pinroute_harness::certs::Usage;
-use pinroute_harness::envoy::{
-    ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, ListenerTls, repo_root,
-};
-use pinroute_harness::venv::python_with;
+use pinroute_harness::envoy::{ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, ListenerTls};
 use serde_json::Value;
 
+use crate::sdk_script::run_sdk_script;
 use crate::start;
 use crate::tls::{pki, worker_tls_spec};
 
-const SDK_VENV: &str = ".cache/sdk-venv";
-const REQUIREMENTS: &str = "tests/e2e/sdk/requirements.txt";
 const SCRIPT: &str = "tests/e2e/sdk/sdks_over_https.py";
 const KEY: &str = "sk-sdk-0123456789";
 
 #[tokio::test]
 async fn the_openai_and_anthropic_sdks_get_answers_errors_and_streams_over_https() {
-    let root = repo_root();
-    let python = tokio::task::spawn_blocking({
-        let root = root.clone();
-        move || python_with(&root.join(SDK_VENV), &root.join(REQUIREMENTS))
-    })
-    .await
-    .unwrap()
-    .expect("installing the SDK venv");
     let pki = pki();
     let ca = pki.ca.cert_path();
     let listener = pki
@@ -52,19 +38,8 @@ async fn the_openai_and_anthropic_sdks_get_answers_errors_and_streams_over_https
     }));
     let deployment = start(spec).await;
     let gateway = format!("https://localhost:{}", deployment.envoy.listen().port());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(root.join(SCRIPT))
-            .args([&gateway, &ca.display().to_string(), KEY])
-            .env("NO_PROXY", "*")
-            .output()
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the SDK script failed: {stderr}");
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let args = vec![gateway, ca.display().to_string(), KEY.to_owned()];
+    let seen = run_sdk_script(SCRIPT, args).await;
     let completion = &seen["completion"];
     assert_eq!(completion["status"], 200, "{seen}");
     assert!(completion["prefill"].is_string(), "two hops: {seen}");

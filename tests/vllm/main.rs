@@ -29,6 +29,8 @@ mod handoff;
 #[path = "../common/reply.rs"]
 mod reply;
 mod scenarios;
+#[path = "../common/sdk.rs"]
+mod sdk;
 mod tap;
 mod tls;
 

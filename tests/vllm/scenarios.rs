@@ -13,6 +13,7 @@ use crate::handoff::{
     assert_evidence, assert_handoff, evidence, example_handoff, nixl_pull_proof,
     raw_kv_transfer_params,
 };
+use crate::sdk::run_sdk_script;
 
 /// Filler for prompts: long enough for ≥ 70 tokens (shorter prompts can crash the CPU engine,
 /// see docs/real-engines.md), and at least two 32-token KV blocks to hand over.
@@ -633,40 +634,15 @@ async fn generation_two_hops(gateway: &Gateway, path: &str, body: &Value, what: 
     answer
 }
 
-const SDK_VENV: &str = ".cache/sdk-venv";
-const SDK_REQUIREMENTS: &str = "tests/e2e/sdk/requirements.txt";
 const SDK_SCRIPT: &str = "tests/vllm/sdk_clients.py";
 
 /// The official OpenAI and Anthropic SDKs, as users run them: the Responses and Messages
 /// APIs, streamed and not, each through both hops, and the decode engine pulled each one's KV.
 async fn sdks_two_hops(gateway: &Gateway) {
-    let root = pinroute_harness::envoy::repo_root();
-    let python = tokio::task::spawn_blocking({
-        let root = root.clone();
-        move || {
-            pinroute_harness::venv::python_with(&root.join(SDK_VENV), &root.join(SDK_REQUIREMENTS))
-        }
-    })
-    .await
-    .unwrap()
-    .expect("installing the SDK venv");
     let (prompt, _) = fresh_prompt(gateway, "sdk").await;
     let before = evidence(gateway).await;
-    let url = gateway.envoy.url("");
     let model = gateway.pair.served_model_name().to_string();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(root.join(SDK_SCRIPT))
-            .args([url.trim_end_matches('/'), &model, &prompt])
-            .env("NO_PROXY", "*")
-            .output()
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the SDK script failed: {stderr}");
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let seen = run_sdk_script(SDK_SCRIPT, vec![gateway.envoy.url(""), model, prompt]).await;
     for call in ["response", "response_stream", "message", "message_stream"] {
         let hops = (
             &seen[call]["status"],
