@@ -3,7 +3,7 @@
 //! but each names its prompt, its output limit and its errors its own way.
 
 /// A generation API: a path whose body is read and which takes the prefill hop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     Completions,
     ChatCompletions,
@@ -70,13 +70,6 @@ impl Api {
             Api::Generate => "sampling_params",
         }
     }
-
-    pub fn error_shape(self) -> ErrorShape {
-        match self {
-            Api::Messages => ErrorShape::Anthropic,
-            _ => ErrorShape::OpenAi,
-        }
-    }
 }
 
 impl ErrorShape {
@@ -88,12 +81,6 @@ impl ErrorShape {
             Some(rest) if rest.is_empty() || rest.starts_with('/') => ErrorShape::Anthropic,
             _ => ErrorShape::OpenAi,
         }
-    }
-}
-
-impl std::fmt::Display for Api {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.path())
     }
 }
 

@@ -50,13 +50,8 @@ pub enum Destination {
     NotRouted(String),
 }
 
-/// Where `raw` (a request's `:path`) goes, given the other paths an operator routes: exact
-/// paths, or prefixes written `/prefix/*`.
-pub fn destination(raw: &str, routed: &[String]) -> Destination {
-    destination_of(canonical_path(raw), routed)
-}
-
-/// Where a path already in its canonical spelling ([`canonical_path`]) goes.
+/// Where a path in its canonical spelling ([`canonical_path`] of a request's `:path`) goes,
+/// given the other paths an operator routes: exact paths, or prefixes written `/prefix/*`.
 pub fn destination_of(canonical: String, routed: &[String]) -> Destination {
     if let Some(api) = Api::at(&canonical) {
         return Destination::Generation(api);

@@ -91,22 +91,20 @@ fn prefill_member(api: Api, key: &str, value: &RawValue) -> PrefillMember {
 
 /// Members the prefill hop needs even where the client left them out: no stream, one token,
 /// and nothing stored on the prefill worker.
-fn prefill_defaults(api: Api) -> &'static [(&'static str, &'static str)] {
-    match api {
-        Api::Completions | Api::ChatCompletions | Api::Messages => {
-            &[("stream", "false"), ("max_tokens", "1")]
-        }
-        Api::Responses => &[
-            ("stream", "false"),
-            ("max_output_tokens", "1"),
-            ("store", "false"),
-        ],
-        Api::Generate => &[
-            ("stream", "false"),
-            ("sampling_params", r#"{"max_tokens":1}"#),
-        ],
-    }
+fn prefill_defaults(api: Api) -> impl Iterator<Item = (&'static str, &'static str)> {
+    let one_token = if api == Api::Generate {
+        ONE_TOKEN_SAMPLING
+    } else {
+        "1"
+    };
+    let stored_nowhere = (api == Api::Responses).then_some(("store", "false"));
+    [("stream", "false"), (api.limit_field(), one_token)]
+        .into_iter()
+        .chain(stored_nowhere)
 }
+
+/// `/inference/v1/generate`'s `sampling_params` for one token, when the client sent none.
+const ONE_TOKEN_SAMPLING: &str = r#"{"max_tokens":1}"#;
 
 /// Refuses a request whose limits the prefill hop could not cap: `sampling_params` that is
 /// not one JSON object (`/inference/v1/generate`).
@@ -133,7 +131,7 @@ pub fn check_limits(api: Api, request: &JsonObject<'_>) -> Result<(), RouteError
 /// worker to refuse.
 fn one_token_sampling(params: &RawValue) -> String {
     if params.get() == "null" {
-        return r#"{"max_tokens":1}"#.to_string();
+        return ONE_TOKEN_SAMPLING.to_string();
     }
     let Ok(object) = JsonObject::parse(params.get().as_bytes()) else {
         return params.get().to_string();

@@ -28,7 +28,6 @@ fn anthropic_clients_get_anthropic_errors_below_v1_messages_only() {
     ] {
         assert_eq!(ErrorShape::of_path(path), shape, "{path}");
     }
-    assert_eq!(Api::Messages.error_shape(), ErrorShape::Anthropic);
 }
 
 #[test]

@@ -1,6 +1,11 @@
 use super::*;
 use crate::policy::testing::test;
 
+/// Where a request's raw `:path` goes.
+fn destination(raw: &str, routed: &[String]) -> Destination {
+    destination_of(canonical_path(raw), routed)
+}
+
 fn completion_path(raw: &str) -> Option<&'static str> {
     match destination(raw, &[]) {
         Destination::Generation(api) => Some(api.path()),
