@@ -178,6 +178,7 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
         choice: Choice::RoundRobin(turn),
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     }
 }
 
@@ -197,6 +198,7 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
         },
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     };
     let route = resolver
         .resolve(&Pins::default())
@@ -232,6 +234,7 @@ fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(
             last_turn: None,
         },
         picked: &picker::NOTHING,
+        model: None,
     };
     let route = resolver
         .resolve(&Pins::default())

@@ -332,6 +332,7 @@ impl WorkerSpec {
             },
             dp_size: self.dp_size.value(),
             draining: self.draining,
+            models: None,
             unlisted: false,
         }
     }
@@ -585,6 +586,7 @@ impl World<'_> {
             ),
             prompt: self.prompt,
             picked: &picker::NOTHING,
+            model: None,
         }
     }
 

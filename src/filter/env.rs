@@ -47,6 +47,9 @@ pub struct Env<H: Host> {
     pub request_id: String,
     /// How the request's client reads an error (known once its path is read).
     pub errors: ErrorShape,
+    /// The model the request names, once its body is read: only workers serving it are
+    /// candidates (`docs/semantics.md` §3).
+    pub model: Option<String>,
     /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
     load_changes: RefCell<Vec<(WorkerId, i64)>>,
     /// This VM's requests in flight, for the in-flight limit.
@@ -70,6 +73,7 @@ impl<H: Host> Env<H> {
             metrics,
             request_id: String::new(),
             errors: ErrorShape::default(),
+            model: None,
             load_changes: RefCell::default(),
             slots,
             holds_slot: false,
@@ -157,7 +161,28 @@ impl<H: Host> Env<H> {
     /// How a completion's route was decided: panic mode, placements, a skipped prefill hop.
     pub fn count_route(&self, route: &Route) {
         self.count_panics(route.prefill_panic, route.decode.panic);
-        self.metrics.count_route(&self.host, route);
+        self.metrics
+            .count_route(&self.host, route, self.counted_model());
+    }
+
+    /// A request whose model is known, counted for it (`pinroute.model.requests`).
+    pub fn count_model_request(&self) {
+        if let Some(model) = self.counted_model() {
+            self.metrics
+                .count_for_model(&self.host, model, Counter::Requests);
+        }
+    }
+
+    /// An error answered, by code and for the request's model.
+    pub fn count_error(&self, error: &RouteError) {
+        self.metrics
+            .count_error(&self.host, error, self.counted_model());
+    }
+
+    /// The request's model, if the registry names it: the only models metrics are kept for.
+    fn counted_model(&self) -> Option<&str> {
+        let registry = &self.config.registry;
+        self.model.as_deref().filter(|m| registry.lists_model(m))
     }
 
     pub fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), RouteError> {
@@ -210,6 +235,7 @@ impl<H: Host> Env<H> {
             choice,
             prompt: facts,
             picked: &hints.picked,
+            model: self.model.as_deref(),
         })
     }
 
@@ -228,7 +254,8 @@ impl<H: Host> Env<H> {
             }
             PromptUse::Hashed => {}
         }
-        let prefix = PromptPrefix::new(raw, settings.prefix_affinity_bytes);
+        let window = settings.prefix_affinity_bytes;
+        let prefix = PromptPrefix::of_model(raw, window, self.model.as_deref());
         let last_turn = settings.turn_memory_nanos().and_then(|memory| {
             let now = self.host.now_nanos();
             let (deepest, previous) = prefix.memory_keys(settings.prefix_min_bytes);
@@ -312,7 +339,7 @@ impl<H: Host> Env<H> {
             self.request_id,
             error.status()
         );
-        self.metrics.count_error(&self.host, error);
+        self.count_error(error);
         self.send_error(error);
     }
 

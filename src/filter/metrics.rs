@@ -1,6 +1,7 @@
 //! The filter's stats in Envoy (`/stats`, `/stats/prometheus`), summed over worker threads.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::host::{Host, MetricKind};
@@ -164,6 +165,9 @@ thread_local! {
 pub struct Metrics {
     counters: Vec<Option<u32>>,
     errors: Vec<Option<u32>>,
+    /// Counters of one model (`pinroute.model.*.<model>`), defined when first counted: only
+    /// for models the registry names, so a client's `model` never makes a new one.
+    per_model: RefCell<HashMap<String, Option<u32>>>,
     prefill_latency: Option<u32>,
     vm_memory: Option<u32>,
 }
@@ -182,6 +186,7 @@ impl Metrics {
         Self {
             counters,
             errors,
+            per_model: RefCell::default(),
             prefill_latency: define(MetricKind::Histogram, PREFILL_LATENCY),
             vm_memory: define(MetricKind::Gauge, VM_MEMORY),
         }
@@ -207,9 +212,28 @@ impl Metrics {
         }
     }
 
+    /// `counter` again for one model the registry names: `pinroute.requests` is counted as
+    /// `pinroute.model.requests.<model>`.
+    pub fn count_for_model(&self, host: &impl Host, model: &str, counter: Counter) {
+        if let Some((_, name)) = COUNTERS.iter().find(|(c, _)| *c == counter) {
+            self.count_model_metric(host, name, model);
+        }
+    }
+
+    fn count_model_metric(&self, host: &impl Host, name: &str, model: &str) {
+        let what = name.trim_start_matches("pinroute.");
+        let name = format!("pinroute.model.{what}.{model}");
+        let id = *self
+            .per_model
+            .borrow_mut()
+            .entry(name)
+            .or_insert_with_key(|name| host.define_metric(MetricKind::Counter, name).ok());
+        increment(host, id);
+    }
+
     /// How an unpinned hop's worker was chosen, and a prefill hop skipped by choice
-    /// (`docs/semantics.md` §4, §5).
-    pub fn count_route(&self, host: &impl Host, route: &Route) {
+    /// (`docs/semantics.md` §4, §5); the placements again for `model`, if the registry names it.
+    pub fn count_route(&self, host: &impl Host, route: &Route, model: Option<&str>) {
         let placements = [
             (Pool::Prefill, route.prefill_placement),
             (Pool::Decode, route.decode.placement),
@@ -217,6 +241,9 @@ impl Metrics {
         for (pool, placement) in placements {
             if let Some(placement) = placement {
                 self.count(host, Counter::Placed(pool, placement));
+                if let Some(model) = model {
+                    self.count_for_model(host, model, Counter::Placed(pool, placement));
+                }
             }
         }
         match route.prefill {
@@ -230,12 +257,17 @@ impl Metrics {
         }
     }
 
-    pub fn count_error(&self, host: &impl Host, error: &RouteError) {
+    /// An error answered, counted by its code, and again for `model` if the registry names it.
+    pub fn count_error(&self, host: &impl Host, error: &RouteError, model: Option<&str>) {
         let id = RouteError::CODES
             .iter()
             .position(|c| *c == error.code())
             .and_then(|i| self.errors.get(i));
         increment(host, id.copied().flatten());
+        if let Some(model) = model {
+            let name = format!("pinroute.errors.{}", error.code());
+            self.count_model_metric(host, &name, model);
+        }
     }
 
     pub fn record_prefill_latency(&self, host: &impl Host, latency: Duration) {

@@ -25,8 +25,9 @@ pub enum Phase {
     Headers,
     /// A completion request whose body is arriving.
     CompletionBody(Completion),
-    /// Another path's JSON body, read whole before it goes on (`policy::passthrough`).
-    PassthroughBody(TokenHop),
+    /// Another path's JSON body, read whole before its worker is chosen (it may name the
+    /// model) and it goes on (`policy::passthrough`).
+    PassthroughBody(HeaderHints),
     /// The prefill call is in flight; the request waits for it.
     Prefill(Box<Prefilling>),
     /// On its way to the token-generating worker; the response side acts on its answer.

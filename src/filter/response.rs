@@ -162,7 +162,7 @@ pub fn answer_headers(
 /// Turns the worker's answer headers into `error`'s; its body is replaced when it comes.
 pub fn replace_headers(env: &Env<impl Host>, error: &RouteError) -> Result<(), HostError> {
     log::warn!("pinroute: request {}: {error}", env.request_id);
-    env.metrics.count_error(&env.host, error);
+    env.count_error(error);
     let host = &env.host;
     host.set_response_header(":status", Some(&error.status().to_string()))?;
     host.set_response_header("content-type", Some("application/json"))?;

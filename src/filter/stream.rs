@@ -21,7 +21,7 @@ use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::responses::{self, ResponsesRequest};
 use crate::policy::rewrite::{self, DecodeBody};
-use crate::policy::{headers, passthrough, picker, pins, steering};
+use crate::policy::{headers, models, passthrough, picker, pins, steering};
 
 pub struct Stream<H: Host> {
     env: Env<H>,
@@ -181,10 +181,16 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
         Destination::Generation(api) => api,
         Destination::StoredResponse(stored) => {
             hints.pins = to_stored_response(env, &stored, hints.pins, &headers)?;
-            return route_one_hop(env, &hints, &headers, end_of_stream);
+            return route_one_hop(env, hints, &headers, end_of_stream);
         }
-        Destination::Other | Destination::NotRouted(_) => {
-            return route_one_hop(env, &hints, &headers, end_of_stream);
+        Destination::ModelList if header_text(&headers, ":method") == "GET" => {
+            if let Some(list) = models::list(&env.config.registry) {
+                return answer_model_list(env, &list);
+            }
+            return route_one_hop(env, hints, &headers, end_of_stream);
+        }
+        Destination::ModelList | Destination::Other | Destination::NotRouted(_) => {
+            return route_one_hop(env, hints, &headers, end_of_stream);
         }
     };
     if end_of_stream {
@@ -234,23 +240,37 @@ fn to_stored_response<H: Host>(
 /// A request of another path (or about a stored response): one hop, its JSON body read first.
 fn route_one_hop<H: Host>(
     env: &mut Env<H>,
-    hints: &HeaderHints,
+    hints: HeaderHints,
     headers: &Headers,
     end_of_stream: bool,
 ) -> Step {
+    let reads_body = passthrough::read_as_json(header_text(headers, "content-type"));
+    if !end_of_stream && reads_body {
+        return Ok((Phase::PassthroughBody(hints), Flow::Pause));
+    }
+    let body = if end_of_stream {
+        RoutedBody::Empty
+    } else {
+        RoutedBody::Unread
+    };
+    let routed = response::route(env, one_hop(env, &hints)?, body, None)?;
+    Ok((Phase::Routed(routed), Flow::Continue))
+}
+
+/// The one hop of a path that takes no prefill hop, for the request's model if it names one.
+fn one_hop<H: Host>(env: &Env<H>, hints: &HeaderHints) -> Result<TokenHop, RouteError> {
     let decode = env.with_resolver(hints, None, |r| r.token_hop(&hints.pins))?;
     env.count_panics(false, decode.panic);
-    let reads_body = passthrough::read_as_json(header_text(headers, "content-type"));
-    if end_of_stream || !reads_body {
-        let body = if end_of_stream {
-            RoutedBody::Empty
-        } else {
-            RoutedBody::Unread
-        };
-        let routed = response::route(env, decode, body, None)?;
-        return Ok((Phase::Routed(routed), Flow::Continue));
-    }
-    Ok((Phase::PassthroughBody(decode), Flow::Pause))
+    Ok(decode)
+}
+
+/// `GET /v1/models`, answered from the registry's models (`docs/semantics.md` §3).
+fn answer_model_list<H: Host>(env: &Env<H>, list: &str) -> Step {
+    let headers = [("content-type", "application/json")];
+    env.host
+        .send_response(200, &headers, list.as_bytes())
+        .map_err(host_failure)?;
+    Ok((Phase::Answered, Flow::Pause))
 }
 
 fn on_completion_body<H: Host>(
@@ -266,6 +286,8 @@ fn on_completion_body<H: Host>(
     let api = completion.api;
     steering::check_completion(&request)?;
     rewrite::check_limits(api, &request)?;
+    env.model = models::requested(&request, &env.config.registry)?;
+    env.count_model_request();
     let responses = (api == Api::Responses)
         .then(|| ResponsesRequest::read(&request, &env.config.registry))
         .transpose()?;
@@ -327,18 +349,21 @@ fn on_completion_body<H: Host>(
     ))
 }
 
-/// Another path's JSON body, once whole: on to the worker unless it names
-/// `kv_transfer_params`.
+/// Another path's JSON body, once whole: on to a worker serving the model it names, unless it
+/// names `kv_transfer_params`.
 fn on_passthrough_body<H: Host>(
     env: &mut Env<H>,
-    decode: TokenHop,
+    hints: HeaderHints,
     size: usize,
     end: bool,
 ) -> Step {
     let Some(body) = intake::whole_body(env, size, end)? else {
-        return Ok((Phase::PassthroughBody(decode), Flow::Pause));
+        return Ok((Phase::PassthroughBody(hints), Flow::Pause));
     };
     passthrough::check_body(&body)?;
+    env.model = models::in_other_body(&body, &env.config.registry)?;
+    env.count_model_request();
+    let decode = one_hop(env, &hints)?;
     let routed = response::route(env, decode, RoutedBody::Read(body.len()), None)?;
     Ok((Phase::Routed(routed), Flow::Continue))
 }
@@ -478,7 +503,7 @@ fn on_retry_answer<H: Host>(env: &Env<H>, mut routed: Box<Routed>, body_size: us
         Outcome::Failed(error) => error,
     };
     log::warn!("pinroute: request {}: {error}", env.request_id);
-    env.metrics.count_error(&env.host, &error);
+    env.count_error(&error);
     env.send_error(&error);
     routed.retry = None;
     routed.answer = Answer::AsItIs;

@@ -31,6 +31,14 @@ pub enum RouteError {
     UnknownPath { path: String },
     #[error("response {id} is not stored on any worker: {reason}")]
     ResponseNotFound { id: String, reason: &'static str },
+    #[error("model {} is not served by any worker of this gateway", quoted(.model))]
+    ModelNotFound { model: String },
+    #[error("{hop} hop: pinned worker {worker} does not serve model {}", quoted(.model))]
+    ModelNotServed {
+        hop: Hop,
+        worker: WorkerId,
+        model: String,
+    },
     #[error("request body is larger than the {limit}-byte limit")]
     BodyTooLarge { limit: usize },
     #[error("{hop} hop: a data-parallel rank was pinned without a {hop} worker")]
@@ -121,9 +129,10 @@ impl RouteError {
             | RankWithoutWorker { .. }
             | UnknownWorker { .. }
             | WrongRole { .. }
-            | RankOutOfRange { .. } => 400,
+            | RankOutOfRange { .. }
+            | ModelNotServed { .. } => 400,
             NotPermitted { .. } => 403,
-            UnknownPath { .. } | ResponseNotFound { .. } => 404,
+            UnknownPath { .. } | ResponseNotFound { .. } | ModelNotFound { .. } => 404,
             MethodNotAllowed { .. } => 405,
             BodyTooLarge { .. } => 413,
             WorkerUnavailable { .. } | NoWorkerAvailable { .. } | Overloaded { .. } => 503,
@@ -157,6 +166,8 @@ impl RouteError {
             } => "session_not_allowed",
             UnknownPath { .. } => "unknown_path",
             ResponseNotFound { .. } => "response_not_found",
+            ModelNotFound { .. } => "model_not_found",
+            ModelNotServed { .. } => "model_not_served",
             BodyTooLarge { .. } => "body_too_large",
             RankWithoutWorker { .. } => "rank_without_worker",
             UnknownWorker { .. } => "unknown_worker",
@@ -183,6 +194,8 @@ impl RouteError {
         "session_not_allowed",
         "unknown_path",
         "response_not_found",
+        "model_not_found",
+        "model_not_served",
         "body_too_large",
         "rank_without_worker",
         "unknown_worker",

@@ -9,6 +9,7 @@
 //! | §1 The in-flight limit, over all Envoy threads | [`inflight`] |
 //! | §2 Inputs (headers, `nvext`) | [`pins`], [`json`] |
 //! | §3 Per-hop resolution, exact pins | [`resolve`] |
+//! | §3 The model a request names; `GET /v1/models` | [`models`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
 //! | §5 Requests in flight per worker | [`load`] |
 //! | §1, §5 The byte encoding of the tables threads share | [`words`] |
@@ -40,6 +41,7 @@ pub mod hop;
 pub mod inflight;
 pub mod json;
 pub mod load;
+pub mod models;
 pub mod passthrough;
 pub mod paths;
 pub mod picker;

@@ -16,7 +16,7 @@ use super::api::Api;
 /// `/inference/v1/abort_requests`, ...) are not.
 pub const INFERENCE_PATHS: &[&str] = &[
     "/v1/embeddings",
-    "/v1/models",
+    MODEL_LIST,
     "/v1/messages/count_tokens",
     "/tokenize",
     "/detokenize",
@@ -28,6 +28,9 @@ pub const INFERENCE_PATHS: &[&str] = &[
     "/v1/chat/completions/derender",
     "/health",
 ];
+
+/// The model list, which the gateway answers itself when the registry names models.
+pub const MODEL_LIST: &str = "/v1/models";
 
 /// Where stored responses are read and cancelled: `/v1/responses/{id}` and
 /// `/v1/responses/{id}/cancel`.
@@ -44,6 +47,9 @@ pub enum Destination {
     /// A stored response, read (`GET`) or cancelled (`POST .../cancel`): one hop to the
     /// worker that stored it, sent to `path`, the plain spelling.
     StoredResponse(StoredResponse),
+    /// The model list, when routed: the registry's models (`super::models::list`), or one hop
+    /// as [`Destination::Other`] when the registry names none.
+    ModelList,
     /// Another routed path: one hop, as the client sent it.
     Other,
     /// Not routed: its canonical spelling, for the 404.
@@ -57,7 +63,10 @@ pub fn destination_of(canonical: String, routed: &[String]) -> Destination {
         return Destination::Generation(api);
     }
     if routed.iter().any(|route| matches_route(route, &canonical)) {
-        return Destination::Other;
+        return match canonical.as_str() {
+            MODEL_LIST => Destination::ModelList,
+            _ => Destination::Other,
+        };
     }
     match StoredResponse::at(&canonical) {
         Some(stored) => Destination::StoredResponse(stored),

@@ -263,7 +263,8 @@ fn field(nvext: &JsonObject<'_>, path: &'static str, max: u64) -> Result<Option<
     }
 }
 
-fn short(raw: &RawValue) -> String {
+/// A client value as written, cut short for an error message.
+pub fn short(raw: &RawValue) -> String {
     let text = raw.get();
     if text.len() <= 40 {
         text.to_string()

@@ -40,11 +40,17 @@ impl std::fmt::Debug for PromptPrefix {
 impl PromptPrefix {
     /// Hashes the whole blocks of the first `window` bytes of `prompt`.
     pub fn new(prompt: &[u8], window: usize) -> Self {
+        Self::of_model(prompt, window, None)
+    }
+
+    /// As [`PromptPrefix::new`], for a request naming `model`: one prompt sent to two models
+    /// (a base model and its adapter, whose KV differ) hashes apart.
+    pub fn of_model(prompt: &[u8], window: usize, model: Option<&str>) -> Self {
         let window = window.min(MAX_WINDOW_BYTES);
         let hashed = prompt.get(..window).unwrap_or(prompt);
         let mut chain = [0u64; MAX_BLOCKS];
         let mut blocks = 0;
-        let mut previous = SEED;
+        let mut previous = model.map_or(SEED, |m| xxh3_64_with_seed(m.as_bytes(), SEED));
         for (slot, block) in chain.iter_mut().zip(hashed.chunks_exact(BLOCK_BYTES)) {
             previous = xxh3_64_with_seed(block, previous);
             *slot = previous;

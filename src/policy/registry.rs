@@ -42,6 +42,10 @@ pub struct Worker {
     /// pins to it answer 503 `worker_unavailable` instead of 400 `unknown_worker`.
     #[serde(default)]
     pub draining: bool,
+    /// The models it serves, as clients name them in `model` (vLLM's `--served-model-name`
+    /// and `--lora-modules` names); `None`: every model (`docs/semantics.md` §8).
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
     /// A worker a picker chose outside the registry (`docs/semantics.md` §9).
     #[serde(skip)]
     pub unlisted: bool,
@@ -59,8 +63,16 @@ impl Worker {
             address,
             dp_size: u32::MAX,
             draining: false,
+            models: None,
             unlisted: true,
         }
+    }
+
+    /// Whether it serves `model`; a worker that names no models serves every one.
+    pub fn serves(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == model))
     }
 }
 
@@ -124,6 +136,10 @@ pub enum RegistryError {
     DuplicateAddress(SocketAddr),
     #[error("worker {0} has dp_size 0")]
     ZeroDpSize(WorkerId),
+    #[error("worker {0} has an empty models list: leave models out to serve every model")]
+    NoModels(WorkerId),
+    #[error("worker {0} names a model \"\" in models")]
+    EmptyModelName(WorkerId),
     #[error("aggregated workers cannot be mixed with prefill or decode workers")]
     MixedDeployment,
     #[error("no decode or aggregated worker: nothing could generate tokens")]
@@ -166,6 +182,13 @@ impl Registry {
             if worker.dp_size == 0 {
                 return Err(RegistryError::ZeroDpSize(worker.id));
             }
+            match worker.models.as_deref() {
+                Some([]) => return Err(RegistryError::NoModels(worker.id)),
+                Some(models) if models.iter().any(String::is_empty) => {
+                    return Err(RegistryError::EmptyModelName(worker.id));
+                }
+                _ => {}
+            }
         }
         let has = |role| workers.iter().any(|w| w.role == role);
         let deployment = match (
@@ -206,6 +229,32 @@ impl Registry {
 
     pub fn pool(&self, role: Role) -> impl Iterator<Item = &Worker> {
         self.workers.iter().filter(move |w| w.role == role)
+    }
+
+    /// Whether any worker names the models it serves: requests must then name theirs
+    /// (`docs/semantics.md` §3).
+    pub fn names_models(&self) -> bool {
+        self.workers.iter().any(|w| w.models.is_some())
+    }
+
+    /// Whether a worker names `model` in its `models`.
+    pub fn lists_model(&self, model: &str) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.models.iter().flatten().any(|m| m == model))
+    }
+
+    /// Every model a worker names, sorted, each once.
+    pub fn models(&self) -> Vec<&str> {
+        let mut models: Vec<&str> = self
+            .workers
+            .iter()
+            .flat_map(|w| w.models.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        models
     }
 
     /// The role of the worker that generates tokens: decode, or aggregated in a one-hop deployment.

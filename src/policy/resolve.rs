@@ -168,6 +168,9 @@ pub struct Resolver<'a, A: Availability> {
     pub prompt: PromptFacts,
     /// What an endpoint picker chose (picker mode, `docs/semantics.md` §9); empty otherwise.
     pub picked: &'a Picked,
+    /// The model the request names: only workers serving it are candidates (§3). `None`:
+    /// every worker is.
+    pub model: Option<&'a str>,
 }
 
 impl<A: Availability> Resolver<'_, A> {
@@ -375,6 +378,13 @@ impl<A: Availability> Resolver<'_, A> {
                 expected: role,
             });
         }
+        if let Some(model) = self.model.filter(|m| !worker.serves(m)) {
+            return Err(RouteError::ModelNotServed {
+                hop,
+                worker: id,
+                model: model.to_owned(),
+            });
+        }
         if let Some(rank) = rank.filter(|r| *r >= worker.dp_size) {
             return Err(RouteError::RankOutOfRange {
                 hop,
@@ -431,11 +441,13 @@ impl<A: Availability> Resolver<'_, A> {
         }
     }
 
-    /// The pool's non-draining workers: the healthy ones, and the unhealthy ones.
+    /// The pool's non-draining workers serving the request's model: the healthy ones, and
+    /// the unhealthy ones. Panic mode and load are judged among them alone.
     fn serving(&self, role: Role) -> (Vec<&Worker>, Vec<&Worker>) {
         let mut healthy = Vec::new();
         let mut unhealthy = Vec::new();
-        for worker in self.registry.pool(role) {
+        let serves_model = |worker: &&Worker| self.model.is_none_or(|m| worker.serves(m));
+        for worker in self.registry.pool(role).filter(serves_model) {
             match self.availability.unavailability(worker) {
                 None => healthy.push(worker),
                 Some(Unavailability::Unhealthy { .. }) => unhealthy.push(worker),

@@ -124,6 +124,7 @@ fn session_prefill(session: &str) -> u64 {
         address: "127.0.0.1:1".parse().unwrap(),
         dp_size: 1,
         draining: false,
+        models: None,
         unlisted: false,
     };
     PREFILL

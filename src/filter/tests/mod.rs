@@ -10,6 +10,7 @@ mod decode_retry;
 mod fake_host;
 mod inflight;
 mod intake;
+mod models;
 mod prefill;
 mod response;
 mod rules;

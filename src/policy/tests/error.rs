@@ -43,6 +43,20 @@ fn each_error_has_its_status_code_and_type() {
             "response_not_found",
         ),
         (
+            RouteError::ModelNotFound { model: "m".into() },
+            404,
+            "model_not_found",
+        ),
+        (
+            RouteError::ModelNotServed {
+                hop: Hop::Prefill,
+                worker: 9,
+                model: "m".into(),
+            },
+            400,
+            "model_not_served",
+        ),
+        (
             RouteError::MethodNotAllowed {
                 method: "\"GET\"".into(),
                 path: "/v1/completions".into(),

@@ -12,6 +12,7 @@ fn worker(id: WorkerId, draining: bool) -> Worker {
         address: ([127, 0, 0, 1], 9000).into(),
         dp_size: 1,
         draining,
+        models: None,
         unlisted: false,
     }
 }

@@ -147,3 +147,22 @@ fn hashes_are_fixed_values() {
         &[xxhash_rust::xxh3::xxh3_64_with_seed(&prompt, SEED)]
     );
 }
+
+#[test]
+fn one_prompt_for_two_models_hashes_apart_and_alike_for_one() {
+    let prompt = vec![b'x'; 4 * BLOCK_BYTES];
+    let base = PromptPrefix::of_model(&prompt, 1024, Some("base"));
+    let adapter = PromptPrefix::of_model(&prompt, 1024, Some("base-lora"));
+    assert_eq!(base.depths(0).len(), 4);
+    assert!(
+        base.depths(0)
+            .iter()
+            .zip(adapter.depths(0))
+            .all(|(a, b)| a != b)
+    );
+    assert_eq!(base, PromptPrefix::of_model(&prompt, 1024, Some("base")));
+    assert_eq!(
+        PromptPrefix::new(&prompt, 1024),
+        PromptPrefix::of_model(&prompt, 1024, None)
+    );
+}

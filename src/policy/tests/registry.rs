@@ -38,6 +38,22 @@ fn ids_above_2_pow_53_survive() {
 }
 
 #[test]
+fn a_worker_may_name_the_models_it_serves() {
+    let json = r#"{"workers": [
+        {"id": 1, "role": "decode", "address": "127.0.0.1:1", "models": ["tiny", "tiny-lora"]},
+        {"id": 2, "role": "decode", "address": "127.0.0.1:2"}
+    ]}"#;
+    let registry = Registry::from_json(json.as_bytes()).unwrap();
+    let named = registry.get(1).unwrap();
+    assert!(named.serves("tiny") && named.serves("tiny-lora") && !named.serves("other"));
+    assert!(
+        registry.get(2).unwrap().serves("other"),
+        "no models: every model"
+    );
+    assert_eq!(registry.models(), ["tiny", "tiny-lora"]);
+}
+
+#[test]
 fn invalid_registries_are_refused_with_the_reason() {
     let worker = |id: u64, role: &str, port: u16| {
         format!(r#"{{"id": {id}, "role": "{role}", "address": "127.0.0.1:{port}"}}"#)
@@ -74,6 +90,21 @@ fn invalid_registries_are_refused_with_the_reason() {
         (
             r#"{"workers": []}"#.to_string(),
             "no decode or aggregated worker",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "models": []}]}"#
+                .into(),
+            "worker 1 has an empty models list",
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "models": ["a", ""]}]}"#
+                .into(),
+            r#"worker 1 names a model "" in models"#,
+        ),
+        (
+            r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "models": "a"}]}"#
+                .into(),
+            "worker 1: invalid type: string",
         ),
         (
             r#"{"workers": [{"id": 1, "role": "decode", "address": "127.0.0.1:1", "dp_size": 0}]}"#

@@ -39,6 +39,7 @@ fn resolve_with(
         choice,
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     }
     .resolve(pins)
 }
@@ -255,6 +256,7 @@ fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     };
     assert_eq!(
         resolver.resolve(&decode_pin(201)),
@@ -374,6 +376,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     };
     let down = Down(101);
     let pins = Pins {
@@ -554,6 +557,7 @@ fn the_token_hop_alone_ignores_prefill_pins() {
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     };
     let pins = Pins {
         prefill_worker_id: Some(999),
@@ -622,6 +626,7 @@ fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, Route
         choice: Choice::RoundRobin(0),
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
+        model: None,
     }
     .resolve(pins)
 }
@@ -767,6 +772,7 @@ fn resolve_prompt(
         choice,
         prompt,
         picked: &picker::NOTHING,
+        model: None,
     }
     .resolve(pins)
     .unwrap()
@@ -958,6 +964,7 @@ fn an_aggregated_deployment_is_never_local_by_choice() {
             last_turn: None,
         },
         picked: &picker::NOTHING,
+        model: None,
     }
     .resolve(&Pins::default())
     .unwrap();
@@ -995,3 +1002,187 @@ fn a_prompt_is_read_only_as_far_as_its_placement_needs() {
 
 #[path = "resolve_picker.rs"]
 mod picker_mode;
+
+/// Prefill 101 and 103 serve `a`, 102 `b`; decode 201 and 203 `a`, 202 `b` and `b-lora`;
+/// decode 204 serves every model. Only 202 (and 204) can decode `b-lora`, and no prefill
+/// worker has it loaded.
+const TWO_MODELS: &str = r#"{"workers": [
+    {"id": 101, "role": "prefill", "address": "127.0.0.1:8101", "models": ["a"]},
+    {"id": 102, "role": "prefill", "address": "127.0.0.1:8102", "models": ["b"]},
+    {"id": 103, "role": "prefill", "address": "127.0.0.1:8103", "models": ["a"]},
+    {"id": 201, "role": "decode", "address": "127.0.0.1:8201", "models": ["a"]},
+    {"id": 202, "role": "decode", "address": "127.0.0.1:8202", "models": ["b", "b-lora"]},
+    {"id": 203, "role": "decode", "address": "127.0.0.1:8203", "models": ["a"]},
+    {"id": 204, "role": "decode", "address": "127.0.0.1:8204"}
+]}"#;
+
+fn resolve_model<A: Availability>(
+    model: &str,
+    settings: &Settings,
+    availability: A,
+    choice: Choice<'_>,
+    pins: &Pins,
+) -> Result<Route, RouteError> {
+    let registry = registry(TWO_MODELS);
+    Resolver {
+        registry: &registry,
+        settings,
+        availability,
+        choice,
+        prompt: PromptFacts::default(),
+        picked: &picker::NOTHING,
+        model: Some(model),
+    }
+    .resolve(pins)
+}
+
+#[test]
+fn unpinned_hops_choose_among_the_workers_serving_the_model() {
+    let settings = Settings {
+        prefill_retries: 9,
+        ..Settings::default()
+    };
+    for rotation in 0..4 {
+        let choice = Choice::RoundRobin(rotation);
+        let a = resolve_model("a", &settings, &RegistryOnly, choice, &Pins::default()).unwrap();
+        let mut prefill = prefill_ids(&a);
+        prefill.sort_unstable();
+        assert_eq!(prefill, [101, 103]);
+        let mut decode = decode_ids(&a);
+        decode.sort_unstable();
+        assert_eq!(decode, [201, 203, 204]);
+        let b = resolve_model("b", &settings, &RegistryOnly, choice, &Pins::default()).unwrap();
+        assert_eq!(prefill_ids(&b), [102]);
+        let mut decode = decode_ids(&b);
+        decode.sort_unstable();
+        assert_eq!(decode, [202, 204]);
+    }
+    let session = Choice::Session(b"conversation");
+    let lora = resolve_model(
+        "b-lora",
+        &settings,
+        &RegistryOnly,
+        session,
+        &Pins::default(),
+    );
+    let mut decode = decode_ids(&lora.unwrap());
+    decode.sort_unstable();
+    assert_eq!(decode, [202, 204]);
+}
+
+#[test]
+fn a_model_no_prefill_worker_serves_follows_the_fallback_rules_within_its_workers() {
+    let route = resolve_model(
+        "b-lora",
+        &Settings::default(),
+        &RegistryOnly,
+        Choice::RoundRobin(0),
+        &Pins::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        route.prefill,
+        PrefillPlan::Skip,
+        "one hop on a worker serving it"
+    );
+    let strict = Settings {
+        aggregated_fallback: false,
+        ..Settings::default()
+    };
+    assert_eq!(
+        resolve_model(
+            "b-lora",
+            &strict,
+            &RegistryOnly,
+            Choice::RoundRobin(0),
+            &Pins::default()
+        ),
+        Err(RouteError::NoWorkerAvailable {
+            hop: Hop::Prefill,
+            role: Role::Prefill
+        })
+    );
+}
+
+#[test]
+fn a_pin_to_a_worker_not_serving_the_model_is_refused_not_replaced() {
+    let cases = [
+        (decode_pin(202), Hop::Decode, 202),
+        (
+            Pins {
+                prefill_worker_id: Some(102),
+                ..Pins::default()
+            },
+            Hop::Prefill,
+            102,
+        ),
+    ];
+    for (pins, hop, worker) in cases {
+        assert_eq!(
+            resolve_model(
+                "a",
+                &Settings::default(),
+                &RegistryOnly,
+                Choice::RoundRobin(0),
+                &pins
+            ),
+            Err(RouteError::ModelNotServed {
+                hop,
+                worker,
+                model: "a".into()
+            })
+        );
+    }
+    let served = resolve_model(
+        "a",
+        &Settings::default(),
+        &RegistryOnly,
+        Choice::RoundRobin(0),
+        &decode_pin(204),
+    )
+    .unwrap();
+    assert_eq!(summary(&served.decode.target), pinned(204, Some(0)));
+}
+
+#[test]
+fn panic_mode_is_judged_within_the_models_workers() {
+    struct Down(&'static [WorkerId]);
+    impl Availability for Down {
+        fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
+            self.0
+                .contains(&worker.id)
+                .then_some(Unavailability::Unhealthy {
+                    retry_after_secs: 3,
+                })
+        }
+    }
+    // Model `a`'s prefill workers are both down: its pool is in panic and tries them; model
+    // `b`'s is whole, though two of the three prefill workers of the gateway are down.
+    let down = Down(&[101, 103]);
+    let settings = Settings {
+        prefill_retries: 9,
+        ..Settings::default()
+    };
+    let a = resolve_model(
+        "a",
+        &settings,
+        &down,
+        Choice::RoundRobin(0),
+        &Pins::default(),
+    )
+    .unwrap();
+    assert!(a.prefill_panic);
+    let mut prefill = prefill_ids(&a);
+    prefill.sort_unstable();
+    assert_eq!(prefill, [101, 103]);
+    let b = resolve_model(
+        "b",
+        &settings,
+        &down,
+        Choice::RoundRobin(0),
+        &Pins::default(),
+    )
+    .unwrap();
+    assert!(!b.prefill_panic);
+    assert_eq!(prefill_ids(&b), [102]);
+}

@@ -32,6 +32,7 @@ fn resolve_picked(settings: &Settings, picked: &Picked, pins: &Pins) -> Result<R
             last_turn: None,
         },
         picked,
+        model: None,
     }
     .resolve(pins)
 }

@@ -11,6 +11,7 @@ fn worker(id: u64) -> Worker {
         address: SocketAddr::from(([10, 0, 0, 1], u16::try_from(id).unwrap_or(0))),
         dp_size: 1,
         draining: false,
+        models: None,
         unlisted: false,
     }
 }

@@ -12,6 +12,7 @@ fn workers(n: u64) -> Vec<Worker> {
             address: format!("127.0.0.1:{}", 9000 + i).parse().unwrap(),
             dp_size: 1,
             draining: false,
+            models: None,
             unlisted: false,
         })
         .collect()
