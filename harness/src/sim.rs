@@ -24,7 +24,10 @@
 //! `computed_tokens`, and `usage.prompt_tokens_details.cached_tokens` is set as vLLM does.
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (recorded, subject to faults).
 //!   Response ids are `cmpl-<x-request-id>` (`chatcmpl-<x-request-id>` for chat, as vLLM).
-//!   The `model` field of requests is not checked.
+//!   The `model` field is checked only against a worker's `served_models` (as vLLM checks
+//!   its served and LoRA names: another is a 404 `NotFoundError`, `The model `x` does not
+//!   exist.`), and then the answer repeats it; a KV entry is for the model that prefilled
+//!   it, and a decode hop naming another model does not load it.
 //! - `POST /v1/responses` (OpenAI's Responses API; recorded, subject to faults): the prompt
 //!   is `instructions` + `input`, limited by `max_output_tokens` (16 by default); a prefill
 //!   hop also needs `store: false`. The id is the body's `request_id`, else

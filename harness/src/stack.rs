@@ -253,10 +253,14 @@ fn plugin_config(spec: &StackSpec, workers: &[SimWorker]) -> Result<Value> {
 
 fn registry_entry(worker: &SimWorker, draining: bool) -> Value {
     let c = worker.config();
-    json!({
+    let mut entry = json!({
         "id": c.id, "role": c.role.as_str(), "address": worker.addr().to_string(),
         "dp_size": c.dp_size, "draining": draining,
-    })
+    });
+    if let Some(models) = &c.served_models {
+        entry["models"] = json!(models);
+    }
+    entry
 }
 
 /// Starts a TLS front for each worker and makes the registry name the fronts.

@@ -20,6 +20,7 @@ mod edge;
 mod errors;
 mod hostile;
 mod inflight;
+mod models;
 mod operations;
 mod picker;
 mod prefix;

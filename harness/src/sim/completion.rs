@@ -270,7 +270,16 @@ async fn generate(
     in_flight: InFlight,
     kv_padding: usize,
 ) -> Result<Response, ApiError> {
+    let model = body.get("model").and_then(Value::as_str);
+    if !state.config.serves(model) {
+        return Err(ApiError::model_not_found(model.unwrap_or_default()));
+    }
     let mut request = GenerationRequest::parse(endpoint, body)?;
+    if state.config.served_models.is_some() {
+        // KV is computed for the weights of one model (a base model or one of its adapters):
+        // a decode hop only loads what was prefilled for the model it names.
+        request.prompt_hash = super::kv::prompt_hash(&json!([model, request.prompt_hash]));
+    }
     let conversation = responses::continue_conversation(state, &mut request)?;
     let plan = plan_kv(state, &request, rank, kv_padding).await?;
     let first_token_delay = match plan.kv_from {
@@ -575,7 +584,7 @@ fn build_generation(
         endpoint: request.endpoint,
         id: response_id(state, request, headers),
         created: unix_seconds(),
-        model: state.config.model.clone(),
+        model: answered_model(state, body),
         tokens: request.max_tokens,
         prompt_tokens: request.prompt_tokens,
         include_usage: request.include_usage,
@@ -584,6 +593,16 @@ fn build_generation(
         kv_transfer_params: plan.response_params,
         echo,
         item_id,
+    }
+}
+
+/// The `model` of the answer: vLLM repeats the name the request used (an adapter's, say);
+/// the configured name when the worker does not check models.
+fn answered_model(state: &SimState, body: &Value) -> String {
+    let requested = body.get("model").and_then(Value::as_str);
+    match (&state.config.served_models, requested) {
+        (Some(_), Some(model)) if !model.is_empty() => model.to_owned(),
+        _ => state.config.model.clone(),
     }
 }
 

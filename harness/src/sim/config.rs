@@ -73,6 +73,9 @@ pub struct SimConfig {
     pub prefill_per_token: Duration,
     /// Blocks of 16 tokens the worker's prefix cache holds; 0: no cache.
     pub cache_blocks: usize,
+    /// The model names it serves (vLLM's `--served-model-name` and `--lora-modules` names),
+    /// checked as vLLM does: another `model` is a 404. `None`: any model is served.
+    pub served_models: Option<Vec<String>>,
 }
 
 impl SimConfig {
@@ -93,6 +96,24 @@ impl SimConfig {
             backlog: Self::DEFAULT_BACKLOG,
             prefill_per_token: Duration::ZERO,
             cache_blocks: 0,
+            served_models: None,
+        }
+    }
+
+    /// Serves these models only; the first is also the one `model` names.
+    pub fn with_served_models(mut self, models: &[&str]) -> Self {
+        if let Some(first) = models.first() {
+            self.model = (*first).to_owned();
+        }
+        self.served_models = Some(models.iter().map(|m| (*m).to_owned()).collect());
+        self
+    }
+
+    /// Whether a request naming `model` is served (vLLM: a request naming none is).
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        match (&self.served_models, model) {
+            (Some(served), Some(model)) if !model.is_empty() => served.iter().any(|m| m == model),
+            _ => true,
         }
     }
 

@@ -99,6 +99,18 @@ impl ApiError {
         }
     }
 
+    /// vLLM's answer for a model it does not serve.
+    pub(crate) fn model_not_found(model: &str) -> Self {
+        ApiError {
+            kind: Some("NotFoundError"),
+            param: Some("model".to_owned()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                format!("The model `{model}` does not exist."),
+            )
+        }
+    }
+
     /// vLLM's `create_error_response(err_type="invalid_request_error", param=...)`.
     pub(crate) fn invalid_request(
         status: StatusCode,

@@ -101,17 +101,25 @@ fn json_error(error: &ApiError) -> Response {
 }
 
 async fn models(State(state): SharedState) -> Response {
-    json_ok(&json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model,
-            "object": "model",
-            "created": super::state::unix_seconds(),
-            "owned_by": "pinroute-sim",
-            "root": state.config.model,
-            "max_model_len": super::openai::MAX_MODEL_LEN,
-        }],
-    }))
+    let config = &state.config;
+    let names = config
+        .served_models
+        .clone()
+        .unwrap_or_else(|| vec![config.model.clone()]);
+    let data: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": super::state::unix_seconds(),
+                "owned_by": "pinroute-sim",
+                "root": config.model,
+                "max_model_len": super::openai::MAX_MODEL_LEN,
+            })
+        })
+        .collect();
+    json_ok(&json!({"object": "list", "data": data}))
 }
 
 async fn completions(State(state): SharedState, headers: HeaderMap, body: Bytes) -> Response {

@@ -1673,3 +1673,60 @@ async fn generate_streams_one_chunk_per_token() {
     assert_eq!(chunks[3]["usage"]["completion_tokens"], 3);
     assert_eq!(chunks[3]["usage"]["prompt_tokens"], 20);
 }
+
+async fn start_serving(id: u64, role: SimRole, models: &[&str]) -> SimWorker {
+    let config = SimConfig::new(id, role)
+        .with_token_latency(Duration::from_millis(1))
+        .with_served_models(models);
+    SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_serving_named_models_refuses_others_as_vllm_does() {
+    let worker = start_serving(321, SimRole::Aggregated, &["base", "base-lora"]).await;
+    let ids: Vec<Value> = get(&worker, "/v1/models").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("base"), json!("base-lora")]);
+    let answer = post_ok(
+        &worker,
+        "/v1/completions",
+        &[],
+        &json!({"model": "base-lora", "prompt": PROMPT, "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(answer["model"], "base-lora", "the name the request used");
+    let refused = post(
+        &worker,
+        "/v1/chat/completions",
+        &[],
+        &json!({"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    assert_eq!(refused.json()["error"]["type"], "NotFoundError");
+    assert_eq!(refused.error_message(), "The model `other` does not exist.");
+}
+
+#[tokio::test]
+async fn kv_prefilled_for_one_model_is_not_loaded_for_another() {
+    let prefill = start_serving(322, SimRole::Prefill, &["base", "base-lora"]).await;
+    let decode = start_serving(323, SimRole::Decode, &["base", "base-lora"]).await;
+    let mut hop = prefill_hop(PROMPT);
+    hop["model"] = json!("base");
+    let kv = post_ok(&prefill, "/v1/completions", &[], &hop).await["kv_transfer_params"].clone();
+    let decode_hop = json!({"model": "base-lora", "prompt": PROMPT, "max_tokens": 2,
+                            "kv_transfer_params": kv});
+    let refused = post(&decode, "/v1/completions", &[], &decode_hop).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused.error_message().contains("the prompt differs"),
+        "{}",
+        refused.text
+    );
+}
