@@ -13,6 +13,7 @@
 mod apis;
 mod cost;
 mod flow;
+mod models;
 mod robustness;
 mod sdk;
 
