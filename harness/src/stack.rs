@@ -257,8 +257,8 @@ fn registry_entry(worker: &SimWorker, draining: bool) -> Value {
         "id": c.id, "role": c.role.as_str(), "address": worker.addr().to_string(),
         "dp_size": c.dp_size, "draining": draining,
     });
-    if let Some(models) = &c.served_models {
-        entry["models"] = json!(models);
+    if let (Some(models), Some(entry)) = (&c.served_models, entry.as_object_mut()) {
+        entry.insert("models".into(), json!(models));
     }
     entry
 }

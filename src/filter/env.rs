@@ -49,7 +49,7 @@ pub struct Env<H: Host> {
     pub errors: ErrorShape,
     /// The model the request names, once its body is read: only workers serving it are
     /// candidates (`docs/semantics.md` §3).
-    pub model: Option<String>,
+    pub model: Option<Rc<str>>,
     /// Hops started (+1) and ended (-1) during this callback, counted in one write at its end.
     load_changes: RefCell<Vec<(WorkerId, i64)>>,
     /// This VM's requests in flight, for the in-flight limit.
@@ -182,7 +182,9 @@ impl<H: Host> Env<H> {
     /// The request's model, if the registry names it: the only models metrics are kept for.
     fn counted_model(&self) -> Option<&str> {
         let registry = &self.config.registry;
-        self.model.as_deref().filter(|m| registry.lists_model(m))
+        self.model
+            .as_deref()
+            .filter(|m| registry.listed_model(m).is_some())
     }
 
     pub fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), RouteError> {

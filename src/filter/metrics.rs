@@ -164,10 +164,12 @@ thread_local! {
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: Vec<Option<u32>>,
-    errors: Vec<Option<u32>>,
-    /// Counters of one model (`pinroute.model.*.<model>`), defined when first counted: only
-    /// for models the registry names, so a client's `model` never makes a new one.
-    per_model: RefCell<HashMap<String, Option<u32>>>,
+    /// `pinroute.errors.<code>` for each of [`RouteError::CODES`], with its id.
+    errors: Vec<(String, Option<u32>)>,
+    /// Counters of each model (`pinroute.model.<what>.<model>`), by model then by what they
+    /// count, defined when first counted: only for models the registry names, so a client's
+    /// `model` never makes a new one. Looked up without a copy of either name.
+    per_model: RefCell<HashMap<String, HashMap<String, Option<u32>>>>,
     prefill_latency: Option<u32>,
     vm_memory: Option<u32>,
 }
@@ -181,7 +183,11 @@ impl Metrics {
             .collect();
         let errors = RouteError::CODES
             .iter()
-            .map(|code| define(MetricKind::Counter, &format!("pinroute.errors.{code}")))
+            .map(|code| {
+                let name = format!("pinroute.errors.{code}");
+                let id = define(MetricKind::Counter, &name);
+                (name, id)
+            })
             .collect();
         Self {
             counters,
@@ -220,15 +226,22 @@ impl Metrics {
         }
     }
 
+    /// Counts `name` (a name of [`COUNTERS`] or an error's) for `model`.
     fn count_model_metric(&self, host: &impl Host, name: &str, model: &str) {
-        let what = name.trim_start_matches("pinroute.");
-        let name = format!("pinroute.model.{what}.{model}");
-        let id = *self
-            .per_model
-            .borrow_mut()
-            .entry(name)
-            .or_insert_with_key(|name| host.define_metric(MetricKind::Counter, name).ok());
-        increment(host, id);
+        let mut per_model = self.per_model.borrow_mut();
+        if !per_model.contains_key(model) {
+            per_model.insert(model.to_owned(), HashMap::new());
+        }
+        let Some(ids) = per_model.get_mut(model) else {
+            return;
+        };
+        if !ids.contains_key(name) {
+            let what = name.trim_start_matches("pinroute.");
+            let metric = format!("pinroute.model.{what}.{model}");
+            let id = host.define_metric(MetricKind::Counter, &metric).ok();
+            ids.insert(name.to_owned(), id);
+        }
+        increment(host, ids.get(name).copied().flatten());
     }
 
     /// How an unpinned hop's worker was chosen, and a prefill hop skipped by choice
@@ -259,14 +272,13 @@ impl Metrics {
 
     /// An error answered, counted by its code, and again for `model` if the registry names it.
     pub fn count_error(&self, host: &impl Host, error: &RouteError, model: Option<&str>) {
-        let id = RouteError::CODES
-            .iter()
-            .position(|c| *c == error.code())
-            .and_then(|i| self.errors.get(i));
-        increment(host, id.copied().flatten());
+        let at = RouteError::CODES.iter().position(|c| *c == error.code());
+        let Some((name, id)) = at.and_then(|i| self.errors.get(i)) else {
+            return;
+        };
+        increment(host, *id);
         if let Some(model) = model {
-            let name = format!("pinroute.errors.{}", error.code());
-            self.count_model_metric(host, &name, model);
+            self.count_model_metric(host, name, model);
         }
     }
 

@@ -1,6 +1,9 @@
 //! The model a request names and the workers that serve it (`docs/semantics.md` §3): with
 //! a registry that names models, each hop's candidates are the workers serving the request's.
 
+use std::borrow::Cow;
+use std::rc::Rc;
+
 use serde_json::json;
 
 use super::error::RouteError;
@@ -11,26 +14,31 @@ use super::registry::Registry;
 /// The body member naming the model, in every API.
 pub const FIELD: &str = "model";
 
-/// The model a generation request names, checked against the registry. `None`: the request
-/// names none and no worker names its models, so every worker serves it.
+/// The model a generation request names, checked against the registry. `None`: no worker
+/// names its models, so every worker serves the request (its `model` is only checked to be
+/// a string, and is not kept).
 pub fn requested(
     request: &JsonObject<'_>,
     registry: &Registry,
-) -> Result<Option<String>, RouteError> {
-    match named(request)? {
-        None if registry.names_models() => Err(RouteError::InvalidField {
+) -> Result<Option<Rc<str>>, RouteError> {
+    let model = named(request)?;
+    if !registry.names_models() {
+        return Ok(None);
+    }
+    match model {
+        None => Err(RouteError::InvalidField {
             field: FIELD,
             reason: "absent or null: the workers behind this gateway serve different models, \
                      name one (GET /v1/models lists them)"
                 .into(),
         }),
-        model => served(registry, model),
+        Some(model) => served(registry, &model).map(Some),
     }
 }
 
 /// The model another path's JSON body names (`/tokenize`, `/v1/embeddings`, ...), read only
 /// when the registry names models. Absent, or a body that is not an object: any worker.
-pub fn in_other_body(body: &[u8], registry: &Registry) -> Result<Option<String>, RouteError> {
+pub fn in_other_body(body: &[u8], registry: &Registry) -> Result<Option<Rc<str>>, RouteError> {
     if !registry.names_models() {
         return Ok(None);
     }
@@ -39,32 +47,44 @@ pub fn in_other_body(body: &[u8], registry: &Registry) -> Result<Option<String>,
         Err(JsonObjectError::NotAnObject) => return Ok(None),
         Err(why) => return Err(RouteError::InvalidBody(why.to_string())),
     };
-    served(registry, named(&object)?)
+    named(&object)?
+        .map(|model| served(registry, &model))
+        .transpose()
 }
 
-fn served(registry: &Registry, model: Option<String>) -> Result<Option<String>, RouteError> {
-    match model {
-        Some(model) if !is_served(registry, &model) => Err(RouteError::ModelNotFound { model }),
-        model => Ok(model),
-    }
-}
-
-/// The model a body names, if any: a string, or absent or null.
-pub fn named(request: &JsonObject<'_>) -> Result<Option<String>, RouteError> {
+/// The model a body names, if any: a string (borrowed unless it has escapes), or absent or
+/// null.
+fn named<'a>(request: &JsonObject<'a>) -> Result<Option<Cow<'a, str>>, RouteError> {
     let Some(raw) = request.get(FIELD) else {
         return Ok(None);
     };
-    serde_json::from_str(raw.get()).map_err(|_| RouteError::InvalidField {
-        field: FIELD,
-        reason: format!("must be a string, got {}", short(raw)),
-    })
+    if let Ok(plain) = serde_json::from_str::<Option<&'a str>>(raw.get()) {
+        return Ok(plain.map(Cow::Borrowed));
+    }
+    serde_json::from_str::<Option<String>>(raw.get())
+        .map(|model| model.map(Cow::Owned))
+        .map_err(|_| RouteError::InvalidField {
+            field: FIELD,
+            reason: format!("must be a string, got {}", short(raw)),
+        })
 }
 
-/// Whether a worker that generates tokens serves `model`, draining or not.
-fn is_served(registry: &Registry, model: &str) -> bool {
-    registry
+/// `model` as the request keeps it, if a worker generating tokens serves it: the registry's
+/// own copy when a worker lists it (no allocation per request), else a copy of its own (only
+/// workers naming no models serve it).
+fn served(registry: &Registry, model: &str) -> Result<Rc<str>, RouteError> {
+    let served = registry
         .pool(registry.token_role())
-        .any(|worker| worker.serves(model))
+        .any(|worker| worker.serves(model));
+    if !served {
+        return Err(RouteError::ModelNotFound {
+            model: model.to_owned(),
+        });
+    }
+    Ok(registry
+        .listed_model(model)
+        .cloned()
+        .unwrap_or_else(|| Rc::from(model)))
 }
 
 /// The gateway's answer to `GET /v1/models` in OpenAI's list shape, when the registry names
@@ -75,8 +95,8 @@ pub fn list(registry: &Registry) -> Option<String> {
     }
     let data: Vec<_> = registry
         .models()
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "pinroute"}))
+        .iter()
+        .map(|id| json!({"id": &**id, "object": "model", "created": 0, "owned_by": "pinroute"}))
         .collect();
     Some(json!({"object": "list", "data": data}).to_string())
 }

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
+use std::rc::Rc;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
@@ -43,9 +44,10 @@ pub struct Worker {
     #[serde(default)]
     pub draining: bool,
     /// The models it serves, as clients name them in `model` (vLLM's `--served-model-name`
-    /// and `--lora-modules` names); `None`: every model (`docs/semantics.md` §8).
-    #[serde(default)]
-    pub models: Option<Vec<String>>,
+    /// and `--lora-modules` names); `None`: every model (`docs/semantics.md` §8). Shared, so
+    /// that the copies of a worker each request's route holds cost no allocation.
+    #[serde(default, deserialize_with = "model_names")]
+    pub models: Option<Rc<[Rc<str>]>>,
     /// A worker a picker chose outside the registry (`docs/semantics.md` §9).
     #[serde(skip)]
     pub unlisted: bool,
@@ -72,12 +74,19 @@ impl Worker {
     pub fn serves(&self, model: &str) -> bool {
         self.models
             .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
+            .is_none_or(|models| models.iter().any(|m| **m == *model))
     }
 }
 
 fn one() -> u32 {
     1
+}
+
+fn model_names<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Rc<[Rc<str>]>>, D::Error> {
+    let names: Option<Vec<String>> = Option::deserialize(deserializer)?;
+    Ok(names.map(|names| names.iter().map(|name| Rc::from(name.as_str())).collect()))
 }
 
 fn socket_address<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
@@ -113,6 +122,9 @@ pub enum Deployment {
 pub struct Registry {
     workers: Vec<Worker>,
     deployment: Deployment,
+    /// Every model a worker names, sorted, each once: shared with the requests naming one,
+    /// which then keep no copy of their own.
+    models: Vec<Rc<str>>,
 }
 
 /// Why a worker list was refused (`docs/semantics.md` §8), at load or fetched at run time.
@@ -184,7 +196,7 @@ impl Registry {
             }
             match worker.models.as_deref() {
                 Some([]) => return Err(RegistryError::NoModels(worker.id)),
-                Some(models) if models.iter().any(String::is_empty) => {
+                Some(models) if models.iter().any(|m| m.is_empty()) => {
                     return Err(RegistryError::EmptyModelName(worker.id));
                 }
                 _ => {}
@@ -200,9 +212,17 @@ impl Registry {
             (false, _) if !has(Role::Decode) => return Err(RegistryError::NoDecodeWorker),
             (false, _) => Deployment::Disaggregated,
         };
+        let mut models: Vec<Rc<str>> = workers
+            .iter()
+            .flat_map(|w| w.models.iter().flat_map(|m| m.iter()))
+            .cloned()
+            .collect();
+        models.sort_unstable();
+        models.dedup();
         Ok(Self {
             workers,
             deployment,
+            models,
         })
     }
 
@@ -212,6 +232,7 @@ impl Registry {
         Self {
             workers: Vec::new(),
             deployment: Deployment::Disaggregated,
+            models: Vec::new(),
         }
     }
 
@@ -234,27 +255,18 @@ impl Registry {
     /// Whether any worker names the models it serves: requests must then name theirs
     /// (`docs/semantics.md` §3).
     pub fn names_models(&self) -> bool {
-        self.workers.iter().any(|w| w.models.is_some())
+        !self.models.is_empty()
     }
 
-    /// Whether a worker names `model` in its `models`.
-    pub fn lists_model(&self, model: &str) -> bool {
-        self.workers
-            .iter()
-            .any(|w| w.models.iter().flatten().any(|m| m == model))
+    /// The registry's own copy of `model`, if a worker names it in its `models`.
+    pub fn listed_model(&self, model: &str) -> Option<&Rc<str>> {
+        let at = self.models.binary_search_by(|m| (**m).cmp(model)).ok()?;
+        self.models.get(at)
     }
 
     /// Every model a worker names, sorted, each once.
-    pub fn models(&self) -> Vec<&str> {
-        let mut models: Vec<&str> = self
-            .workers
-            .iter()
-            .flat_map(|w| w.models.iter().flatten())
-            .map(String::as_str)
-            .collect();
-        models.sort_unstable();
-        models.dedup();
-        models
+    pub fn models(&self) -> &[Rc<str>] {
+        &self.models
     }
 
     /// The role of the worker that generates tokens: decode, or aggregated in a one-hop deployment.

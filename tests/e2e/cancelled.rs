@@ -187,12 +187,14 @@ async fn stat(deployment: &Deployment, name: &str) -> u64 {
 }
 
 /// The holding prefill worker takes the registry entry of a dead one (an address nothing
-/// listened on); a serving prefill worker and a decode worker are sim workers.
+/// listened on); a serving prefill worker and a decode worker are sim workers. The sims name
+/// the model they serve, so every request takes the path that routes by model (its model
+/// kept, counted per model) and that path is the one held flat.
 async fn deployment_with_holding_prefill() -> (Deployment, Arc<HoldingPrefill>) {
     let mut spec = StackSpec::new(
         vec![
-            worker(SERVING, SimRole::Prefill, 1),
-            worker(201, SimRole::Decode, 1),
+            worker(SERVING, SimRole::Prefill, 1).with_served_models(&["sim-model"]),
+            worker(201, SimRole::Decode, 1).with_served_models(&["sim-model"]),
         ],
         wasm(),
     );

@@ -22,14 +22,24 @@ fn registry(json: &str) -> Registry {
 }
 
 fn requested_in(json: &str, body: &str) -> Result<Option<String>, RouteError> {
-    requested(
-        &JsonObject::parse(body.as_bytes()).unwrap(),
-        &registry(json),
-    )
+    let body = JsonObject::parse(body.as_bytes()).unwrap();
+    let model = requested(&body, &registry(json))?;
+    Ok(model.map(|m| m.to_string()))
 }
 
 fn invalid_model(reason: &str) -> impl Fn(&RouteError) -> bool + '_ {
     move |error| matches!(error, RouteError::InvalidField { field: "model", reason: r } if r.contains(reason))
+}
+
+#[test]
+fn a_listed_model_is_the_registrys_own_copy() {
+    let registry = registry(TWO_MODELS);
+    let body = JsonObject::parse(br#"{"model": "b-lora"}"#).unwrap();
+    let model = requested(&body, &registry).unwrap().unwrap();
+    assert!(std::rc::Rc::ptr_eq(
+        &model,
+        registry.listed_model("b-lora").unwrap()
+    ));
 }
 
 #[test]
@@ -82,7 +92,8 @@ fn a_registry_naming_no_models_serves_any_and_none() {
     assert_eq!(requested_in(NO_MODELS, r#"{"prompt": "x"}"#), Ok(None));
     assert_eq!(
         requested_in(NO_MODELS, r#"{"model": "anything"}"#),
-        Ok(Some("anything".into()))
+        Ok(None),
+        "not kept: it chooses nothing"
     );
     let error = requested_in(NO_MODELS, r#"{"model": 1}"#).unwrap_err();
     assert!(invalid_model("must be a string")(&error), "{error}");
@@ -105,13 +116,14 @@ fn a_worker_naming_no_models_serves_every_one() {
     );
     let registry = registry(mixed);
     assert!(registry.names_models());
-    assert!(registry.lists_model("a") && !registry.lists_model("zz"));
+    assert!(registry.listed_model("a").is_some() && registry.listed_model("zz").is_none());
 }
 
 #[test]
 fn another_paths_body_selects_by_its_model_when_it_names_one() {
     let two = registry(TWO_MODELS);
-    let other = |body: &str| in_other_body(body.as_bytes(), &two);
+    let other =
+        |body: &str| in_other_body(body.as_bytes(), &two).map(|model| model.map(|m| m.to_string()));
     assert_eq!(
         other(r#"{"model": "b", "prompt": "x"}"#),
         Ok(Some("b".into()))
@@ -129,8 +141,8 @@ fn another_paths_body_selects_by_its_model_when_it_names_one() {
     let error = other(r#"{"model": 3}"#).unwrap_err();
     assert!(invalid_model("must be a string")(&error), "{error}");
     assert_eq!(
-        in_other_body(br#"{"model": 3, "model": 4}"#, &registry(NO_MODELS)),
-        Ok(None),
+        in_other_body(br#"{"model": 3, "model": 4}"#, &registry(NO_MODELS)).unwrap(),
+        None,
         "not read when the registry names no models"
     );
 }

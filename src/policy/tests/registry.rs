@@ -50,7 +50,8 @@ fn a_worker_may_name_the_models_it_serves() {
         registry.get(2).unwrap().serves("other"),
         "no models: every model"
     );
-    assert_eq!(registry.models(), ["tiny", "tiny-lora"]);
+    let models: Vec<&str> = registry.models().iter().map(|m| &**m).collect();
+    assert_eq!(models, ["tiny", "tiny-lora"]);
 }
 
 #[test]

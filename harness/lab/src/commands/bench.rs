@@ -100,6 +100,12 @@ pub struct Args {
     /// Prefix workload: decode sim workers.
     #[arg(long, default_value_t = 2)]
     decode_workers: u64,
+    /// Prefix workload: model counts to compare, comma-separated (`1,2`): each runs every
+    /// traffic, concurrency and chooser on a fleet serving that many models, each with
+    /// its own prefill and decode workers and `--concurrency` users; the report sets each
+    /// model's share beside one model alone. Above 1, pinroute choosers only.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    models: Vec<u64>,
     /// Prefix workload: blocks of 16 tokens in each worker's prefix cache.
     #[arg(long, default_value_t = 1024)]
     cache_blocks: usize,
@@ -224,9 +230,11 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
         warmup: seconds(args.warmup.unwrap_or(warmup))?,
         duration: seconds(args.duration.unwrap_or(duration))?,
         max_tokens: args.max_tokens,
+        models: args.models.clone(),
         fleet: FleetSpec {
             prefill_workers: args.prefill_workers,
             decode_workers: args.decode_workers,
+            models: 1,
             cache_blocks: args.cache_blocks,
             prefill_us_per_token: args.prefill_us_per_token,
             token_latency_us: args.token_latency_us,

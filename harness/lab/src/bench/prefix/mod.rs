@@ -23,7 +23,7 @@ use super::e2e::progress_bar;
 use super::procfs;
 use super::vllm_router::{Policy, VllmRouter, router_binary};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
-use fleet::{Fleet, FleetSpec};
+use fleet::{Fleet, FleetSpec, Prefilled};
 use pinroute_harness::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
 };
@@ -128,7 +128,10 @@ pub struct PrefixOptions {
     pub warmup: Duration,
     pub duration: Duration,
     pub max_tokens: u32,
+    /// The fleet of one model; each entry of `models` runs the whole comparison on a fleet
+    /// of that many models, each with workers of its own and `concurrencies` users.
     pub fleet: FleetSpec,
+    pub models: Vec<u64>,
     /// The conditional-disaggregation settings of `pinroute-prefix-local`.
     pub local_settings: Value,
     /// Filter settings given to every pinroute gateway (before each one's own).
@@ -141,36 +144,28 @@ pub struct PrefixOptions {
 
 /// Runs it, writes `prefix.json`, `prefix.md` and the plots, and returns the results.
 pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> {
+    check_models(options)?;
     let load_before = procfs::load_average()?;
     let root = repo_root();
     let work_dir = root.join(".cache/bench/prefix");
     std::fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating {}", work_dir.display()))?;
-    let fleet = Arc::new(Fleet::start(&options.fleet).await?);
-    let gateways = Gateways::start(options, &fleet, &root, &work_dir).await?;
     let mut runs = Vec::new();
-    let total = options.traffics.len() * options.concurrencies.len() * options.choosers.len();
-    let progress = progress_bar(total as u64);
+    let mut agreement = Vec::new();
     let mut salt = unix_seconds();
-    for traffic in &options.traffics {
-        for concurrency in &options.concurrencies {
-            for chooser in &options.choosers {
-                progress.set_message(format!("{traffic} c={concurrency} {chooser}"));
-                salt += 1;
-                let target = gateways.target(*chooser, &fleet)?;
-                let workload = PrefixTraffic::new(*traffic, target, salt, options.max_tokens);
-                let envoy = chooser.pinroute().and_then(|v| gateways.envoy(v));
-                let run = measure(&fleet, Arc::new(workload), options, *concurrency, envoy).await?;
-                let run = PrefixRun::new(*traffic, *chooser, *concurrency, run);
-                progress.suspend(|| eprintln!("{}", run.one_line()));
-                runs.push(run);
-                progress.inc(1);
-            }
+    for (index, models) in options.models.iter().enumerate() {
+        let spec = FleetSpec {
+            models: *models,
+            ..options.fleet
+        };
+        let fleet = Arc::new(Fleet::start(&spec).await?);
+        let gateways = Gateways::start(options, &fleet, &root, &work_dir).await?;
+        runs.extend(run_matrix(options, &fleet, &gateways, &mut salt).await?);
+        if index == 0 {
+            agreement =
+                replica_agreement(options, &gateways, &fleet, &root, &work_dir, &mut salt).await?;
         }
     }
-    progress.finish_and_clear();
-    let agreement =
-        replica_agreement(options, &gateways, &fleet, &root, &work_dir, &mut salt).await?;
     let mut results = PrefixResults {
         meta: report::Meta {
             unix_time: unix_seconds(),
@@ -187,6 +182,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             duration_s: options.duration.as_secs_f64(),
             max_tokens: options.max_tokens,
             fleet: options.fleet,
+            models: options.models.clone(),
             local_settings: options.local_settings.clone(),
             pinroute_settings: options.pinroute_settings.clone(),
             vllm_router: super::vllm_router::VERSION.to_string(),
@@ -198,6 +194,59 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
     results.targets = check_targets(&results);
     report::write_outputs(&results, &options.out_dir)?;
     Ok(results)
+}
+
+/// Only pinroute routes by model here: vllm-router's P/D mode and the oracle take every
+/// worker for one model's.
+fn check_models(options: &PrefixOptions) -> Result<()> {
+    let several = options.models.iter().any(|m| *m > 1);
+    let by_model = |c: &&Chooser| c.pinroute().is_some() && **c != Chooser::Oracle;
+    if let Some(chooser) = options.choosers.iter().find(|c| several && !by_model(c)) {
+        anyhow::bail!("--models above 1: {chooser} does not route by model; choose pinroute ones");
+    }
+    if let Some(models) = options
+        .models
+        .iter()
+        .find(|m| **m == 0 || **m > traffic::MAX_MODELS)
+    {
+        anyhow::bail!("--models {models}: from 1 to {}", traffic::MAX_MODELS);
+    }
+    Ok(())
+}
+
+/// Every traffic, concurrency and chooser on one fleet.
+async fn run_matrix(
+    options: &PrefixOptions,
+    fleet: &Arc<Fleet>,
+    gateways: &Gateways,
+    salt: &mut u64,
+) -> Result<Vec<PrefixRun>> {
+    let models = fleet.models();
+    let mut runs = Vec::new();
+    let total = options.traffics.len() * options.concurrencies.len() * options.choosers.len();
+    let progress = progress_bar(total as u64);
+    for traffic in &options.traffics {
+        for concurrency in &options.concurrencies {
+            for chooser in &options.choosers {
+                progress.set_message(format!(
+                    "{traffic} c={concurrency} {chooser} models={models}"
+                ));
+                *salt += 1;
+                let target = gateways.target(*chooser, fleet)?;
+                let workload =
+                    PrefixTraffic::new(*traffic, target, *salt, options.max_tokens, models);
+                let envoy = chooser.pinroute().and_then(|v| gateways.envoy(v));
+                let users = concurrency * usize::try_from(models).unwrap_or(1);
+                let run = measure(fleet, Arc::new(workload), options, users, envoy).await?;
+                let run = PrefixRun::new(*traffic, *chooser, *concurrency, models, run);
+                progress.suspend(|| eprintln!("{}", run.one_line()));
+                runs.push(run);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    Ok(runs)
 }
 
 /// The gateways of the run, each started once.
@@ -319,6 +368,8 @@ fn bootstrap(fleet: &Fleet, settings: &Value, wasm: &Path) -> Result<String> {
 pub struct Measured {
     pub report: LoadReport,
     pub hit_rate: f64,
+    /// Each model's hit rate, on its own workers.
+    pub hit_rates: Vec<f64>,
     /// pinroute's counters over the measured period (`wasmcustom.pinroute.` left out), when
     /// the chooser is pinroute.
     pub counters: BTreeMap<String, u64>,
@@ -358,9 +409,15 @@ async fn measure(
             (name, value.saturating_sub(earlier))
         })
         .collect();
+    let hit_rates = last
+        .iter()
+        .zip(&first)
+        .map(|(last, first)| last.hit_rate_since(first))
+        .collect();
     Ok(Measured {
         report,
-        hit_rate: last.hit_rate_since(&first),
+        hit_rate: Prefilled::total(&last).hit_rate_since(&Prefilled::total(&first)),
+        hit_rates,
         counters,
     })
 }
@@ -421,6 +478,7 @@ async fn replica_agreement(
             target,
             *salt,
             options.max_tokens,
+            fleet.models(),
         ));
         let spec = LoadSpec {
             concurrency,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::fleet::FleetSpec;
-use super::traffic::Traffic;
+use super::traffic::{LABELS, Traffic};
 use super::{Chooser, Measured};
 use crate::bench::plot::{Line, Panel, draw_panels};
 use crate::bench::results::TargetCheck;
@@ -39,18 +39,34 @@ pub struct Meta {
     pub duration_s: f64,
     pub max_tokens: u32,
     pub fleet: FleetSpec,
+    /// The model counts compared; the first is the one the main tables show.
+    #[serde(default = "one_model")]
+    pub models: Vec<u64>,
     pub local_settings: Value,
     #[serde(default)]
     pub pinroute_settings: Value,
     pub vllm_router: String,
 }
 
-/// One chooser on one traffic at one concurrency.
+fn one_model() -> Vec<u64> {
+    vec![1]
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// One chooser on one traffic at one concurrency (users per model), on a fleet of `models`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrefixRun {
     pub traffic: Traffic,
     pub chooser: Chooser,
     pub concurrency: usize,
+    #[serde(default = "one")]
+    pub models: u64,
+    /// Each model's own figures, in model order.
+    #[serde(default)]
+    pub per_model: Vec<ModelShare>,
     pub completed: u64,
     pub throughput_rps: f64,
     pub ttfb: LatencySummary,
@@ -66,6 +82,14 @@ pub struct PrefixRun {
     pub counters: BTreeMap<String, u64>,
     pub unexpected: u64,
     pub problems: Vec<String>,
+}
+
+/// One model's requests in a run: those answered as expected per second, and the hit rate
+/// on its workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelShare {
+    pub throughput_rps: f64,
+    pub hit_rate: f64,
 }
 
 /// How often two pinroute replicas chose the same prefill worker for the same request.
@@ -88,8 +112,27 @@ impl ReplicaAgreement {
 }
 
 impl PrefixRun {
-    pub fn new(traffic: Traffic, chooser: Chooser, concurrency: usize, measured: Measured) -> Self {
+    pub fn new(
+        traffic: Traffic,
+        chooser: Chooser,
+        concurrency: usize,
+        models: u64,
+        measured: Measured,
+    ) -> Self {
         let report = &measured.report;
+        let seconds = report.elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+        let per_model = LABELS
+            .iter()
+            .zip(&measured.hit_rates)
+            .map(|(label, hit_rate)| {
+                let outcomes = report.by_label.get(label);
+                let answered = outcomes.map_or(0, |o| o.total.saturating_sub(o.unexpected));
+                ModelShare {
+                    throughput_rps: answered as f64 / seconds,
+                    hit_rate: *hit_rate,
+                }
+            })
+            .collect();
         let total = report.outcomes.total;
         let counters = measured.counters;
         let requests = counters.get("requests").copied().unwrap_or(0);
@@ -118,6 +161,8 @@ impl PrefixRun {
             traffic,
             chooser,
             concurrency,
+            models,
+            per_model,
             completed: total,
             throughput_rps: report.throughput(),
             ttfb: report.first_byte_summary(),
@@ -137,10 +182,11 @@ impl PrefixRun {
             n => format!(" ERRORS {n}: {}", self.problems.join("; ")),
         };
         format!(
-            "{:<15} {:<22} c={:<3} {:>6.0} req/s  TTFT p50 {} p99 {} ms  hit rate {:.2}{errors}",
+            "{:<15} {:<22} c={:<3} models={} {:>6.0} req/s  TTFT p50 {} p99 {} ms  hit rate {:.2}{errors}",
             self.traffic.as_str(),
             self.chooser.as_str(),
             self.concurrency,
+            self.models,
             self.throughput_rps,
             ms(self.ttfb.p50_ms),
             ms(self.ttfb.p99_ms),
@@ -150,10 +196,23 @@ impl PrefixRun {
 }
 
 impl PrefixResults {
+    /// The run of the main tables: on the first model count.
     fn run(&self, traffic: Traffic, chooser: Chooser, concurrency: usize) -> Option<&PrefixRun> {
-        self.runs
-            .iter()
-            .find(|r| r.traffic == traffic && r.chooser == chooser && r.concurrency == concurrency)
+        let models = self.meta.models.first().copied().unwrap_or(1);
+        self.run_of(traffic, chooser, concurrency, models)
+    }
+
+    fn run_of(
+        &self,
+        traffic: Traffic,
+        chooser: Chooser,
+        concurrency: usize,
+        models: u64,
+    ) -> Option<&PrefixRun> {
+        self.runs.iter().find(|r| {
+            (r.traffic, r.chooser, r.concurrency, r.models)
+                == (traffic, chooser, concurrency, models)
+        })
     }
 
     fn traffics(&self) -> Vec<Traffic> {
@@ -194,6 +253,9 @@ pub fn check_targets(results: &PrefixResults) -> Vec<TargetCheck> {
     }
     for chooser in PREFIX_AWARE {
         checks.push(throughput_over_round_robin(results, chooser));
+    }
+    if results.meta.models.len() > 1 {
+        checks.push(models_alike(results));
     }
     for agreement in &results.agreement {
         checks.push(TargetCheck {
@@ -312,6 +374,121 @@ fn throughput_over_round_robin(results: &PrefixResults, chooser: Chooser) -> Tar
     }
 }
 
+/// Each model of a fleet of several against one model alone (`--models`): what routing by
+/// model may cost a model.
+const MODEL_THROUGHPUT_KEPT: f64 = 0.95;
+const MODEL_HIT_RATE_KEPT: f64 = 0.02;
+
+/// Each model's share beside one model alone, for every run of more models.
+struct ModelComparison<'r> {
+    alone: &'r ModelShare,
+    run: &'r PrefixRun,
+    model: usize,
+    share: &'r ModelShare,
+}
+
+impl ModelComparison<'_> {
+    fn kept(&self) -> bool {
+        self.share.throughput_rps >= MODEL_THROUGHPUT_KEPT * self.alone.throughput_rps
+            && self.share.hit_rate >= self.alone.hit_rate - MODEL_HIT_RATE_KEPT
+    }
+}
+
+impl PrefixResults {
+    fn model_comparisons(&self) -> Vec<ModelComparison<'_>> {
+        let alone_count = self.meta.models.first().copied().unwrap_or(1);
+        let mut comparisons = Vec::new();
+        for run in self.runs.iter().filter(|r| r.models != alone_count) {
+            let alone = self
+                .run_of(run.traffic, run.chooser, run.concurrency, alone_count)
+                .and_then(|a| a.per_model.first());
+            let Some(alone) = alone else { continue };
+            for (model, share) in run.per_model.iter().enumerate() {
+                comparisons.push(ModelComparison {
+                    alone,
+                    run,
+                    model,
+                    share,
+                });
+            }
+        }
+        comparisons
+    }
+}
+
+fn models_alike(results: &PrefixResults) -> TargetCheck {
+    let target = format!(
+        "each model of several keeps its throughput (>= {MODEL_THROUGHPUT_KEPT:.2}x) and hit rate (>= -{MODEL_HIT_RATE_KEPT:.2}) beside one model alone, everywhere"
+    );
+    let comparisons = results.model_comparisons();
+    let worst = comparisons.iter().min_by(|a, b| {
+        let ratio = |c: &&ModelComparison<'_>| {
+            c.share.throughput_rps / c.alone.throughput_rps.max(f64::MIN_POSITIVE)
+        };
+        ratio(a).total_cmp(&ratio(b))
+    });
+    match worst {
+        None => TargetCheck {
+            target,
+            measured: "not measured".into(),
+            met: None,
+        },
+        Some(worst) => TargetCheck {
+            target,
+            measured: format!(
+                "lowest: model {} of {} on {} c={}: {:.0} vs {:.0} req/s, hit rate {:.3} vs {:.3}",
+                worst.model,
+                worst.run.models,
+                worst.run.traffic,
+                worst.run.concurrency,
+                worst.share.throughput_rps,
+                worst.alone.throughput_rps,
+                worst.share.hit_rate,
+                worst.alone.hit_rate
+            ),
+            met: Some(comparisons.iter().all(ModelComparison::kept)),
+        },
+    }
+}
+
+fn models_table(results: &PrefixResults, style: Style) -> String {
+    let header: Vec<String> = [
+        "traffic",
+        "chooser",
+        "users/model",
+        "models",
+        "model",
+        "req/s",
+        "x alone",
+        "hit rate",
+        "alone",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect();
+    let rows: Vec<Vec<String>> = results
+        .model_comparisons()
+        .iter()
+        .map(|c| {
+            vec![
+                c.run.traffic.to_string(),
+                c.run.chooser.to_string(),
+                c.run.concurrency.to_string(),
+                c.run.models.to_string(),
+                c.model.to_string(),
+                format!("{:.0}", c.share.throughput_rps),
+                format!(
+                    "{:.2}",
+                    c.share.throughput_rps / c.alone.throughput_rps.max(f64::MIN_POSITIVE)
+                ),
+                format!("{:.3}", c.share.hit_rate),
+                format!("{:.3}", c.alone.hit_rate),
+            ]
+        })
+        .collect();
+    grid(&header, &rows, style)
+}
+
 /// How it was run, a table per traffic, the replicas' agreement, the targets.
 pub fn render(results: &PrefixResults, style: Style) -> String {
     let mut out = String::new();
@@ -327,9 +504,14 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     );
     let _ = writeln!(
         out,
-        "- sim workers: {} prefill and {} decode, a prefix cache of {} blocks of 16 tokens each, {} µs of prefill compute per uncached token, {} µs per generated token, {} tokens streamed",
+        "- sim workers: {} prefill and {} decode per model ({} models), a prefix cache of {} blocks of 16 tokens each, {} µs of prefill compute per uncached token, {} µs per generated token, {} tokens streamed",
         fleet.prefill_workers,
         fleet.decode_workers,
+        meta.models
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", then "),
         fleet.cache_blocks,
         fleet.prefill_us_per_token,
         fleet.token_latency_us,
@@ -402,6 +584,14 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
             })
             .collect();
         out.push_str(&grid(&header, &rows, style));
+    }
+    if results.meta.models.len() > 1 {
+        let _ = writeln!(
+            out,
+            "\n{}Several models: each one beside one model alone\n",
+            title_mark(style)
+        );
+        out.push_str(&models_table(results, style));
     }
     let _ = writeln!(out, "\n{}Targets\n", title_mark(style));
     out.push_str(&targets(&results.targets, style));

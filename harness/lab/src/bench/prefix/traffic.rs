@@ -13,14 +13,17 @@ use http::Request;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::fleet::Fleet;
+use super::fleet::{Fleet, model_name};
 use crate::bench::workload::{post_to, stream_problem};
 use crate::load::{ChunkedBody, Exchange, Sample, VirtualUser, Workload};
 use pinroute::policy::headers::PREFILL_WORKER_HEADER;
 use pinroute_harness::sim::PromptBlocks;
 
 const PATH: &str = "/v1/chat/completions";
-const LABEL: &str = "chat";
+/// Each model's requests are counted under its own label: user `u` asks model `u % models`.
+pub const LABELS: [&str; 4] = ["model-0", "model-1", "model-2", "model-3"];
+/// The most models the traffic spreads users over.
+pub const MAX_MODELS: u64 = LABELS.len() as u64;
 
 /// The two traffic shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -146,6 +149,8 @@ pub struct PrefixTraffic {
     /// Makes every run's prompts its own, so that no cache or memory outlives a run.
     salt: u64,
     max_tokens: u32,
+    /// The models users are spread over (at most [`MAX_MODELS`]).
+    models: u64,
     answer: String,
     users: Mutex<HashMap<usize, UserState>>,
     conversations: AtomicU64,
@@ -153,13 +158,14 @@ pub struct PrefixTraffic {
 }
 
 impl PrefixTraffic {
-    pub fn new(traffic: Traffic, target: Target, salt: u64, max_tokens: u32) -> Self {
+    pub fn new(traffic: Traffic, target: Target, salt: u64, max_tokens: u32, models: u64) -> Self {
         let answer: Vec<String> = (0..max_tokens).map(|i| format!("tok{i}")).collect();
         PrefixTraffic {
             traffic,
             target,
             salt,
             max_tokens,
+            models: models.clamp(1, MAX_MODELS),
             answer: answer.join(" "),
             users: Mutex::new(HashMap::new()),
             conversations: AtomicU64::new(0),
@@ -225,8 +231,18 @@ impl PrefixTraffic {
         users.entry(user).or_default().exchanges.clear();
     }
 
-    fn body(&self, messages: &Value) -> ChunkedBody {
-        let body = json!({"model": "sim-model", "messages": messages,
+    /// The model `user` asks.
+    fn model_of(&self, user: usize) -> u64 {
+        user as u64 % self.models
+    }
+
+    fn label_of(&self, user: usize) -> &'static str {
+        let index = usize::try_from(self.model_of(user)).unwrap_or(0);
+        LABELS.get(index).copied().unwrap_or("model")
+    }
+
+    fn body(&self, user: usize, messages: &Value) -> ChunkedBody {
+        let body = json!({"model": model_name(self.model_of(user)), "messages": messages,
                           "max_tokens": self.max_tokens, "stream": true});
         ChunkedBody::from(Bytes::from(body.to_string()))
     }
@@ -267,13 +283,14 @@ impl PrefixTraffic {
             }
             Target::Pair { first, .. } => (*first, Vec::new(), started),
         };
-        let request = post(&request_id, self.body(messages), &headers);
+        let request = post(&request_id, self.body(user.id, messages), &headers);
+        let label = self.label_of(user.id);
         match user.connections.exchange(gateway, request).await {
             Ok(exchange) => match stream_problem(&exchange) {
                 None => Ok(exchange),
-                problem => Err(Sample::from_exchange(LABEL, started, &exchange, problem)),
+                problem => Err(Sample::from_exchange(label, started, &exchange, problem)),
             },
-            Err(error) => Err(Sample::transport_failure(LABEL, started, &error)),
+            Err(error) => Err(Sample::transport_failure(label, started, &error)),
         }
     }
 
@@ -283,7 +300,7 @@ impl PrefixTraffic {
             return;
         };
         let request_id = format!("prefix-{}-{}-b", user.id, self.salt);
-        let request = post(&request_id, self.body(messages), &[]);
+        let request = post(&request_id, self.body(user.id, messages), &[]);
         if let Ok(exchange) = user.connections.exchange(*second, request).await {
             let agreed = exchange.header(PREFILL_WORKER_HEADER).is_some()
                 && exchange.header(PREFILL_WORKER_HEADER) == first.header(PREFILL_WORKER_HEADER);
@@ -303,17 +320,13 @@ impl Workload for PrefixTraffic {
             Ok(exchange) => {
                 self.compare(user, &messages, &exchange).await;
                 self.answered(user.id, &messages);
-                Sample::from_exchange(LABEL, started, &exchange, None)
+                Sample::from_exchange(self.label_of(user.id), started, &exchange, None)
             }
             Err(sample) => {
                 self.failed(user.id);
                 sample
             }
         }
-    }
-
-    fn label(&self, _seq: u64) -> &'static str {
-        LABEL
     }
 }
 
@@ -364,7 +377,7 @@ mod tests {
             gateway: "127.0.0.1:1".parse().unwrap(),
             session: false,
         };
-        PrefixTraffic::new(kind, target, 7, 4)
+        PrefixTraffic::new(kind, target, 7, 4, 1)
     }
 
     #[test]
