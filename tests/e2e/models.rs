@@ -224,3 +224,66 @@ async fn prometheus_has_requests_placements_and_errors_per_model() {
         "a client's model is never a label"
     );
 }
+
+#[tokio::test]
+async fn the_live_registry_carries_the_models() {
+    let workers = vec![
+        SimConfig::new(101, SimRole::Prefill).with_served_models(&["tiny"]),
+        SimConfig::new(201, SimRole::Decode).with_served_models(&["tiny"]),
+        SimConfig::new(202, SimRole::Decode).with_served_models(&["big"]),
+    ];
+    let mut spec = StackSpec::new(workers, wasm());
+    spec.live_registry = Some(std::time::Duration::from_millis(200));
+    let deployment = start(spec).await;
+    let registry = deployment.registry.as_ref().unwrap();
+    let mut entries = deployment.entries(&[101, 201, 202]);
+    for entry in &mut entries {
+        entry.as_object_mut().unwrap().remove("models");
+    }
+    registry.set_workers(&entries);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while send(&deployment, Method::GET, "/v1/models", &[], None)
+        .await
+        .json()["data"][0]["owned_by"]
+        == "pinroute"
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the list without models never came"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let anywhere = post(
+        &deployment,
+        "/v1/completions",
+        &[("x-dynamo-worker-instance-id", "202")],
+        &completion("tiny"),
+    )
+    .await;
+    assert_eq!(
+        anywhere.status, 404,
+        "the sim refuses what the registry no longer tells apart"
+    );
+
+    registry.set_workers(&deployment.entries(&[101, 201, 202]));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let reply = send(&deployment, Method::GET, "/v1/models", &[], None).await;
+        if reply.json()["data"][0]["owned_by"] == "pinroute" {
+            assert_eq!(reply.json()["data"].as_array().unwrap().len(), 2);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the models never came"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let pinned = [("x-dynamo-worker-instance-id", "202")];
+    post(&deployment, "/v1/completions", &pinned, &completion("tiny"))
+        .await
+        .error(400, "model_not_served");
+    let reply = post(&deployment, "/v1/completions", &[], &completion("big")).await;
+    reply.assert_ok("big");
+    assert_eq!(reply.worker("decode"), Some(202));
+}
