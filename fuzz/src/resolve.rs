@@ -76,7 +76,12 @@ pub struct Case {
     other_token_pins: PinsSpec,
     /// The prompt, for prefix affinity and conditional disaggregation.
     prompt: PromptSpec,
+    /// The request's model (docs/semantics.md §3), of [`MODELS`]; `None`: every worker serves it.
+    model: Option<bool>,
 }
+
+/// The models workers name and requests ask for.
+const MODELS: [&str; 2] = ["base", "base-lora"];
 
 #[derive(Arbitrary, Debug)]
 struct PromptSpec {
@@ -108,6 +113,8 @@ struct WorkerSpec {
     address: AddressSpec,
     dp_size: RankSpec,
     draining: bool,
+    /// `None`: every model; else, modulo 3, the first of [`MODELS`], the second, or both.
+    models: Option<u8>,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -260,6 +267,9 @@ pub fn check(case: &Case) {
         health: &health,
         request,
         prompt: facts,
+        model: case
+            .model
+            .and_then(|second| MODELS.get(usize::from(second)).copied()),
     };
     world.check(&pins, &case.other_token_pins.pins(&workers));
 }
@@ -332,7 +342,14 @@ impl WorkerSpec {
             },
             dp_size: self.dp_size.value(),
             draining: self.draining,
-            models: None,
+            models: self.models.map(|m| {
+                let names: &[&str] = match m % 3 {
+                    0 => &MODELS[..1],
+                    1 => &MODELS[1..],
+                    _ => &MODELS,
+                };
+                names.iter().map(|n| std::rc::Rc::from(*n)).collect()
+            }),
             unlisted: false,
         }
     }
@@ -424,9 +441,11 @@ fn registry_json(workers: &[Worker]) -> String {
     let workers: Vec<serde_json::Value> = workers
         .iter()
         .map(|w| {
+            let models: Option<Vec<&str>> =
+                w.models.as_ref().map(|m| m.iter().map(|n| &**n).collect());
             serde_json::json!({
                 "id": w.id, "role": w.role.to_string(), "address": w.address.to_string(),
-                "dp_size": w.dp_size, "draining": w.draining,
+                "dp_size": w.dp_size, "draining": w.draining, "models": models,
             })
         })
         .collect();
@@ -460,11 +479,12 @@ type Check = (Condition, u16, &'static str, RetryAfter);
 /// row is an unpinned hop with nothing to go to (§4, §5), which the prefill hop may be when
 /// it can fall back to one hop.
 #[rustfmt::skip]
-const CHECKS: [Check; 8] = [
+const CHECKS: [Check; 9] = [
     (HopFacts::rank_without_worker,          400, "rank_without_worker",  RetryAfter::None),
     (HopFacts::unknown_to_an_empty_registry, 503, "no_worker_available",  RetryAfter::Five),
     (HopFacts::unknown,                      400, "unknown_worker",       RetryAfter::None),
     (HopFacts::in_another_pool,              400, "wrong_worker_role",    RetryAfter::None),
+    (HopFacts::serves_another_model,         400, "model_not_served",     RetryAfter::None),
     (HopFacts::rank_out_of_range,            400, "dp_rank_out_of_range", RetryAfter::None),
     (HopFacts::draining,                     503, "worker_unavailable",   RetryAfter::Five),
     (HopFacts::unhealthy_outside_panic,      503, "worker_unavailable",   RetryAfter::UntilHealthy),
@@ -479,6 +499,8 @@ struct HopFacts {
     rank: Option<u32>,
     /// The pinned worker, when the registry knows it.
     worker: Option<Worker>,
+    /// It does not serve the request's model.
+    not_serving_model: bool,
     registry_is_empty: bool,
     unhealthy: bool,
     pool: Pool,
@@ -501,6 +523,10 @@ impl HopFacts {
 
     fn in_another_pool(&self) -> bool {
         self.worker.as_ref().is_some_and(|w| w.role != self.role)
+    }
+
+    fn serves_another_model(&self) -> bool {
+        self.not_serving_model
     }
 
     fn rank_out_of_range(&self) -> bool {
@@ -570,6 +596,7 @@ struct World<'a> {
     health: &'a Health,
     request: Request<'a>,
     prompt: PromptFacts,
+    model: Option<&'static str>,
 }
 
 impl World<'_> {
@@ -586,7 +613,7 @@ impl World<'_> {
             ),
             prompt: self.prompt,
             picked: &picker::NOTHING,
-            model: None,
+            model: self.model,
         }
     }
 
@@ -616,11 +643,20 @@ impl World<'_> {
         }
     }
 
+    /// The role's workers that are not draining and serve the request's model (§3, §5).
     fn serving(&self, role: Role) -> impl Iterator<Item = &Worker> {
         self.registry
             .workers()
             .iter()
-            .filter(move |w| w.role == role && !w.draining)
+            .filter(move |w| w.role == role && !w.draining && self.serves(w))
+    }
+
+    fn serves(&self, worker: &Worker) -> bool {
+        let names = worker.models.as_deref();
+        match (self.model, names) {
+            (Some(model), Some(names)) => names.iter().any(|n| &**n == model),
+            _ => true,
+        }
     }
 
     fn pool(&self, role: Role) -> Pool {
@@ -653,6 +689,7 @@ impl World<'_> {
             role,
             pin,
             rank,
+            not_serving_model: worker.is_some_and(|w| !self.serves(w)),
             worker: worker.cloned(),
             registry_is_empty: self.registry.workers().is_empty(),
             unhealthy: worker.is_some_and(|w| self.health.is_unhealthy(w)),
@@ -1246,6 +1283,7 @@ fn hop_and_worker(error: &RouteError) -> Option<(Hop, Option<WorkerId>)> {
         RouteError::UnknownWorker { hop, worker }
         | RouteError::WrongRole { hop, worker, .. }
         | RouteError::RankOutOfRange { hop, worker, .. }
+        | RouteError::ModelNotServed { hop, worker, .. }
         | RouteError::WorkerUnavailable { hop, worker, .. } => Some((hop, Some(worker))),
         _ => None,
     }
