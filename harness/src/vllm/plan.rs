@@ -44,8 +44,8 @@ impl InstancePlan {
             "id": self.id, "role": self.command.role.as_str(),
             "address": self.address.to_string(), "dp_size": self.dp_size,
         });
-        if let Some(models) = &self.models {
-            entry["models"] = json!(models);
+        if let (Some(entry), Some(models)) = (entry.as_object_mut(), &self.models) {
+            entry.insert("models".to_owned(), json!(models));
         }
         entry
     }
