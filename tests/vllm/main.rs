@@ -14,7 +14,8 @@
 //! One pair serves each connector's scenarios (start-up takes about a minute), and an engine that
 //! exits fails the test with the engine's log tail. `PINROUTE_VLLM_PAIR=PREFILL,DECODE` points the
 //! NIXL suite at a pair already running (`up --workers vllm`, on CPU or GPUs), whose logs are in
-//! `PINROUTE_VLLM_LOGS`; the ExampleConnector suite is skipped then.
+//! `PINROUTE_VLLM_LOGS`; the ExampleConnector suite is skipped then. A third NIXL pair serves the
+//! model and a LoRA adapter beside it, each registry entry naming both (`tests/vllm/models.rs`).
 
 #![allow(
     clippy::unwrap_used,
@@ -26,6 +27,7 @@
 mod client;
 mod data_parallel;
 mod handoff;
+mod models;
 #[path = "../common/reply.rs"]
 mod reply;
 mod scenarios;
@@ -126,11 +128,15 @@ fn existing_pair() -> Option<ExistingPair> {
     })
 }
 
-async fn start(connector: Connector) -> Gateway {
+/// The pair with `connector` and, with `lora`, the tiny LoRA adapter on both engines and
+/// each registry entry naming both models.
+async fn start(connector: Connector, lora: bool) -> Gateway {
     let dir = TempDir::with_prefix("pinroute-vllm-").unwrap();
     let started = Instant::now();
     let options = VllmPairOptions {
         connector,
+        lora,
+        registry_models: lora,
         ..VllmPairOptions::new(&dir.path().join("vllm"))
     };
     let existing = existing_pair();
@@ -218,7 +224,7 @@ async fn run_suite(connector: Connector) {
         connector.as_str()
     );
     let suite = Instant::now();
-    let gateway = start(connector).await;
+    let gateway = start(connector, false).await;
     let _logs = LogsOnFailure(&gateway);
     scenarios::run_all(&gateway).await;
     gateway.pair.ensure_running().expect("an engine exited");
@@ -296,4 +302,33 @@ async fn a_pair_behind_vllms_own_mutual_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nixl_connector_pair_behind_envoy() {
     run_suite(Connector::Nixl).await;
+}
+
+/// `PINROUTE_VLLM_MODELS=0` skips the check of a model and a LoRA adapter behind one gateway
+/// (it runs with the NIXL suite, unless the suite is pointed at an existing pair).
+const MODELS_CHOICE: &str = "PINROUTE_VLLM_MODELS";
+
+/// Issue 23: the base model and a LoRA adapter on one NIXL pair, each request on engines
+/// serving its model (`tests/vllm/models.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_and_its_lora_adapter_behind_envoy() {
+    if !wanted(Connector::Nixl) {
+        return;
+    }
+    let skip = if std::env::var(MODELS_CHOICE).as_deref() == Ok("0") {
+        Some(format!("{MODELS_CHOICE}=0"))
+    } else {
+        std::env::var_os(EXISTING_PAIR).map(|_| format!("{EXISTING_PAIR} is set"))
+    };
+    if let Some(why) = skip {
+        let _ = writeln!(std::io::stderr(), "vllm suite (models) skipped: {why}");
+        return;
+    }
+    let _turn = ONE_PAIR_AT_A_TIME.lock().await;
+    let suite = Instant::now();
+    let gateway = start(Connector::Nixl, true).await;
+    let _logs = LogsOnFailure(&gateway);
+    models::run_all(&gateway).await;
+    gateway.pair.ensure_running().expect("an engine exited");
+    eprintln!("vllm suite (models): passed in {:.1?}", suite.elapsed());
 }

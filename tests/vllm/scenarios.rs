@@ -111,7 +111,7 @@ type BadPin<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a [&'a str]);
 
 /// A prompt no earlier request used (so no prefix cache has it), of at least 70 tokens, whose KV
 /// ExampleConnector can hand over; and its token count.
-async fn fresh_prompt(gateway: &Gateway, tag: &str) -> (String, u64) {
+pub async fn fresh_prompt(gateway: &Gateway, tag: &str) -> (String, u64) {
     let mut prompt = format!("[{tag}] {FILLER}, and {FILLER}.");
     loop {
         let tokens = token_count(gateway, &prompt).await;

@@ -71,6 +71,11 @@ impl Tap {
     pub fn take(&self) -> Vec<Exchange> {
         std::mem::take(&mut *self.exchanges.lock().unwrap())
     }
+
+    /// The exchanges recorded since the last [`Tap::take`], which still gets them.
+    pub fn peek(&self) -> Vec<Exchange> {
+        self.exchanges.lock().unwrap().clone()
+    }
 }
 
 impl Drop for Tap {

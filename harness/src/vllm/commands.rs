@@ -101,6 +101,32 @@ pub struct CpuInstance<'a> {
     pub kv: CpuKv<'a>,
     /// `--data-parallel-size`; 1 omits the option.
     pub dp_size: u32,
+    /// A LoRA adapter served beside the model; none: LoRA is not enabled.
+    pub lora: Option<LoraModule<'a>>,
+}
+
+/// A LoRA adapter an engine serves beside its base model: requests naming `name` in `model`
+/// get the adapter applied (`--enable-lora --lora-modules NAME=DIR --max-lora-rank RANK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraModule<'a> {
+    pub name: &'a str,
+    /// A PEFT folder: `adapter_config.json` and `adapter_model.safetensors`.
+    pub dir: &'a Path,
+    /// The adapter's rank, the most the engine reserves room for (vLLM's default is 16).
+    pub max_rank: u32,
+}
+
+impl LoraModule<'_> {
+    fn serve_args(&self) -> Vec<String> {
+        let module = format!("{}={}", self.name, self.dir.to_string_lossy());
+        words(&[
+            "--enable-lora",
+            "--lora-modules",
+            &module,
+            "--max-lora-rank",
+            &self.max_rank.to_string(),
+        ])
+    }
 }
 
 /// The KV connector of a CPU instance and what it needs.
@@ -194,6 +220,9 @@ pub fn cpu_serve_command(instance: &CpuInstance<'_>) -> ServeCommand {
         &CPU_BLOCK_SIZE.to_string(),
         "--enforce-eager",
     ]));
+    if let Some(lora) = &instance.lora {
+        args.extend(lora.serve_args());
+    }
     if let Some(tls) = instance.tls {
         args.extend(tls.serve_args());
     }
@@ -371,6 +400,7 @@ mod tests {
                 served_model_name: "tiny",
                 kv: CpuKv::SharedFolder(kv),
                 dp_size: 1,
+                lora: None,
             })
             .to_string()
         };
@@ -411,6 +441,7 @@ mod tests {
                 logging_config: Path::new("/w/logging.json"),
             },
             dp_size: 1,
+            lora: None,
         })
         .to_string();
         for part in [
@@ -420,6 +451,47 @@ mod tests {
             "--dtype float32 --block-size 32",
         ] {
             assert!(line.contains(part), "{part} not in {line}");
+        }
+        assert!(!line.contains("lora"), "LoRA is opt-in: {line}");
+    }
+
+    #[test]
+    fn cpu_instances_serve_a_lora_adapter_beside_the_model_when_given_one() {
+        let line = |role| {
+            cpu_serve_command(&CpuInstance {
+                role,
+                tls: None,
+                listen: "127.0.0.1:8101".parse().unwrap(),
+                vllm: Path::new("/v/vllm"),
+                model_dir: Path::new("/m"),
+                served_model_name: "tiny",
+                kv: CpuKv::Nixl {
+                    side_channel_port: 5600,
+                    logging_config: Path::new("/w/logging.json"),
+                },
+                dp_size: 1,
+                lora: Some(LoraModule {
+                    name: "tiny-lora",
+                    dir: Path::new("/m/lora"),
+                    max_rank: 8,
+                }),
+            })
+            .to_string()
+        };
+        for role in [PairRole::Prefill, PairRole::Decode] {
+            let line = line(role);
+            assert!(
+                line.contains(
+                    " --served-model-name tiny --host 127.0.0.1 --port 8101 --enable-scale-out "
+                ),
+                "{line}"
+            );
+            assert!(
+                line.ends_with(
+                    " --enforce-eager --enable-lora --lora-modules tiny-lora=/m/lora --max-lora-rank 8"
+                ),
+                "both halves load the adapter, or decode could not continue its KV: {line}"
+            );
         }
     }
 

@@ -13,7 +13,9 @@ use super::commands::{
 };
 use super::install::{ensure_vllm, planned_python, project_venv, vllm_command};
 use super::metrics::{counter_total, counter_where};
-use super::model::{TINY_MODEL_NAME, ensure_model, tiny_model_dir};
+use super::model::{
+    TINY_MODEL_NAME, ensure_adapter, ensure_model, tiny_adapter_dir, tiny_model_dir,
+};
 use super::nixl_log::{NixlPull, nixl_finished, nixl_pulls};
 use super::plan::{
     CpuPairLayout, DECODE_ID, InstancePlan, PREFILL_ID, PairPlan, cpu_plan, free_loopback_address,
@@ -56,6 +58,12 @@ pub struct VllmPairOptions {
     pub connector: Connector,
     /// vLLM's own TLS on both engines, requiring client certificates; none: clear text.
     pub tls: Option<EngineTls>,
+    /// Both engines also serve the tiny LoRA adapter, as
+    /// [`TINY_ADAPTER_NAME`](super::TINY_ADAPTER_NAME) (generated when missing).
+    pub lora: bool,
+    /// Each registry entry names the models its engine serves (`models`: the served model
+    /// name, and the adapter's with `lora`); otherwise entries name none.
+    pub registry_models: bool,
 }
 
 impl VllmPairOptions {
@@ -68,6 +76,8 @@ impl VllmPairOptions {
             decode_listen: None,
             connector: Connector::Example,
             tls: None,
+            lora: false,
+            registry_models: false,
         }
     }
 }
@@ -79,6 +89,7 @@ pub struct VllmPair {
     registry: Vec<Value>,
     model: Option<String>,
     served_model_name: String,
+    served_models: Vec<String>,
     prefill: VllmServer,
     decode: VllmServer,
     kv_dir: Option<PathBuf>,
@@ -231,6 +242,7 @@ impl VllmPair {
             registry: vec![plan.prefill.registry_entry(), plan.decode.registry_entry()],
             model: Some(plan.model),
             served_model_name: plan.served_model_name,
+            served_models: plan.served_models,
             prefill,
             decode,
             kv_dir: None,
@@ -262,6 +274,7 @@ impl VllmPair {
                 entry(&decode, existing.dp_sizes.1),
             ],
             model: None,
+            served_models: vec![served_model_name.clone()],
             served_model_name,
             prefill,
             decode,
@@ -287,6 +300,12 @@ impl VllmPair {
     /// The `model` name requests must use.
     pub fn served_model_name(&self) -> &str {
         &self.served_model_name
+    }
+
+    /// Every `model` name both engines serve: the served model name, then the LoRA adapter's
+    /// when the pair was started with one (an attached pair: its served model name).
+    pub fn served_models(&self) -> &[String] {
+        &self.served_models
     }
 
     /// The registry entries of both instances (ids 101 prefill, 201 decode).
@@ -391,6 +410,7 @@ pub async fn start_cpu_data_parallel(
         served_model_name: TINY_MODEL_NAME,
         kv: CpuKv::None,
         dp_size,
+        lora: None,
     });
     let server = VllmServer::spawn(
         id,
@@ -420,6 +440,8 @@ pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
         decode_listen: options.decode_listen.unwrap_or(loopback(8201)),
         side_channel_ports: (5600, 5610),
         tls: options.tls.clone(),
+        adapter_dir: options.lora.then(|| tiny_adapter_dir(&options.repo_root)),
+        registry_models: options.registry_models,
     })
 }
 
@@ -429,6 +451,11 @@ const NIXL_LOGGING_FILE: &str = "nixl_logging.json";
 fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
     let python = ensure_vllm(&options.repo_root)?;
     let model_dir = ensure_model(&python, &options.repo_root)?;
+    let adapter_dir = if options.lora {
+        Some(ensure_adapter(&python, &options.repo_root)?)
+    } else {
+        None
+    };
     let kv_dir = options.work_dir.join("kv");
     let nixl_logging_config = options.work_dir.join(NIXL_LOGGING_FILE);
     match options.connector {
@@ -451,6 +478,8 @@ fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
         decode_listen: listen_or_free(options.decode_listen)?,
         side_channel_ports: (free_port()?, free_port()?),
         tls: options.tls.clone(),
+        adapter_dir,
+        registry_models: options.registry_models,
     })
 }
 
@@ -533,6 +562,51 @@ mod tests {
             0,
             "a dry run wrote files"
         );
+    }
+
+    #[test]
+    fn a_lora_pair_serves_the_adapter_on_both_engines_and_can_name_both_models() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = VllmPairOptions {
+            repo_root: dir.path().to_owned(),
+            connector: Connector::Nixl,
+            lora: true,
+            registry_models: true,
+            ..VllmPairOptions::new(&dir.path().join("run"))
+        };
+        let plan = cpu_dry_run_plan(&options);
+        let adapter = tiny_adapter_dir(dir.path());
+        let module = format!(
+            " --enable-lora --lora-modules pinroute-tiny-lora={} --max-lora-rank 8",
+            adapter.display()
+        );
+        for instance in [&plan.prefill, &plan.decode] {
+            let line = instance.command.to_string();
+            assert!(line.contains(&module), "{line}");
+            assert_eq!(
+                instance.registry_entry()["models"],
+                serde_json::json!(["pinroute-tiny-llama", "pinroute-tiny-lora"])
+            );
+        }
+        assert_eq!(
+            plan.served_models,
+            ["pinroute-tiny-llama", "pinroute-tiny-lora"]
+        );
+        let text = plan.render();
+        assert!(
+            text.contains(&format!(
+                " harness/python/make_adapter.py {}\n",
+                adapter.display()
+            )),
+            "{text}"
+        );
+        let plain = cpu_dry_run_plan(&VllmPairOptions {
+            lora: false,
+            registry_models: false,
+            ..options
+        });
+        assert!(!plain.render().contains("lora"), "LoRA is opt-in");
+        assert!(plain.prefill.registry_entry().get("models").is_none());
     }
 
     #[test]

