@@ -592,6 +592,11 @@ mod tests {
             plan.served_models,
             ["pinroute-tiny-llama", "pinroute-tiny-lora"]
         );
+        let config = plan.plugin_config(&serde_json::json!({}));
+        let registry = pinroute::policy::config::Config::from_json(config.to_string().as_bytes())
+            .unwrap()
+            .registry;
+        assert!(registry.listed_model("pinroute-tiny-lora").is_some());
         let text = plan.render();
         assert!(
             text.contains(&format!(
