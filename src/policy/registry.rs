@@ -12,6 +12,9 @@ use thiserror::Error;
 
 pub type WorkerId = u64;
 
+/// The models a worker names, shared by every copy of the worker.
+pub type ModelNames = Rc<[Rc<str>]>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -47,7 +50,7 @@ pub struct Worker {
     /// and `--lora-modules` names); `None`: every model (`docs/semantics.md` §8). Shared, so
     /// that the copies of a worker each request's route holds cost no allocation.
     #[serde(default, deserialize_with = "model_names")]
-    pub models: Option<Rc<[Rc<str>]>>,
+    pub models: Option<ModelNames>,
     /// A worker a picker chose outside the registry (`docs/semantics.md` §9).
     #[serde(skip)]
     pub unlisted: bool,
@@ -82,9 +85,7 @@ fn one() -> u32 {
     1
 }
 
-fn model_names<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Rc<[Rc<str>]>>, D::Error> {
+fn model_names<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<ModelNames>, D::Error> {
     let names: Option<Vec<String>> = Option::deserialize(deserializer)?;
     Ok(names.map(|names| names.iter().map(|name| Rc::from(name.as_str())).collect()))
 }

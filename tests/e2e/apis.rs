@@ -7,26 +7,10 @@ use pinroute_harness::sim::{Fault, RecordedRequest};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::client::{Reply, send};
+use crate::client::{Reply, post, send};
 use crate::{Deployment, disaggregated};
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog";
-
-async fn post(
-    deployment: &Deployment,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &Value,
-) -> Reply {
-    send(
-        deployment,
-        Method::POST,
-        path,
-        headers,
-        Some(body.to_string()),
-    )
-    .await
-}
 
 /// The requests `worker` got on `path`.
 fn on_path(deployment: &Deployment, worker: u64, path: &str) -> Vec<RecordedRequest> {

@@ -39,3 +39,20 @@ pub async fn complete(deployment: &Deployment, headers: &[(&str, &str)], body: &
     )
     .await
 }
+
+/// `POST path` with a JSON body.
+pub async fn post(
+    deployment: &Deployment,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Reply {
+    send(
+        deployment,
+        reqwest::Method::POST,
+        path,
+        headers,
+        Some(body.to_string()),
+    )
+    .await
+}

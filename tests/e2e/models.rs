@@ -9,7 +9,7 @@ use pinroute_harness::stack::StackSpec;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::client::{Reply, send};
+use crate::client::{post, send};
 use crate::{Deployment, nothing_reached_a_worker, start, wasm};
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog";
@@ -26,22 +26,6 @@ async fn two_models() -> Deployment {
         serving(203, SimRole::Decode, &["tiny"]),
     ];
     start(StackSpec::new(workers, wasm())).await
-}
-
-async fn post(
-    deployment: &Deployment,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &Value,
-) -> Reply {
-    send(
-        deployment,
-        Method::POST,
-        path,
-        headers,
-        Some(body.to_string()),
-    )
-    .await
 }
 
 fn completion(model: &str) -> Value {

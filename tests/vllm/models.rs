@@ -20,8 +20,6 @@
 //!
 //! A model no engine serves is the gateway's 404 `model_not_found`, which no engine sees.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pinroute_harness::vllm::{
@@ -32,7 +30,7 @@ use serde_json::{Value, json};
 use crate::Gateway;
 use crate::client::{Reply, complete, post};
 use crate::handoff::{PATIENCE, assert_handoff, evidence, nixl_pull_proof, raw_kv_transfer_params};
-use crate::scenarios::fresh_prompt;
+use crate::scenarios::{ScenarioFn, fresh_prompt, run_scenarios};
 use crate::tap::Exchange;
 
 const MAX_TOKENS: u32 = 8;
@@ -41,9 +39,6 @@ const LORA_INFO_GAUGE: &str = "vllm:lora_requests_info";
 /// vLLM's per-path HTTP request counter (prometheus-fastapi-instrumentator).
 const HTTP_REQUESTS_COUNTER: &str = "http_requests_total";
 const NO_SUCH_MODEL: &str = "no-such-model";
-
-type Scenario<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
-type ScenarioFn = for<'a> fn(&'a Gateway) -> Scenario<'a>;
 
 pub async fn run_all(gateway: &Gateway) {
     assert_eq!(
@@ -67,18 +62,7 @@ pub async fn run_all(gateway: &Gateway) {
             |g| Box::pin(unknown_model(g)),
         ),
     ];
-    for (name, scenario) in scenarios {
-        let started = Instant::now();
-        scenario(gateway).await;
-        gateway
-            .pair
-            .ensure_running()
-            .unwrap_or_else(|e| panic!("after {name:?}: {e:#}"));
-        eprintln!(
-            "vllm suite (models): ok   {name} ({:.1?})",
-            started.elapsed()
-        );
-    }
+    run_scenarios(gateway, "models", scenarios).await;
 }
 
 /// A greedy completion of `prompt` by `model`, with the generated token ids.

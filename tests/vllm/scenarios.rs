@@ -89,6 +89,11 @@ pub async fn run_all(gateway: &Gateway) {
             ),
         ],
     };
+    run_scenarios(gateway, gateway.connector.as_str(), scenarios).await;
+}
+
+/// Runs each scenario in turn, the pair checked alive after each, timed under `suite`.
+pub async fn run_scenarios(gateway: &Gateway, suite: &str, scenarios: &[(&str, ScenarioFn)]) {
     for (name, scenario) in scenarios {
         let started = Instant::now();
         scenario(gateway).await;
@@ -97,15 +102,14 @@ pub async fn run_all(gateway: &Gateway) {
             .ensure_running()
             .unwrap_or_else(|e| panic!("after {name:?}: {e:#}"));
         eprintln!(
-            "vllm suite ({}): ok   {name} ({:.1?})",
-            gateway.connector.as_str(),
+            "vllm suite ({suite}): ok   {name} ({:.1?})",
             started.elapsed()
         );
     }
 }
 
-type Scenario<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
-type ScenarioFn = for<'a> fn(&'a Gateway) -> Scenario<'a>;
+pub type Scenario<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+pub type ScenarioFn = for<'a> fn(&'a Gateway) -> Scenario<'a>;
 /// Pin headers, the error code they must produce, words its message must contain.
 type BadPin<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a [&'a str]);
 
