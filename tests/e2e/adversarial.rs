@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::client::{Reply, complete, prompt, send};
+use crate::client::{Reply, complete, post, prompt, send};
 use crate::{Deployment, disaggregated, nothing_reached_a_worker};
 
 const PIN_201: [(&str, &str); 1] = [("x-dynamo-worker-instance-id", "201")];
@@ -211,15 +211,7 @@ async fn chat(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> Reply {
-    let path = "/v1/chat/completions";
-    send(
-        deployment,
-        reqwest::Method::POST,
-        path,
-        headers,
-        Some(body.to_string()),
-    )
-    .await
+    post(deployment, "/v1/chat/completions", headers, body).await
 }
 
 #[tokio::test]
