@@ -8,9 +8,10 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
 
 use crate::certs::Issued;
+use crate::envoy::native::{module_env, with_native_module};
 use crate::envoy::{
-    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, envoy_binary, render_bootstrap,
-    repo_root,
+    BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, EnvoyOptions, envoy_binary,
+    render_bootstrap, repo_root,
 };
 use crate::picker::StandInPicker;
 use crate::registry_server::RegistryServer;
@@ -45,6 +46,8 @@ pub struct StackSpec {
     pub picker: Option<PickerSpec>,
     /// Every worker behind a [`TlsFront`]: the registry names the fronts.
     pub worker_fronts: Option<WorkerFronts>,
+    /// The filter as this native Envoy dynamic module (`libpinroute.so`) in place of `wasm`.
+    pub native_module: Option<PathBuf>,
 }
 
 /// The certificate the workers' TLS fronts present, and the CA whose certificates they
@@ -91,6 +94,7 @@ impl StackSpec {
             live_registry: None,
             picker: None,
             worker_fronts: None,
+            native_module: None,
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct Stack {
     /// The workers' TLS fronts, with [`StackSpec::worker_fronts`], by worker id.
     pub fronts: Vec<(u64, TlsFront)>,
     bootstrap: String,
+    /// How Envoy is started (the native module's search path, with [`StackSpec::native_module`]).
+    options: EnvoyOptions,
 }
 
 impl Stack {
@@ -137,7 +143,7 @@ impl Stack {
             Some(refresh) => Some(serve_registry(&mut plugin_config, refresh).await?),
             None => None,
         };
-        let bootstrap = render_bootstrap(&BootstrapOptions {
+        let mut bootstrap = render_bootstrap(&BootstrapOptions {
             listen: spec.listen,
             admin: spec.admin,
             wasm: spec.wasm.clone(),
@@ -145,8 +151,13 @@ impl Stack {
             route_timeout: spec.route_timeout,
             edge: spec.edge.clone(),
         })?;
+        let mut options = EnvoyOptions::default();
+        if let Some(module) = &spec.native_module {
+            bootstrap = with_native_module(&bootstrap)?;
+            options.env.push(module_env(module)?);
+        }
         let binary = envoy_binary(&repo_root())?;
-        let envoy = Envoy::start(&binary, &bootstrap, work_dir).await?;
+        let envoy = Envoy::start_with(&binary, &bootstrap, work_dir, &options).await?;
         Ok(Stack {
             envoy,
             workers,
@@ -155,13 +166,15 @@ impl Stack {
             picker,
             fronts,
             bootstrap,
+            options,
         })
     }
 
     /// Another Envoy with the same configuration (listening on ports of its own when the
     /// spec's ports are 0): a second replica of the gateway.
     pub async fn start_replica(&self, work_dir: &Path) -> Result<Envoy> {
-        Envoy::start(&envoy_binary(&repo_root())?, &self.bootstrap, work_dir).await
+        let binary = envoy_binary(&repo_root())?;
+        Envoy::start_with(&binary, &self.bootstrap, work_dir, &self.options).await
     }
 
     /// Starts one more sim worker (not yet in any registry) and returns its registry entry.

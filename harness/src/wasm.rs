@@ -1,11 +1,12 @@
-//! Building the filter: `cargo build --release --target wasm32-wasip1 -p pinroute`.
+//! Building the filter: `cargo build --release --target wasm32-wasip1 -p pinroute`, and the
+//! same filter as a native Envoy dynamic module.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::envoy::{default_wasm_path, repo_root};
+use crate::envoy::{default_wasm_path, native, repo_root};
 
 pub const TARGET: &str = "wasm32-wasip1";
 
@@ -34,6 +35,25 @@ pub fn build_filter() -> Result<PathBuf> {
         .len();
     log::info!("built {} ({size} bytes)", wasm.display());
     Ok(wasm)
+}
+
+/// Builds the filter as a native Envoy dynamic module and returns the path of
+/// `libpinroute.so` (`crate::envoy::native`).
+pub fn build_native_module() -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(Command::new(cargo).current_dir(repo_root()).args([
+        "build",
+        "--profile",
+        native::PROFILE,
+        "-p",
+        "pinroute",
+        "--features",
+        "dynamic-module",
+    ]))?;
+    let module = native::default_module_path();
+    anyhow::ensure!(module.exists(), "{} was not built", module.display());
+    log::info!("built {}", module.display());
+    Ok(module)
 }
 
 /// Builds the test host's own filter (`tests/testfilter`) and returns its path.

@@ -174,6 +174,30 @@ pub struct Metrics {
     vm_memory: Option<u32>,
 }
 
+/// Every metric [`Metrics::define`] defines, by kind and name (not the per-model counters,
+/// defined when first counted): what a host that defines metrics only while it configures
+/// the filter defines then.
+#[cfg_attr(
+    not(all(feature = "dynamic-module", not(target_arch = "wasm32"))),
+    allow(dead_code)
+)]
+pub fn fixed_metrics() -> Vec<(MetricKind, String)> {
+    let counters = COUNTERS.iter().map(|(_, name)| name.to_string());
+    let errors = RouteError::CODES.iter().map(|code| error_metric(code));
+    counters
+        .chain(errors)
+        .map(|name| (MetricKind::Counter, name))
+        .chain([
+            (MetricKind::Histogram, PREFILL_LATENCY.to_owned()),
+            (MetricKind::Gauge, VM_MEMORY.to_owned()),
+        ])
+        .collect()
+}
+
+fn error_metric(code: &str) -> String {
+    format!("pinroute.errors.{code}")
+}
+
 impl Metrics {
     pub fn define(host: &impl Host) -> Self {
         let define = |kind, name: &str| host.define_metric(kind, name).ok();
@@ -184,7 +208,7 @@ impl Metrics {
         let errors = RouteError::CODES
             .iter()
             .map(|code| {
-                let name = format!("pinroute.errors.{code}");
+                let name = error_metric(code);
                 let id = define(MetricKind::Counter, &name);
                 (name, id)
             })

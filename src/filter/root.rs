@@ -79,6 +79,11 @@ impl<H: Host + Clone> Root<H> {
         true
     }
 
+    // The native module has no timer yet, nor the registry fetch it would start.
+    #[cfg_attr(
+        all(feature = "dynamic-module", not(target_arch = "wasm32")),
+        allow(dead_code)
+    )]
     pub fn tick(&mut self) {
         self.slots.publish(&self.host);
         let Some(source) = self
@@ -100,6 +105,11 @@ impl<H: Host + Clone> Root<H> {
     }
 
     /// The answer of a call the root made: the live registry's fetch.
+    // The native module has no timer yet, nor the registry fetch it would start.
+    #[cfg_attr(
+        all(feature = "dynamic-module", not(target_arch = "wasm32")),
+        allow(dead_code)
+    )]
     pub fn on_call_answer(&mut self, token: u32, body_size: usize) {
         if self.fetch != Some(token) {
             return;

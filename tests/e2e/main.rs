@@ -21,6 +21,7 @@ mod errors;
 mod hostile;
 mod inflight;
 mod models;
+mod native;
 mod operations;
 mod picker;
 mod prefix;

@@ -7,7 +7,9 @@
 //! - a phase is made or changed only in `src/filter/stream.rs`, and `Env` has methods only in
 //!   `src/filter/env.rs`;
 //! - nothing outside the host adapter (`src/filter/host/`) and the crate root names a
-//!   `proxy_wasm` item: the request path speaks pinroute's own types.
+//!   `proxy_wasm` item: the request path speaks pinroute's own types;
+//! - nothing outside the native host (`src/filter/host/dynamic/`) names the dynamic-module
+//!   ABI.
 
 #![allow(
     clippy::unwrap_used,
@@ -253,5 +255,26 @@ fn only_the_host_adapter_names_proxy_wasm() {
         rust_files(&host)
             .iter()
             .any(|p| code(p).contains("proxy_wasm::"))
+    );
+}
+
+#[test]
+fn only_the_native_host_names_the_dynamic_module_abi() {
+    let dynamic = src().join("filter").join("host").join("dynamic");
+    let outside: Vec<String> = rust_files(&src())
+        .into_iter()
+        .filter(|path| !path.starts_with(&dynamic))
+        .filter(|path| code(path).contains("envoy_dynamic_module"))
+        .map(|path| path.display().to_string())
+        .collect();
+    assert_eq!(
+        outside,
+        Vec::<String>::new(),
+        "name the dynamic-module ABI outside src/filter/host/dynamic/"
+    );
+    assert!(
+        rust_files(&dynamic)
+            .iter()
+            .any(|p| code(p).contains("envoy_dynamic_module_callback_"))
     );
 }

@@ -6,11 +6,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pinroute_harness::envoy::{envoy_binary, repo_root};
-use pinroute_harness::wasm::{TARGET, build_filter, build_test_filter, ensure_target, run};
+use pinroute_harness::wasm::{
+    TARGET, build_filter, build_native_module, build_test_filter, ensure_target, run,
+};
 
 /// The project's habits, checked before any test: formatting, and clippy with warnings
 /// denied natively, for the filter's own target and on the fuzz workspace (its own).
-const HABITS: [(&str, &str); 5] = [
+const HABITS: [(&str, &str); 6] = [
     ("formatting (root workspace)", "fmt --all --check"),
     (
         "formatting (fuzz workspace)",
@@ -23,6 +25,10 @@ const HABITS: [(&str, &str); 5] = [
     (
         "clippy, warnings denied (the filter for wasm32-wasip1)",
         "clippy -p pinroute --lib --target wasm32-wasip1 -- -D warnings",
+    ),
+    (
+        "clippy, warnings denied (the filter as a native Envoy dynamic module)",
+        "clippy -p pinroute --lib --features dynamic-module -- -D warnings",
     ),
     (
         "clippy, warnings denied (fuzz workspace, every target)",
@@ -68,11 +74,13 @@ pub fn run_all(args: &Args) -> Result<()> {
     }
     let wasm = build_filter()?;
     let test_filter = build_test_filter()?;
+    let native_module = build_native_module()?;
     let envoy = envoy_binary(&root)?;
     let mut step = |name, command: &mut Command| -> Result<()> {
         let command = command
             .current_dir(&root)
             .env("PINROUTE_WASM", &wasm)
+            .env("PINROUTE_NATIVE_MODULE", &native_module)
             .env("PW_TEST_FILTER", &test_filter);
         timed(&mut steps, name, command.env("ENVOY_BIN", &envoy))
     };

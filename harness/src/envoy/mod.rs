@@ -13,6 +13,7 @@
 mod binary;
 mod bootstrap;
 mod edge;
+pub mod native;
 mod picker_mode;
 mod process;
 #[cfg(any(test, feature = "test-support"))]

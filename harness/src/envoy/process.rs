@@ -36,6 +36,9 @@ pub struct EnvoyOptions {
     pub hot_restart: HotRestart,
     /// How long to wait for `GET /ready` to answer 200.
     pub ready_timeout: Duration,
+    /// Environment variables Envoy gets besides this process's own (the dynamic module's
+    /// search path, `native::module_env`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for EnvoyOptions {
@@ -45,6 +48,7 @@ impl Default for EnvoyOptions {
             log_level: "warn".into(),
             hot_restart: HotRestart::Disabled,
             ready_timeout: Duration::from_secs(20),
+            env: Vec::new(),
         }
     }
 }
@@ -262,7 +266,8 @@ fn envoy_command(
         .arg("--admin-address-path")
         .arg(admin_address_path)
         .args(["--concurrency", &options.concurrency.to_string()])
-        .args(["--log-level", &options.log_level]);
+        .args(["--log-level", &options.log_level])
+        .envs(options.env.iter().map(|(name, value)| (name, value)));
     match options.hot_restart {
         HotRestart::Disabled => command.arg("--disable-hot-restart"),
         HotRestart::DynamicBaseId => command.arg("--use-dynamic-base-id"),

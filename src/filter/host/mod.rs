@@ -1,9 +1,17 @@
 //! The one door to the host. The request path sees the host as the [`Host`] trait, in
-//! pinroute's own types, so it runs natively against an in-memory host in tests and could run
-//! behind another host; [`envoy`] is the proxy-wasm host and [`contexts`] maps proxy-wasm's
-//! callbacks onto the filter. Nothing outside this folder names a proxy-wasm item.
+//! pinroute's own types, so it runs natively against an in-memory host in tests and behind
+//! two hosts: `envoy` is the proxy-wasm host and `contexts` maps proxy-wasm's callbacks onto
+//! the filter; `dynamic` (the `dynamic-module` feature, native builds) is the same filter as
+//! an Envoy dynamic module. Nothing outside this folder names a proxy-wasm item, nothing
+//! outside `dynamic/` the dynamic-module ABI.
 
+// The proxy-wasm host, but in the native module: its host calls are wasm imports, which
+// nothing resolves in a shared object Envoy loads natively.
+#[cfg(not(all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
 mod contexts;
+#[cfg(all(feature = "dynamic-module", not(target_arch = "wasm32")))]
+mod dynamic;
+#[cfg(not(all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
 mod envoy;
 pub mod rules;
 

@@ -1,0 +1,579 @@
+//! [`Host`] over Envoy's dynamic-module callbacks. Like proxy-wasm's host calls, the per-stream
+//! calls act on the stream whose hook is running: [`super::hooks`] names it in [`CURRENT`]
+//! for the duration of the hook, and stashes a call's answer in [`CALL_ANSWER`] while the
+//! stream reads it. Metrics go through the filter configuration (any thread may count), and
+//! shared data is one process-wide table with proxy-wasm's compare-and-swap semantics.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterEnvoyPtr, ModuleBuffer};
+use crate::filter::host::{Headers, Host, HostError, MetricKind, SharedValue};
+
+/// One filter configuration as Envoy created it on the main thread: shared by every worker
+/// thread, so it holds only what is `Send + Sync`.
+#[derive(Debug)]
+pub struct ModuleConfig {
+    /// Names this configuration in the worker threads' tables of roots.
+    pub key: u64,
+    /// The plugin configuration (the filter's JSON), as Envoy gave it.
+    pub bytes: Vec<u8>,
+    /// Envoy's `DynamicModuleHttpFilterConfig`, as an address: valid while `alive`.
+    envoy: usize,
+    /// Every metric the filter may define, by name, with the id Envoy gave it at
+    /// configuration time (Envoy defines no metric afterwards). Envoy numbers each kind
+    /// apart: the filter sees [`metric_id`]s, which name the kind too.
+    metrics: HashMap<String, (MetricKind, usize)>,
+    /// False once Envoy destroyed the configuration.
+    pub alive: AtomicBool,
+}
+
+/// The id the filter sees for Envoy's metric `id` of `kind`: the kind in the top bits.
+fn metric_id(kind: MetricKind, id: usize) -> Option<u32> {
+    let tag = match kind {
+        MetricKind::Counter => 0,
+        MetricKind::Gauge => 1,
+        MetricKind::Histogram => 2,
+    };
+    let id = u32::try_from(id).ok().filter(|id| *id < KIND_SHIFT_LIMIT)?;
+    Some(tag << KIND_SHIFT | id)
+}
+
+const KIND_SHIFT: u32 = 28;
+const KIND_SHIFT_LIMIT: u32 = 1 << KIND_SHIFT;
+
+/// [`metric_id`] undone.
+fn envoy_metric(id: u32) -> (Option<MetricKind>, usize) {
+    let kind = match id >> KIND_SHIFT {
+        0 => Some(MetricKind::Counter),
+        1 => Some(MetricKind::Gauge),
+        2 => Some(MetricKind::Histogram),
+        _ => None,
+    };
+    (kind, (id & (KIND_SHIFT_LIMIT - 1)) as usize)
+}
+
+impl ModuleConfig {
+    pub fn new(
+        key: u64,
+        bytes: Vec<u8>,
+        envoy: abi::FilterConfigEnvoyPtr,
+        metrics: HashMap<String, (MetricKind, usize)>,
+    ) -> Self {
+        Self {
+            key,
+            bytes,
+            envoy: envoy as usize,
+            metrics,
+            alive: AtomicBool::new(true),
+        }
+    }
+
+    fn envoy(&self) -> abi::FilterConfigEnvoyPtr {
+        self.envoy as abi::FilterConfigEnvoyPtr
+    }
+}
+
+/// Defines one metric on Envoy's filter configuration (during `config_new` only).
+pub fn define_metric(
+    config: abi::FilterConfigEnvoyPtr,
+    kind: MetricKind,
+    name: &str,
+) -> Option<usize> {
+    let mut id = 0usize;
+    let name = ModuleBuffer::of(name.as_bytes());
+    let define = match kind {
+        MetricKind::Counter => abi::envoy_dynamic_module_callback_http_filter_config_define_counter,
+        MetricKind::Gauge => abi::envoy_dynamic_module_callback_http_filter_config_define_gauge,
+        MetricKind::Histogram => {
+            abi::envoy_dynamic_module_callback_http_filter_config_define_histogram
+        }
+    };
+    // SAFETY: `config` is the configuration pointer of the running `config_new` hook; `name`
+    // lives through the call; no labels (null, 0); `id` is a valid out-pointer.
+    let result = unsafe { define(config, name, std::ptr::null_mut(), 0, &raw mut id) };
+    (result == abi::METRICS_SUCCESS).then_some(id)
+}
+
+thread_local! {
+    /// The stream whose hook runs on this thread (null: none).
+    pub static CURRENT: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
+    /// The answer of the call being delivered to a stream: its headers and body.
+    pub static CALL_ANSWER: RefCell<Option<(Headers, Vec<u8>)>> = const { RefCell::new(None) };
+}
+
+/// The host of one filter configuration, on whatever thread uses it.
+#[derive(Debug, Clone)]
+pub struct Dynamic {
+    pub config: Arc<ModuleConfig>,
+}
+
+fn current() -> Result<FilterEnvoyPtr, HostError> {
+    let filter = CURRENT.with(Cell::get);
+    if filter.is_null() {
+        return Err(HostError::Refused("no stream in this callback"));
+    }
+    Ok(filter)
+}
+
+fn refused(ok: bool, why: &'static str) -> Result<(), HostError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(HostError::Refused(why))
+    }
+}
+
+/// The headers of one of the stream's maps.
+fn headers(filter: FilterEnvoyPtr, header_type: u32) -> Result<Headers, HostError> {
+    // SAFETY: `filter` is the stream of the running hook.
+    let size =
+        unsafe { abi::envoy_dynamic_module_callback_http_get_headers_size(filter, header_type) };
+    let mut raw = vec![EnvoyHttpHeader::NULL; size];
+    // SAFETY: `raw` has room for the `size` headers Envoy just counted.
+    let ok = unsafe {
+        abi::envoy_dynamic_module_callback_http_get_headers(filter, header_type, raw.as_mut_ptr())
+    };
+    refused(ok, "the header map is not available")?;
+    Ok(raw
+        .into_iter()
+        .map(|h| {
+            // SAFETY: Envoy's header bytes, valid until this hook ends or a header is set.
+            let (key, value) = unsafe {
+                (
+                    EnvoyBuffer {
+                        ptr: h.key_ptr,
+                        length: h.key_length,
+                    }
+                    .to_vec(),
+                    EnvoyBuffer {
+                        ptr: h.value_ptr,
+                        length: h.value_length,
+                    }
+                    .to_vec(),
+                )
+            };
+            (String::from_utf8_lossy(&key).into_owned(), value)
+        })
+        .collect())
+}
+
+fn header(filter: FilterEnvoyPtr, header_type: u32, name: &str) -> Option<Vec<u8>> {
+    let mut value = EnvoyBuffer::NULL;
+    // SAFETY: `filter` is the stream of the running hook; `value` a valid out-pointer; the
+    // count of values is not asked (null).
+    let found = unsafe {
+        abi::envoy_dynamic_module_callback_http_get_header(
+            filter,
+            header_type,
+            ModuleBuffer::of(name.as_bytes()),
+            &raw mut value,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: Envoy's bytes, valid until this hook ends.
+    (found && !value.ptr.is_null()).then(|| unsafe { value.to_vec() })
+}
+
+fn set_header(
+    filter: FilterEnvoyPtr,
+    header_type: u32,
+    name: &str,
+    value: Option<&str>,
+) -> Result<(), HostError> {
+    let value = value.map_or(ModuleBuffer::NULL, |v| ModuleBuffer::of(v.as_bytes()));
+    // SAFETY: `filter` is the stream of the running hook; both buffers live through the call.
+    let ok = unsafe {
+        abi::envoy_dynamic_module_callback_http_set_header(
+            filter,
+            header_type,
+            ModuleBuffer::of(name.as_bytes()),
+            value,
+        )
+    };
+    refused(ok, "the header map is not available")
+}
+
+fn body_size(filter: FilterEnvoyPtr, body_type: u32) -> usize {
+    // SAFETY: `filter` is the stream of the running hook.
+    unsafe { abi::envoy_dynamic_module_callback_http_get_body_size(filter, body_type) }
+}
+
+/// Appends one of the stream's body buffers to `out`.
+fn read_body(filter: FilterEnvoyPtr, body_type: u32, out: &mut Vec<u8>) {
+    // SAFETY: `filter` is the stream of the running hook.
+    let count =
+        unsafe { abi::envoy_dynamic_module_callback_http_get_body_chunks_size(filter, body_type) };
+    if count == 0 {
+        return;
+    }
+    let mut chunks = vec![EnvoyBuffer::NULL; count];
+    // SAFETY: `chunks` has room for the `count` slices Envoy just counted.
+    let ok = unsafe {
+        abi::envoy_dynamic_module_callback_http_get_body_chunks(
+            filter,
+            body_type,
+            chunks.as_mut_ptr(),
+        )
+    };
+    if ok {
+        for chunk in chunks {
+            // SAFETY: Envoy's body slices, valid until this hook ends or the body changes.
+            out.extend_from_slice(&unsafe { chunk.to_vec() });
+        }
+    }
+}
+
+fn drain_body(filter: FilterEnvoyPtr, body_type: u32, bytes: usize) -> bool {
+    // SAFETY: `filter` is the stream of the running hook.
+    unsafe { abi::envoy_dynamic_module_callback_http_drain_body(filter, body_type, bytes) }
+}
+
+fn append_body(filter: FilterEnvoyPtr, body_type: u32, data: &[u8]) -> bool {
+    // SAFETY: `filter` is the stream of the running hook; `data` lives through the call.
+    unsafe {
+        abi::envoy_dynamic_module_callback_http_append_body(
+            filter,
+            body_type,
+            ModuleBuffer::of(data),
+        )
+    }
+}
+
+/// The request body Envoy holds for the stream so far: what it buffered, and what the running
+/// body hook received (once: at the end of a buffered body Envoy adds the last chunk to the
+/// buffer before the hook, and a body another filter buffered arrives as received).
+pub fn request_body_len(filter: FilterEnvoyPtr) -> usize {
+    let (buffered, received) = request_body_parts(filter);
+    buffered.map_or(0, |t| body_size(filter, t)) + body_size(filter, received)
+}
+
+fn request_body_parts(filter: FilterEnvoyPtr) -> (Option<u32>, u32) {
+    // SAFETY: `filter` is the stream of the running hook.
+    let received_is_buffered =
+        unsafe { abi::envoy_dynamic_module_callback_http_received_buffered_request_body(filter) };
+    let buffered = (!received_is_buffered).then_some(abi::BUFFERED_REQUEST_BODY);
+    (buffered, abi::RECEIVED_REQUEST_BODY)
+}
+
+/// The response body Envoy holds for the stream so far (as [`request_body_len`]).
+pub fn response_body_len(filter: FilterEnvoyPtr) -> usize {
+    body_size(filter, abi::BUFFERED_RESPONSE_BODY) + body_size(filter, abi::RECEIVED_RESPONSE_BODY)
+}
+
+/// Of `kinds`, the body buffer that holds the body (the first one not empty).
+fn holding(filter: FilterEnvoyPtr, kinds: [u32; 2]) -> u32 {
+    let [first, second] = kinds;
+    if body_size(filter, first) > 0 {
+        first
+    } else if body_size(filter, second) > 0 {
+        second
+    } else {
+        first
+    }
+}
+
+fn attribute(attribute_id: u32) -> Option<String> {
+    let filter = current().ok()?;
+    let mut value = EnvoyBuffer::NULL;
+    // SAFETY: `filter` is the stream of the running hook; `value` a valid out-pointer.
+    let found = unsafe {
+        abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+            filter,
+            attribute_id,
+            &raw mut value,
+        )
+    };
+    // SAFETY: Envoy's bytes, valid until this hook ends.
+    let bytes = found.then(|| unsafe { value.to_vec() })?;
+    String::from_utf8(bytes).ok().filter(|s| !s.is_empty())
+}
+
+/// Shared data as proxy-wasm's: values with a compare-and-swap token, one table per process.
+static SHARED: Mutex<Option<HashMap<String, (Vec<u8>, u32)>>> = Mutex::new(None);
+static NEXT_CAS: AtomicU32 = AtomicU32::new(1);
+
+fn next_cas() -> u32 {
+    loop {
+        let cas = NEXT_CAS.fetch_add(1, Ordering::Relaxed);
+        if cas != 0 {
+            return cas;
+        }
+    }
+}
+
+impl Host for Dynamic {
+    fn request_headers(&self) -> Result<Headers, HostError> {
+        headers(current()?, abi::REQUEST_HEADER)
+    }
+
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        set_header(current()?, abi::REQUEST_HEADER, name, value)
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let filter = current()?;
+        let (buffered, received) = request_body_parts(filter);
+        let mut body = Vec::with_capacity(size);
+        if let Some(buffered) = buffered {
+            read_body(filter, buffered, &mut body);
+        }
+        read_body(filter, received, &mut body);
+        body.truncate(size);
+        Ok(body)
+    }
+
+    fn edit_request_body(&self, replaced: usize, with: &[u8]) -> Result<(), HostError> {
+        let filter = current()?;
+        let target = holding(
+            filter,
+            [abi::BUFFERED_REQUEST_BODY, abi::RECEIVED_REQUEST_BODY],
+        );
+        let mut body = Vec::new();
+        read_body(filter, target, &mut body);
+        let rest = body.get(replaced..).unwrap_or_default();
+        let edited = drain_body(filter, target, body.len())
+            && append_body(filter, target, with)
+            && append_body(filter, target, rest);
+        refused(edited, "the request body is not available")
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        let filter = current()?;
+        super::hooks::resume_after_hook(filter);
+        Ok(())
+    }
+
+    fn response_status(&self) -> Option<u16> {
+        let value = header(current().ok()?, abi::RESPONSE_HEADER, ":status")?;
+        std::str::from_utf8(&value).ok()?.parse().ok()
+    }
+
+    fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        set_header(current()?, abi::RESPONSE_HEADER, name, value)
+    }
+
+    fn replace_response_body(&self, _old_size: usize, body: &[u8]) -> Result<(), HostError> {
+        let filter = current()?;
+        let kinds = [abi::BUFFERED_RESPONSE_BODY, abi::RECEIVED_RESPONSE_BODY];
+        let target = holding(filter, kinds);
+        for kind in kinds {
+            drain_body(filter, kind, body_size(filter, kind));
+        }
+        refused(
+            append_body(filter, target, body),
+            "the response body is not available",
+        )
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        attribute(abi::ATTRIBUTE_RESPONSE_CODE_DETAILS)
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        attribute(abi::ATTRIBUTE_UPSTREAM_ADDRESS)
+    }
+
+    fn send_response(
+        &self,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
+        let filter = current()?;
+        let mut raw: Vec<abi::ModuleHttpHeader> = headers
+            .iter()
+            .map(|(name, value)| abi::ModuleHttpHeader::of(name, value))
+            .collect();
+        // SAFETY: `filter` is the stream of the running hook; the headers and the body live
+        // through the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response(
+                filter,
+                u32::from(status),
+                raw.as_mut_ptr(),
+                raw.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(b"pinroute"),
+            );
+        }
+        Ok(())
+    }
+
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<u32, HostError> {
+        let filter = current()?;
+        let mut raw: Vec<abi::ModuleHttpHeader> = headers
+            .iter()
+            .map(|(name, value)| abi::ModuleHttpHeader::of(name, value))
+            .collect();
+        let mut id = 0u64;
+        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        // SAFETY: `filter` is the stream of the running hook; everything lent lives through
+        // the call; `id` is a valid out-pointer.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_http_callout(
+                filter,
+                &raw mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                raw.as_mut_ptr(),
+                raw.len(),
+                body.map_or(ModuleBuffer::NULL, ModuleBuffer::of),
+                millis,
+            )
+        };
+        match result {
+            abi::CALLOUT_SUCCESS => {
+                u32::try_from(id).map_err(|_| HostError::Refused("callout id out of range"))
+            }
+            abi::CALLOUT_MISSING_REQUIRED_HEADERS => {
+                Err(HostError::Refused("missing :method, :path or host"))
+            }
+            abi::CALLOUT_CLUSTER_NOT_FOUND => Err(HostError::Refused("cluster not found")),
+            abi::CALLOUT_DUPLICATE_ID => Err(HostError::Refused("duplicate callout id")),
+            abi::CALLOUT_CANNOT_CREATE_REQUEST => {
+                Err(HostError::Refused("cannot create the request"))
+            }
+            _ => Err(HostError::Refused("unexpected callout result")),
+        }
+    }
+
+    fn call_response_headers(&self) -> Result<Headers, HostError> {
+        CALL_ANSWER.with(|answer| match &*answer.borrow() {
+            Some((headers, _)) => Ok(headers.clone()),
+            None => Err(HostError::NotFound),
+        })
+    }
+
+    fn call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        CALL_ANSWER.with(|answer| match &*answer.borrow() {
+            Some((_, body)) => Ok(body.get(..size).unwrap_or(body).to_vec()),
+            None => Err(HostError::NotFound),
+        })
+    }
+
+    fn shared_data(&self, key: &str) -> Result<SharedValue, HostError> {
+        let table = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(match table.as_ref().and_then(|t| t.get(key)) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        })
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
+        let mut table = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = table.get_or_insert_with(HashMap::new);
+        match table.get_mut(key) {
+            Some((_, held)) if cas.is_some_and(|c| c != 0 && c != *held) => {
+                Err(HostError::CasMismatch)
+            }
+            Some(entry) => {
+                *entry = (value.to_vec(), next_cas());
+                Ok(())
+            }
+            None => {
+                table.insert(key.to_owned(), (value.to_vec(), next_cas()));
+                Ok(())
+            }
+        }
+    }
+
+    fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        match self.config.metrics.get(name) {
+            Some((defined, id)) if *defined == kind => {
+                metric_id(kind, *id).ok_or(HostError::Refused("metric id out of range"))
+            }
+            _ => Err(HostError::Refused(
+                "Envoy defines a dynamic module's metrics at configuration time only",
+            )),
+        }
+    }
+
+    fn increment_metric(&self, id: u32, offset: i64) -> Result<(), HostError> {
+        let (Some(kind), id) = envoy_metric(id) else {
+            return Err(HostError::NotFound);
+        };
+        if !self.config.alive.load(Ordering::Acquire) {
+            return Err(HostError::Refused("the configuration is gone"));
+        }
+        let (config, by) = (self.config.envoy(), offset.unsigned_abs());
+        // SAFETY: the configuration is alive, and `id` one of its metrics; no labels.
+        let result = unsafe {
+            match (kind, offset < 0) {
+                (MetricKind::Gauge, true) => {
+                    abi::envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+                        config,
+                        id,
+                        std::ptr::null_mut(),
+                        0,
+                        by,
+                    )
+                }
+                (MetricKind::Gauge, false) => {
+                    abi::envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+                        config,
+                        id,
+                        std::ptr::null_mut(),
+                        0,
+                        by,
+                    )
+                }
+                _ => abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                    config,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    by,
+                ),
+            }
+        };
+        refused(result == abi::METRICS_SUCCESS, "metric not updated")
+    }
+
+    fn record_metric(&self, id: u32, value: u64) -> Result<(), HostError> {
+        let (Some(MetricKind::Histogram), id) = envoy_metric(id) else {
+            return Err(HostError::NotFound);
+        };
+        if !self.config.alive.load(Ordering::Acquire) {
+            return Err(HostError::Refused("the configuration is gone"));
+        }
+        // SAFETY: the configuration is alive, and `id` one of its histograms; no labels.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+                self.config.envoy(),
+                id,
+                std::ptr::null_mut(),
+                0,
+                value,
+            )
+        };
+        refused(result == abi::METRICS_SUCCESS, "metric not recorded")
+    }
+
+    fn now_nanos(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_nanos()).ok())
+            .unwrap_or(0)
+    }
+
+    fn plugin_configuration(&self) -> Option<Vec<u8>> {
+        Some(self.config.bytes.clone())
+    }
+
+    fn set_tick_period(&self, _period: Duration) -> Result<(), HostError> {
+        Err(HostError::Refused(
+            "the native module has no timer yet (live registry, in-flight limit)",
+        ))
+    }
+}

@@ -1,0 +1,15 @@
+//! The second host: an Envoy dynamic module (`envoy.filters.http.dynamic_modules`), a native
+//! shared object built from the same request path as the `.wasm` (`cargo build -p pinroute
+//! --profile dynamic-module --features dynamic-module` makes `libpinroute.so`).
+//!
+//! [`abi`] declares the part of Envoy's C ABI the module uses, [`host`] is the [`super::Host`]
+//! over it, [`hooks`] the functions Envoy calls. Only this folder names the ABI; every
+//! `unsafe` of the native module is here.
+//!
+//! What the proxy-wasm host has that this one has not yet: a timer (the live registry and the
+//! in-flight limit are refused), metrics defined after configuration (the per-model counters
+//! are skipped: Envoy 1.40 defines a dynamic module's metrics only in `config_new`).
+
+mod abi;
+mod hooks;
+mod host;
