@@ -23,22 +23,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr};
 use super::host::{
-    CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, define_metric, request_body_len, response_body_len,
+    CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, define_metric, request_body_len,
+    response_body_len, tick_period,
 };
 use crate::filter::host::{Flow, Headers, MetricKind};
 use crate::filter::metrics::fixed_metrics;
 use crate::filter::root::Root;
 use crate::filter::stream::Stream;
 use crate::policy::api::ErrorShape;
+use crate::policy::config::Config;
 use crate::policy::error::RouteError;
 use crate::policy::headers::ERROR_CODE_HEADER;
 
 static LOGGER: EnvoyLog = EnvoyLog;
 static NEXT_CONFIG: AtomicU64 = AtomicU64::new(1);
 
+/// A worker thread's root of one configuration.
+struct ThreadRoot {
+    config: Arc<ModuleConfig>,
+    root: Root<Dynamic>,
+    /// When it was last ticked (ns since the epoch).
+    ticked: u64,
+}
+
 thread_local! {
     /// This thread's roots, one per live filter configuration.
-    static ROOTS: RefCell<Vec<(Arc<ModuleConfig>, Root<Dynamic>)>> = const { RefCell::new(Vec::new()) };
+    static ROOTS: RefCell<Vec<ThreadRoot>> = const { RefCell::new(Vec::new()) };
     /// The stream a host call asked to resume during the running hook.
     static RESUME: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
 }
@@ -139,6 +149,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         || {
             // SAFETY: Envoy's configuration bytes, valid during this hook.
             let bytes = unsafe { config.to_vec() };
+            if Config::from_json(&bytes).is_ok_and(|c| c.settings.registry.is_some()) {
+                log::error!(
+                    "pinroute: the native module does not refresh a live registry yet \
+                     (\"registry\"): use the wasm filter"
+                );
+                return std::ptr::null();
+            }
             let key = NEXT_CONFIG.fetch_add(1, Ordering::Relaxed);
             let metrics = define_metrics(config_envoy);
             let shared = Arc::new(ModuleConfig::new(key, bytes, config_envoy, metrics));
@@ -191,6 +208,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(
 /// One stream: its state machine, borrowed by one hook at a time.
 struct FilterState {
     stream: RefCell<Stream<Dynamic>>,
+    /// The configuration the stream is of (its root's key).
+    config: u64,
     /// The stream's end was counted.
     ended: Cell<bool>,
     /// The stream completed inside another of its hooks: it ends after that one.
@@ -284,7 +303,11 @@ fn stream_hook(
     };
     guarded(
         hook,
-        || state.run(filter, event).unwrap_or(abi::CONTINUE),
+        || {
+            let status = state.run(filter, event).unwrap_or(abi::CONTINUE);
+            tick_if_due(state.config);
+            status
+        },
         || {
             state.broken.set(true);
             if on_panic == OnPanic::Continue {
@@ -323,19 +346,53 @@ fn status(flow: Flow) -> u32 {
 fn new_stream(config: &Arc<ModuleConfig>) -> Option<Stream<Dynamic>> {
     ROOTS.with(|roots| {
         let mut roots = roots.borrow_mut();
-        roots.retain(|(config, _)| config.alive.load(Ordering::Acquire));
-        if !roots.iter().any(|(c, _)| c.key == config.key) {
+        roots.retain(|r| r.config.alive.load(Ordering::Acquire));
+        if !roots.iter().any(|r| r.config.key == config.key) {
             let mut root = Root::new(Dynamic {
                 config: config.clone(),
             });
             if !root.configure() {
                 log::error!("pinroute: a worker thread refused the configuration");
             }
-            roots.push((config.clone(), root));
+            roots.push(ThreadRoot {
+                config: config.clone(),
+                root,
+                ticked: now_nanos(),
+            });
         }
-        let (_, root) = roots.iter().find(|(c, _)| c.key == config.key)?;
-        root.new_stream()
+        let thread_root = roots.iter().find(|r| r.config.key == config.key)?;
+        thread_root.root.new_stream()
     })
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .unwrap_or(0)
+}
+
+/// Ticks this thread's root of configuration `key` if its period has passed: Envoy gives a
+/// dynamic module no timer, so a root is ticked from its streams' hooks (a thread with no
+/// stream is not ticked; its in-flight share is published when its requests start and end).
+fn tick_if_due(key: u64) {
+    let Some(period) = tick_period(key) else {
+        return;
+    };
+    let period = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+    let now = now_nanos();
+    ROOTS.with(|roots| {
+        let Ok(mut roots) = roots.try_borrow_mut() else {
+            return;
+        };
+        if let Some(thread_root) = roots.iter_mut().find(|r| r.config.key == key)
+            && now.saturating_sub(thread_root.ticked) >= period
+        {
+            thread_root.ticked = now;
+            thread_root.root.tick();
+        }
+    });
 }
 
 #[unsafe(no_mangle)]
@@ -359,8 +416,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
             let Some(stream) = new_stream(&config) else {
                 return std::ptr::null();
             };
+            tick_if_due(config.key);
             let state = Box::new(FilterState {
                 stream: RefCell::new(stream),
+                config: config.key,
                 ended: Cell::new(false),
                 end_pending: Cell::new(false),
                 broken: Cell::new(false),

@@ -103,6 +103,19 @@ thread_local! {
     pub static CURRENT: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
     /// The answer of the call being delivered to a stream: its headers and body.
     pub static CALL_ANSWER: RefCell<Option<(Headers, Vec<u8>)>> = const { RefCell::new(None) };
+    /// The period each configuration's root asked to be ticked at, on this thread.
+    static TICK_PERIODS: RefCell<Vec<(u64, Duration)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The period the root of configuration `key` on this thread asked to be ticked at.
+pub fn tick_period(key: u64) -> Option<Duration> {
+    TICK_PERIODS.with(|periods| {
+        periods
+            .borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, period)| *period)
+    })
 }
 
 /// The host of one filter configuration, on whatever thread uses it.
@@ -571,9 +584,15 @@ impl Host for Dynamic {
         Some(self.config.bytes.clone())
     }
 
-    fn set_tick_period(&self, _period: Duration) -> Result<(), HostError> {
-        Err(HostError::Refused(
-            "the native module has no timer yet (live registry, in-flight limit)",
-        ))
+    /// Envoy gives a dynamic module no timer of its own: the hooks tick a thread's root when
+    /// one of its streams' hooks runs after the period (`super::hooks`).
+    fn set_tick_period(&self, period: Duration) -> Result<(), HostError> {
+        let key = self.config.key;
+        TICK_PERIODS.with(|periods| {
+            let mut periods = periods.borrow_mut();
+            periods.retain(|(k, _)| *k != key);
+            periods.push((key, period));
+        });
+        Ok(())
     }
 }

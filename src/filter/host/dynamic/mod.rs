@@ -6,9 +6,11 @@
 //! over it, [`hooks`] the functions Envoy calls. Only this folder names the ABI; every
 //! `unsafe` of the native module is here.
 //!
-//! What the proxy-wasm host has that this one has not yet: a timer (the live registry and the
-//! in-flight limit are refused), metrics defined after configuration (the per-model counters
-//! are skipped: Envoy 1.40 defines a dynamic module's metrics only in `config_new`).
+//! What the proxy-wasm host has that this one has not yet: a timer (a thread's root is ticked
+//! from its streams' hooks once the period passed, which keeps the in-flight limit's shares
+//! fresh while requests run; the live registry, whose fetch the tick starts, is refused),
+//! and metrics defined after configuration (the per-model counters are skipped: Envoy 1.40
+//! defines a dynamic module's metrics only in `config_new`).
 
 mod abi;
 mod hooks;
