@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr};
 use super::host::{
-    CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, define_metric, request_body_len,
+    CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len,
     response_body_len, tick_period,
 };
 use crate::filter::host::{Flow, Headers, MetricKind};
@@ -49,13 +49,6 @@ struct ThreadRoot {
 thread_local! {
     /// This thread's roots, one per live filter configuration.
     static ROOTS: RefCell<Vec<ThreadRoot>> = const { RefCell::new(Vec::new()) };
-    /// The stream a host call asked to resume during the running hook.
-    static RESUME: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
-}
-
-/// The request of `filter` goes on once the running hook's work is over.
-pub fn resume_after_hook(filter: FilterEnvoyPtr) {
-    RESUME.with(|resume| resume.set(filter));
 }
 
 /// `log` records in Envoy's log (the `dynamic_modules` component).

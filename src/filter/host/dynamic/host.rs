@@ -1,8 +1,9 @@
 //! [`Host`] over Envoy's dynamic-module callbacks. Like proxy-wasm's host calls, the per-stream
 //! calls act on the stream whose hook is running: [`super::hooks`] names it in [`CURRENT`]
 //! for the duration of the hook, and stashes a call's answer in [`CALL_ANSWER`] while the
-//! stream reads it. Metrics go through the filter configuration (any thread may count), and
-//! shared data is one process-wide table with proxy-wasm's compare-and-swap semantics.
+//! stream reads it; a resume is left in [`RESUME`] for the hook to make once it is done.
+//! Metrics go through the filter configuration (any thread may count), and shared data is one
+//! process-wide table with proxy-wasm's compare-and-swap semantics.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -103,6 +104,9 @@ thread_local! {
     pub static CURRENT: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
     /// The answer of the call being delivered to a stream: its headers and body.
     pub static CALL_ANSWER: RefCell<Option<(Headers, Vec<u8>)>> = const { RefCell::new(None) };
+    /// The stream a host call asked to resume during the running hook: it is resumed once the
+    /// hook's work is over (`super::hooks`), not from inside it.
+    pub static RESUME: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
     /// The period each configuration's root asked to be ticked at, on this thread.
     static TICK_PERIODS: RefCell<Vec<(u64, Duration)>> = const { RefCell::new(Vec::new()) };
 }
@@ -306,8 +310,10 @@ fn attribute(attribute_id: u32) -> Option<String> {
     String::from_utf8(bytes).ok().filter(|s| !s.is_empty())
 }
 
-/// Shared data as proxy-wasm's: values with a compare-and-swap token, one table per process.
-static SHARED: Mutex<Option<HashMap<String, (Vec<u8>, u32)>>> = Mutex::new(None);
+/// Shared data as proxy-wasm's: values with a compare-and-swap token, one table per process
+/// (made on first use).
+type SharedTable = HashMap<String, (Vec<u8>, u32)>;
+static SHARED: Mutex<Option<SharedTable>> = Mutex::new(None);
 static NEXT_CAS: AtomicU32 = AtomicU32::new(1);
 
 fn next_cas() -> u32 {
@@ -357,7 +363,7 @@ impl Host for Dynamic {
 
     fn resume_request(&self) -> Result<(), HostError> {
         let filter = current()?;
-        super::hooks::resume_after_hook(filter);
+        RESUME.with(|resume| resume.set(filter));
         Ok(())
     }
 
