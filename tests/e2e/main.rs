@@ -1,7 +1,9 @@
 //! End-to-end: a real Envoy with the compiled filter in front of sim workers.
 //!
 //! Needs the release `pinroute.wasm` (`PINROUTE_WASM`, else the default target path) and an
-//! Envoy (`ENVOY_BIN`, else the project venv); `pinroute-harness test` provides both.
+//! Envoy (`ENVOY_BIN`, else the project venv); `pinroute-harness test` provides both. With
+//! `PINROUTE_E2E_FILTER=native` the suite runs against the native dynamic module instead
+//! (`native.rs`; the scenarios it does not support yet fail).
 
 #![allow(
     clippy::unwrap_used,
@@ -56,6 +58,10 @@ impl std::ops::Deref for Deployment {
 }
 
 pub fn wasm() -> PathBuf {
+    if native_everywhere() {
+        // Never loaded as wasm: `start` runs the native module in its place.
+        return native::native_module();
+    }
     let path = std::env::var_os("PINROUTE_WASM").map_or_else(default_wasm_path, PathBuf::from);
     assert!(
         path.exists(),
@@ -65,7 +71,16 @@ pub fn wasm() -> PathBuf {
     path
 }
 
-pub async fn start(spec: StackSpec) -> Deployment {
+/// With `PINROUTE_E2E_FILTER=native`, every deployment of the suite runs the filter as the
+/// native Envoy dynamic module ([`native`]) in place of the wasm filter.
+fn native_everywhere() -> bool {
+    std::env::var("PINROUTE_E2E_FILTER").is_ok_and(|filter| filter == "native")
+}
+
+pub async fn start(mut spec: StackSpec) -> Deployment {
+    if native_everywhere() {
+        spec.native_module = Some(native::native_module());
+    }
     let dir = TempDir::new().unwrap();
     let stack = Stack::start(&spec, dir.path())
         .await

@@ -276,4 +276,6 @@ unsafe extern "C" {
     ) -> u32;
 
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+
+    pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
 }

@@ -330,8 +330,14 @@ impl Host for Dynamic {
         headers(current()?, abi::REQUEST_HEADER)
     }
 
+    /// Routes match request headers (`x-pinroute-pool`): as Envoy's wasm host does, a change
+    /// clears the route Envoy may have picked already.
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
-        set_header(current()?, abi::REQUEST_HEADER, name, value)
+        let filter = current()?;
+        set_header(filter, abi::REQUEST_HEADER, name, value)?;
+        // SAFETY: `filter` is the stream of the running hook.
+        unsafe { abi::envoy_dynamic_module_callback_http_clear_route_cache(filter) };
+        Ok(())
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
