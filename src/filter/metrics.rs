@@ -174,24 +174,43 @@ pub struct Metrics {
     vm_memory: Option<u32>,
 }
 
-/// Every metric [`Metrics::define`] defines, by kind and name (not the per-model counters,
-/// defined when first counted): what a host that defines metrics only while it configures
-/// the filter defines then.
+/// Every metric the filter may define, by kind and name, with the per-model counters of
+/// `models` (the registry's): what a host that defines metrics only while it configures the
+/// filter defines then. [`Metrics::define`] defines the others at once, the per-model ones
+/// when first counted.
 #[cfg_attr(
     not(all(feature = "dynamic-module", not(target_arch = "wasm32"))),
     allow(dead_code)
 )]
-pub fn fixed_metrics() -> Vec<(MetricKind, String)> {
+pub fn fixed_metrics<M: AsRef<str>>(models: &[M]) -> Vec<(MetricKind, String)> {
     let counters = COUNTERS.iter().map(|(_, name)| name.to_string());
     let errors = RouteError::CODES.iter().map(|code| error_metric(code));
+    let counted_per_model: Vec<String> = COUNTERS
+        .iter()
+        .filter(|(counter, _)| matches!(counter, Counter::Requests | Counter::Placed(..)))
+        .map(|(_, name)| name.to_string())
+        .chain(RouteError::CODES.iter().map(|code| error_metric(code)))
+        .collect();
+    let per_model = models.iter().flat_map(|model| {
+        counted_per_model
+            .iter()
+            .map(move |name| model_metric(name, model.as_ref()))
+    });
     counters
         .chain(errors)
+        .chain(per_model)
         .map(|name| (MetricKind::Counter, name))
         .chain([
             (MetricKind::Histogram, PREFILL_LATENCY.to_owned()),
             (MetricKind::Gauge, VM_MEMORY.to_owned()),
         ])
         .collect()
+}
+
+/// `name` (`pinroute.<what>`) counted for `model`: `pinroute.model.<what>.<model>`.
+fn model_metric(name: &str, model: &str) -> String {
+    let what = name.trim_start_matches("pinroute.");
+    format!("pinroute.model.{what}.{model}")
 }
 
 fn error_metric(code: &str) -> String {
@@ -260,9 +279,9 @@ impl Metrics {
             return;
         };
         if !ids.contains_key(name) {
-            let what = name.trim_start_matches("pinroute.");
-            let metric = format!("pinroute.model.{what}.{model}");
-            let id = host.define_metric(MetricKind::Counter, &metric).ok();
+            let id = host
+                .define_metric(MetricKind::Counter, &model_metric(name, model))
+                .ok();
             ids.insert(name.to_owned(), id);
         }
         increment(host, ids.get(name).copied().flatten());

@@ -93,12 +93,29 @@ pub fn with_native_module(bootstrap: &str) -> Result<String> {
             .iter()
             .map(|l| (*l).to_owned()),
     );
-    let mut text = out.join("\n");
-    if bootstrap.ends_with('\n') {
-        text.push('\n');
+    if lines.iter().any(|l| l.starts_with("layered_runtime:")) {
+        bail!("the bootstrap has a runtime already: the module's stats prefix is set there");
     }
+    out.extend(STATS_RUNTIME.iter().map(|l| (*l).to_owned()));
+    let mut text = out.join("\n");
+    text.push('\n');
     Ok(text)
 }
+
+/// Envoy strips a dynamic module's metrics namespace from Prometheus names (as it does the
+/// wasm filter's) only with this runtime flag: with it, `/stats/prometheus` shows the
+/// module's counters as the wasm filter's (`pinroute_requests`, not
+/// `envoy_wasmcustom_pinroute_requests`). The admin layer keeps `/runtime_modify` working.
+const STATS_RUNTIME: [&str; 8] = [
+    "# The native module's stats keep the wasm filter's Prometheus names.",
+    "layered_runtime:",
+    "  layers:",
+    "  - name: pinroute_native",
+    "    static_layer:",
+    "      envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix: true",
+    "  - name: admin",
+    "    admin_layer: {}",
+];
 
 fn indentation(line: &str) -> usize {
     line.len() - line.trim_start().len()
@@ -135,7 +152,8 @@ mod tests {
             "{native}"
         );
         assert!(native.starts_with("filters:\n          - name: first\n"));
-        assert!(native.ends_with("- name: envoy.filters.http.router\n"));
+        assert!(native.contains("- name: envoy.filters.http.router\n# The native module"));
+        assert!(native.contains("dynamic_modules_strip_custom_stat_prefix: true\n"));
     }
 
     #[test]

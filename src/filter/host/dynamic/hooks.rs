@@ -117,10 +117,14 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
     )
 }
 
-/// A configuration's metrics, defined with Envoy: every metric the filter may use.
-fn define_metrics(config: FilterConfigEnvoyPtr) -> HashMap<String, (MetricKind, usize)> {
+/// A configuration's metrics, defined with Envoy: every metric the filter may use, the
+/// per-model counters for each model of the registry (`models`) included.
+fn define_metrics(
+    config: FilterConfigEnvoyPtr,
+    models: &[impl AsRef<str>],
+) -> HashMap<String, (MetricKind, usize)> {
     let mut defined = HashMap::new();
-    for (kind, name) in fixed_metrics() {
+    for (kind, name) in fixed_metrics(models) {
         match define_metric(config, kind, &name) {
             Some(id) => {
                 defined.insert(name, (kind, id));
@@ -142,7 +146,11 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         || {
             // SAFETY: Envoy's configuration bytes, valid during this hook.
             let bytes = unsafe { config.to_vec() };
-            if Config::from_json(&bytes).is_ok_and(|c| c.settings.registry.is_some()) {
+            let parsed = Config::from_json(&bytes).ok();
+            if parsed
+                .as_ref()
+                .is_some_and(|c| c.settings.registry.is_some())
+            {
                 log::error!(
                     "pinroute: the native module does not refresh a live registry yet \
                      (\"registry\"): use the wasm filter"
@@ -150,7 +158,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 return std::ptr::null();
             }
             let key = NEXT_CONFIG.fetch_add(1, Ordering::Relaxed);
-            let metrics = define_metrics(config_envoy);
+            let models = parsed.as_ref().map_or(&[][..], |c| c.registry.models());
+            let metrics = define_metrics(config_envoy, models);
             let shared = Arc::new(ModuleConfig::new(key, bytes, config_envoy, metrics));
             // The configuration is checked here, on the main thread, as each worker thread
             // will read it: Envoy refuses one the filter refuses.

@@ -9,8 +9,9 @@
 //! What the proxy-wasm host has that this one has not yet: a timer (a thread's root is ticked
 //! from its streams' hooks once the period passed, which keeps the in-flight limit's shares
 //! fresh while requests run; the live registry, whose fetch the tick starts, is refused),
-//! and metrics defined after configuration (the per-model counters are skipped: Envoy 1.40
-//! defines a dynamic module's metrics only in `config_new`).
+//! and metrics defined after configuration: Envoy 1.40 defines a dynamic module's metrics
+//! only in `config_new`, so every metric is defined there, the per-model counters for each
+//! model the registry names (a model only a later registry names would go uncounted).
 
 mod abi;
 mod hooks;
