@@ -82,7 +82,8 @@ pub struct State {
     /// Host calls Envoy would have refused, as `what: why`.
     pub refusals: Vec<String>,
     shared: HashMap<String, (Vec<u8>, u32)>,
-    metric_names: Vec<String>,
+    /// The name of each metric the filter defined, by id.
+    pub metric_names: Vec<String>,
     metric_values: HashMap<u32, u64>,
 }
 

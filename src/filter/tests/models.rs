@@ -177,3 +177,33 @@ fn requests_placements_and_errors_are_counted_per_named_model() {
     };
     assert_eq!((placed("prefill"), placed("decode")), (2, 2));
 }
+
+/// A host that defines metrics only while it configures the filter (the native module)
+/// defines `fixed_metrics` then: every metric the filter asks for afterwards must be there.
+#[test]
+fn every_metric_the_filter_defines_is_known_at_configuration() {
+    let config = Config::from_json(MODELS.as_bytes()).unwrap();
+    let fixed: Vec<String> = crate::filter::metrics::fixed_metrics(config.registry.models())
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect();
+    let host = FakeHost::default();
+    for model in ["big", "tiny"] {
+        let body = format!(r#"{{"model": "{model}", "prompt": "hello"}}"#);
+        let mut request = Request::completion_on(host.clone(), MODELS, &[], &body);
+        let call = request.prefill_call();
+        request.answer(&call, Some(500), "");
+    }
+    let pinned = [("x-dynamo-worker-instance-id", "202")];
+    let body = r#"{"model": "tiny", "prompt": "hello"}"#;
+    let _ = Request::completion_on(host.clone(), MODELS, &pinned, body);
+    assert!(host.metric("pinroute.model.errors.model_not_served.tiny") >= 1);
+    let defined = host.state().metric_names.clone();
+    assert!(defined.len() > fixed.len() / 2, "{defined:?}");
+    for name in defined {
+        assert!(
+            fixed.contains(&name),
+            "{name} is not defined at configuration"
+        );
+    }
+}
