@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use pinroute_harness::envoy::native::{SEARCH_PATH_ENV, default_module_path, with_native_module};
 use pinroute_harness::envoy::{
     ANY_ORIGIN, ApiKeys, BootstrapOptions, Callers, DEFAULT_IDENTITY_HEADER,
     DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions,
@@ -26,6 +27,12 @@ pub struct Args {
     /// The pinroute filter [default: <repo>/target/wasm32-wasip1/release/pinroute.wasm].
     #[arg(long, value_name = "PATH")]
     wasm: Option<PathBuf>,
+    /// Run the filter as the native Envoy dynamic module (`libpinroute.so`, built with
+    /// `cargo build -p pinroute --profile dynamic-module --features dynamic-module`) in place
+    /// of the wasm filter: Envoy must be started with ENVOY_DYNAMIC_MODULES_SEARCH_PATH set
+    /// to its folder. A preview: no live registry.
+    #[arg(long, conflicts_with = "wasm")]
+    native: bool,
     /// Route (whole request) timeout in seconds; 0 disables it.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_ROUTE_TIMEOUT.as_secs())]
     route_timeout: u64,
@@ -230,7 +237,7 @@ pub fn run(args: &Args) -> Result<()> {
         .with_context(|| format!("reading {}", args.workers.display()))?;
     let plugin_config = args.picker.merged_into(plugin_config)?;
     let wasm = args.wasm.clone().unwrap_or_else(default_wasm_path);
-    if !wasm.is_file() {
+    if !args.native && !wasm.is_file() {
         log::warn!(
             "{} does not exist (yet): Envoy will refuse to start without it",
             wasm.display()
@@ -244,8 +251,15 @@ pub fn run(args: &Args) -> Result<()> {
         route_timeout: Duration::from_secs(args.route_timeout),
         edge: args.edge()?,
     };
-    let bootstrap = render_bootstrap(&options)
+    let mut bootstrap = render_bootstrap(&options)
         .with_context(|| format!("rendering the bootstrap for {}", args.workers.display()))?;
+    if args.native {
+        bootstrap = with_native_module(&bootstrap)?;
+        log::info!(
+            "start Envoy with {SEARCH_PATH_ENV} naming the folder of libpinroute.so (built: {})",
+            default_module_path().display()
+        );
+    }
     for warning in exposure_warnings(&options) {
         log::warn!("{warning}");
     }
