@@ -210,9 +210,8 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
 /// The same request's choice by prefix affinity, hashing its prompt as the filter does.
 fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
     let settings = &config.settings;
-    let raw = request
-        .get(Api::ChatCompletions.prompt_field())
-        .map_or(&b""[..], |p| p.get().as_bytes());
+    let raw = Api::ChatCompletions.prompt(request);
+    let raw = raw.as_ref();
     let prefix = if raw.len() < settings.prefix_min_bytes {
         PromptPrefix::unhashed(raw.len())
     } else {

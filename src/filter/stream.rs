@@ -302,10 +302,8 @@ fn on_completion_body<H: Host>(
         Some(state) => state.pin(pins, responses::PREVIOUS_RESPONSE_ID)?,
         None => pins,
     };
-    let raw_prompt = request
-        .get(api.prompt_field())
-        .map_or(&[][..], |p| p.get().as_bytes());
-    let prompt = env.read_prompt(raw_prompt, &pins);
+    let raw_prompt = api.prompt(&request);
+    let prompt = env.read_prompt(&raw_prompt, &pins);
     let mut route = env.with_resolver(&completion.hints, prompt.as_ref(), |r| r.resolve(&pins))?;
     if let Some(state) = &responses {
         route = state.route(route);

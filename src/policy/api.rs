@@ -2,6 +2,10 @@
 //! disaggregates each of them alike — `kv_transfer_params` on the request and on the answer —
 //! but each names its prompt, its output limit and its errors its own way.
 
+use std::borrow::Cow;
+
+use super::json::JsonObject;
+
 /// A generation API: a path whose body is read and which takes the prefill hop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -51,13 +55,31 @@ impl Api {
         Api::ALL.into_iter().find(|api| api.path() == canonical)
     }
 
-    /// The member holding the prompt, as the client wrote it: what placement hashes (§5).
-    pub fn prompt_field(self) -> &'static str {
+    /// The members holding the prompt, in the order the engine puts them before the model:
+    /// the instructions a Messages or Responses request keeps apart come first.
+    pub fn prompt_fields(self) -> &'static [&'static str] {
         match self {
-            Api::Completions => "prompt",
-            Api::ChatCompletions | Api::Messages => "messages",
-            Api::Responses => "input",
-            Api::Generate => "token_ids",
+            Api::Completions => &["prompt"],
+            Api::ChatCompletions => &["messages"],
+            Api::Responses => &["instructions", "input"],
+            Api::Messages => &["system", "messages"],
+            Api::Generate => &["token_ids"],
+        }
+    }
+
+    /// The prompt as the client wrote it, what placement hashes (§5): its members' raw JSON,
+    /// one after the other (borrowed when there is one). Empty when there is none.
+    pub fn prompt<'a>(self, request: &JsonObject<'a>) -> Cow<'a, [u8]> {
+        let parts: Vec<&'a [u8]> = self
+            .prompt_fields()
+            .iter()
+            .filter_map(|field| request.get(field))
+            .map(|raw| raw.get().as_bytes())
+            .collect();
+        match parts.as_slice() {
+            [] => Cow::Borrowed(&[]),
+            [one] => Cow::Borrowed(one),
+            several => Cow::Owned(several.concat()),
         }
     }
 

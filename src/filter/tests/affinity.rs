@@ -34,7 +34,12 @@ const CHAT_HEADERS: &[(&str, &str)] = &[(":path", "/v1/chat/completions")];
 
 /// Serves one chat request on `host` through both hops; returns its prefill and decode worker.
 fn serve(host: &FakeHost, config: &str, body: &str) -> (u64, u64) {
-    let mut request = Request::completion_on(host.clone(), config, CHAT_HEADERS, body);
+    serve_on(host, config, CHAT_HEADERS, body)
+}
+
+/// [`serve`] on the path `headers` name.
+fn serve_on(host: &FakeHost, config: &str, headers: &[(&str, &str)], body: &str) -> (u64, u64) {
+    let mut request = Request::completion_on(host.clone(), config, headers, body);
     let call = request.prefill_call();
     let prefill = match call.header(":authority") {
         Some("10.0.0.11:8000") => 101,
@@ -58,6 +63,38 @@ fn serve(host: &FakeHost, config: &str, body: &str) -> (u64, u64) {
     request.respond(200, Some("{}"));
     request.end();
     (prefill, decode)
+}
+
+#[test]
+fn a_long_system_prompt_kept_apart_from_the_messages_places_them() {
+    let messages_api: &[(&str, &str)] = &[(":path", "/v1/messages")];
+    let responses_api: &[(&str, &str)] = &[(":path", "/v1/responses")];
+    let placed = |system: usize, question: usize| {
+        let system_text = format!("System prompt {system}. ").repeat(80);
+        let messages = format!(
+            r#"{{"model":"m","max_tokens":4,"system":"{system_text}","messages":[{{"role":"user","content":"question {question}"}}]}}"#
+        );
+        let responses = format!(
+            r#"{{"model":"m","store":false,"instructions":"{system_text}","input":"question {question}"}}"#
+        );
+        let host = FakeHost::default();
+        let by_messages = serve_on(&host, REGISTRY, messages_api, &messages).0;
+        let by_responses = serve_on(&host, REGISTRY, responses_api, &responses).0;
+        (by_messages, by_responses)
+    };
+    for system in 0..8 {
+        let first = placed(system, 0);
+        for question in 1..4 {
+            assert_eq!(placed(system, question), first, "system prompt {system}");
+        }
+    }
+    let workers: std::collections::HashSet<u64> =
+        (0..8).map(|system| placed(system, 0).0).collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "the system prompt, not the load, places them"
+    );
 }
 
 #[test]

@@ -34,16 +34,40 @@ fn anthropic_clients_get_anthropic_errors_below_v1_messages_only() {
 fn each_api_names_its_prompt_and_its_limit() {
     let fields: Vec<_> = Api::ALL
         .into_iter()
-        .map(|api| (api.prompt_field(), api.limit_field()))
+        .map(|api| (api.prompt_fields(), api.limit_field()))
         .collect();
     assert_eq!(
         fields,
         [
-            ("prompt", "max_tokens"),
-            ("messages", "max_tokens"),
-            ("input", "max_output_tokens"),
-            ("messages", "max_tokens"),
-            ("token_ids", "sampling_params"),
+            (&["prompt"][..], "max_tokens"),
+            (&["messages"], "max_tokens"),
+            (&["instructions", "input"], "max_output_tokens"),
+            (&["system", "messages"], "max_tokens"),
+            (&["token_ids"], "sampling_params"),
         ]
     );
+}
+
+#[test]
+fn the_prompt_is_its_members_as_written_instructions_first() {
+    let body =
+        |json: &'static str| crate::policy::json::JsonObject::parse(json.as_bytes()).unwrap();
+    let messages =
+        body(r#"{"messages": [{"role": "user", "content": "hi"}], "system": "be \u0062rief"}"#);
+    assert_eq!(
+        Api::Messages.prompt(&messages).as_ref(),
+        br#""be \u0062rief"[{"role": "user", "content": "hi"}]"#,
+        "system first, whatever the body's order"
+    );
+    let chat = body(r#"{"messages": [1], "system": "ignored by chat"}"#);
+    assert!(matches!(
+        Api::ChatCompletions.prompt(&chat),
+        std::borrow::Cow::Borrowed(b"[1]")
+    ));
+    let input_only = body(r#"{"input": "x"}"#);
+    assert!(matches!(
+        Api::Responses.prompt(&input_only),
+        std::borrow::Cow::Borrowed(b"\"x\"")
+    ));
+    assert!(Api::Completions.prompt(&body("{}")).is_empty());
 }
