@@ -1,6 +1,8 @@
 //! The same request path as a native Envoy dynamic module (`libpinroute.so`, built from the
 //! same `src/` with `cargo build -p pinroute --profile dynamic-module --features
-//! dynamic-module`): both hops, pins, a typed error, streaming, counters, through a real Envoy.
+//! dynamic-module`), through a real Envoy: both hops, and the counters' names. The whole suite
+//! runs against the module too, with `PINROUTE_E2E_FILTER=native` (`pinroute-harness test`
+//! does).
 //!
 //! Needs the module (`PINROUTE_NATIVE_MODULE`, else the default target path).
 
@@ -9,7 +11,6 @@ use std::path::PathBuf;
 use pinroute_harness::envoy::native::default_module_path;
 use pinroute_harness::sim::SimRole;
 use pinroute_harness::stack::StackSpec;
-use serde_json::json;
 
 use crate::client::{complete, prompt};
 use crate::{Deployment, start, stat, worker};
@@ -63,90 +64,6 @@ async fn an_unpinned_completion_takes_both_hops_and_decode_loads_the_prefills_kv
             "decode did not load the prefill's KV"
         );
     }
-}
-
-#[tokio::test]
-async fn pins_choose_both_workers_and_ranks() {
-    let deployment = disaggregated_native().await;
-    let headers = [
-        ("x-dynamo-prefill-instance-id", "102"),
-        ("x-dynamo-prefill-dp-rank", "0"),
-        ("x-dynamo-worker-instance-id", "202"),
-        ("x-dynamo-dp-rank", "1"),
-    ];
-    let reply = complete(&deployment, &headers, &prompt()).await;
-    reply.assert_ok("the request");
-    assert_eq!(
-        (reply.worker("prefill"), reply.worker("decode")),
-        (Some(102), Some(202))
-    );
-    assert_eq!(reply.number("x-sim-dp-rank"), Some(1));
-    assert_eq!(reply.json()["sim"]["kv_from"], 102);
-    let prefill = deployment.worker(102).unwrap().requests();
-    assert_eq!(prefill.len(), 1, "{prefill:?}");
-    let prefill = prefill.into_iter().next().unwrap();
-    assert_eq!(prefill.header("x-data-parallel-rank"), Some("0"));
-    assert_eq!(prefill.body["max_tokens"], 1);
-    let decode = deployment.worker(202).unwrap().requests();
-    assert_eq!(decode.len(), 1, "{decode:?}");
-    let decode = decode.into_iter().next().unwrap();
-    assert_eq!(decode.header("x-data-parallel-rank"), Some("1"));
-    assert_eq!(decode.body["kv_transfer_params"]["do_remote_prefill"], true);
-    assert_eq!(
-        decode.header("x-request-id"),
-        prefill.header("x-request-id"),
-        "both hops carry the same X-Request-Id"
-    );
-}
-
-#[tokio::test]
-async fn typed_errors_are_answered_by_the_module() {
-    let deployment = disaggregated_native().await;
-    let reply = complete(
-        &deployment,
-        &[("x-dynamo-worker-instance-id", "999")],
-        &prompt(),
-    )
-    .await;
-    let message = reply.error(400, "unknown_worker");
-    assert!(message.contains("999"), "{message}");
-    let reply = complete(
-        &deployment,
-        &[("x-dynamo-worker-instance-id", "203")],
-        &prompt(),
-    )
-    .await;
-    reply.error(503, "worker_unavailable");
-    assert_eq!(reply.header("retry-after"), Some("5"));
-    assert!(deployment.workers.iter().all(|w| w.requests().is_empty()));
-}
-
-#[tokio::test]
-async fn streaming_flows_back_as_server_sent_events() {
-    let deployment = disaggregated_native().await;
-    let mut body = prompt();
-    body["stream"] = json!(true);
-    let reply = complete(
-        &deployment,
-        &[("x-dynamo-worker-instance-id", "202")],
-        &body,
-    )
-    .await;
-    reply.assert_ok("the request");
-    assert!(
-        reply
-            .header("content-type")
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
-    let events: Vec<&str> = reply
-        .text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(events.last(), Some(&"[DONE]"));
-    assert!(events.len() >= 6, "{events:?}");
-    assert_eq!(reply.worker("decode"), Some(202));
 }
 
 #[tokio::test]

@@ -81,6 +81,26 @@ impl EnvoyHttpHeader {
         value_ptr: std::ptr::null(),
         value_length: 0,
     };
+
+    /// The header's name and value, copied.
+    ///
+    /// # Safety
+    /// Its pointers are Envoy's header bytes, still valid.
+    pub unsafe fn copied(&self) -> (String, Vec<u8>) {
+        let (key, value) = (
+            EnvoyBuffer {
+                ptr: self.key_ptr,
+                length: self.key_length,
+            },
+            EnvoyBuffer {
+                ptr: self.value_ptr,
+                length: self.value_length,
+            },
+        );
+        // SAFETY: the caller's contract.
+        let (key, value) = unsafe { (key.to_vec(), value.to_vec()) };
+        (String::from_utf8_lossy(&key).into_owned(), value)
+    }
 }
 
 /// `envoy_dynamic_module_type_module_http_header`.

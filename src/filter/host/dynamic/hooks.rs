@@ -549,24 +549,8 @@ unsafe fn call_answer(
     };
     let headers = headers
         .iter()
-        .map(|h| {
-            // SAFETY: Envoy's header bytes, valid during the hook.
-            let (key, value) = unsafe {
-                (
-                    EnvoyBuffer {
-                        ptr: h.key_ptr,
-                        length: h.key_length,
-                    }
-                    .to_vec(),
-                    EnvoyBuffer {
-                        ptr: h.value_ptr,
-                        length: h.value_length,
-                    }
-                    .to_vec(),
-                )
-            };
-            (String::from_utf8_lossy(&key).into_owned(), value)
-        })
+        // SAFETY: Envoy's header bytes, valid during the hook.
+        .map(|h| unsafe { h.copied() })
         .collect();
     let mut body = Vec::new();
     for chunk in chunks {

@@ -156,25 +156,9 @@ fn headers(filter: FilterEnvoyPtr, header_type: u32) -> Result<Headers, HostErro
     };
     refused(ok, "the header map is not available")?;
     Ok(raw
-        .into_iter()
-        .map(|h| {
-            // SAFETY: Envoy's header bytes, valid until this hook ends or a header is set.
-            let (key, value) = unsafe {
-                (
-                    EnvoyBuffer {
-                        ptr: h.key_ptr,
-                        length: h.key_length,
-                    }
-                    .to_vec(),
-                    EnvoyBuffer {
-                        ptr: h.value_ptr,
-                        length: h.value_length,
-                    }
-                    .to_vec(),
-                )
-            };
-            (String::from_utf8_lossy(&key).into_owned(), value)
-        })
+        .iter()
+        // SAFETY: Envoy's header bytes, valid until this hook ends or a header is set.
+        .map(|h| unsafe { h.copied() })
         .collect())
 }
 
