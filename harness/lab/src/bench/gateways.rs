@@ -16,8 +16,8 @@ use super::vllm_router::{Policy, VllmRouter};
 use crate::load::ClientTls;
 use crate::tls::RunTls;
 use pinroute_harness::envoy::{
-    BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy,
-    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, render_bootstrap,
+    BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, EnvoyOptions,
+    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, native, render_bootstrap,
 };
 use pinroute_harness::tls_front::TlsFront;
 
@@ -44,6 +44,9 @@ pub enum Scenario {
     /// hops reach the workers (behind TLS fronts) over mutual TLS.
     #[serde(rename = "pinroute-mtls")]
     PinrouteMtls,
+    /// `Pinroute` with the filter as the native Envoy dynamic module instead of wasm.
+    #[serde(rename = "pinroute-native")]
+    PinrouteNative,
     /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
     Python,
     /// One request to vllm-router (`--vllm-pd-disaggregation`, its default `cache_aware`
@@ -56,11 +59,12 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
         Scenario::Pinroute,
+        Scenario::PinrouteNative,
         Scenario::PinrouteTls,
         Scenario::PinrouteMtls,
         Scenario::Python,
@@ -74,6 +78,7 @@ impl Scenario {
             Scenario::Envoy => "envoy",
             Scenario::EnvoyTwoHops => "envoy-2hop",
             Scenario::Pinroute => "pinroute",
+            Scenario::PinrouteNative => "pinroute-native",
             Scenario::PinrouteTls => "pinroute-tls",
             Scenario::PinrouteMtls => "pinroute-mtls",
             Scenario::Python => "python",
@@ -101,7 +106,7 @@ impl Scenario {
         matches!(
             self,
             Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls
-        )
+        ) || self == Scenario::PinrouteNative
     }
 
     pub fn description(self) -> &'static str {
@@ -112,6 +117,7 @@ impl Scenario {
                 "Envoy without the filter on both hops (the client sends both)"
             }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
+            Scenario::PinrouteNative => "the same, the filter as a native dynamic module",
             Scenario::PinrouteTls => "the same, clients over TLS",
             Scenario::PinrouteMtls => "the same, mutual TLS to clients and to both workers",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
@@ -185,6 +191,8 @@ pub struct GatewayInputs<'a> {
     pub sims: SimAddresses,
     pub envoy_binary: &'a Path,
     pub wasm: &'a Path,
+    /// `libpinroute.so`, for `pinroute-native`.
+    pub native_module: Option<&'a Path>,
     pub python: Option<&'a Path>,
     pub vllm_router: Option<&'a Path>,
     pub repo_root: &'a Path,
@@ -210,6 +218,20 @@ pub async fn start_gateway(
             let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm, EdgeOptions::default())?;
             Some(Gateway::Envoy(
                 Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
+            ))
+        }
+        Scenario::PinrouteNative => {
+            let Some(module) = inputs.native_module else {
+                bail!("the pinroute-native scenario needs the module")
+            };
+            let wasm_yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm, EdgeOptions::default())?;
+            let yaml = native::with_native_module(&wasm_yaml)?;
+            let options = EnvoyOptions {
+                env: vec![native::module_env(module)?],
+                ..EnvoyOptions::default()
+            };
+            Some(Gateway::Envoy(
+                Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))
         }
         Scenario::PinrouteTls | Scenario::PinrouteMtls => {

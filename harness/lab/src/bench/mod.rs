@@ -103,6 +103,10 @@ async fn end_to_end(
         (Some(given), true) => Some(given.clone()),
         (None, true) => Some(pinroute_harness::wasm::build_filter()?),
     };
+    let native_module = match e2e.scenarios.contains(&Scenario::PinrouteNative) {
+        true => Some(pinroute_harness::wasm::build_native_module()?),
+        false => None,
+    };
     let envoy = if needs_envoy {
         Some(envoy_binary(root)?)
     } else {
@@ -131,6 +135,7 @@ async fn end_to_end(
         sims: sims.addresses,
         envoy_binary: envoy.as_deref().unwrap_or(&none),
         wasm: wasm.as_deref().unwrap_or(&none),
+        native_module: native_module.as_deref(),
         python: python.as_deref(),
         vllm_router: vllm_router.as_deref(),
         repo_root: root,

@@ -274,6 +274,7 @@ pub(crate) fn color(scenario: Scenario) -> RGBColor {
         Scenario::Envoy => RGBColor(31, 119, 180),
         Scenario::EnvoyTwoHops => RGBColor(148, 103, 189),
         Scenario::Pinroute => RGBColor(214, 39, 40),
+        Scenario::PinrouteNative => RGBColor(23, 190, 207),
         Scenario::PinrouteTls => RGBColor(227, 119, 194),
         Scenario::PinrouteMtls => RGBColor(140, 86, 75),
         Scenario::Python => RGBColor(44, 160, 44),

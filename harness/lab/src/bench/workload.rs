@@ -93,12 +93,16 @@ impl Route {
                 decode: envoy,
                 via_envoy: true,
             },
-            (Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls, Some(proxy)) => {
-                Route::Proxy {
-                    proxy,
-                    pinned: true,
-                }
-            }
+            (
+                Scenario::Pinroute
+                | Scenario::PinrouteNative
+                | Scenario::PinrouteTls
+                | Scenario::PinrouteMtls,
+                Some(proxy),
+            ) => Route::Proxy {
+                proxy,
+                pinned: true,
+            },
             (
                 Scenario::Python | Scenario::VllmRouter | Scenario::VllmRouterRoundRobin,
                 Some(proxy),
