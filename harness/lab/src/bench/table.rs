@@ -174,7 +174,9 @@ fn optional(value: Option<f64>, decimals: usize) -> String {
 
 /// The registry-size axis's stages are named `<stage> <N>+<N>`.
 fn registry_axis(stage: &str) -> Option<(&str, &str)> {
-    stage.split_once(' ').filter(|(_, pools)| pools.contains('+'))
+    stage
+        .split_once(' ')
+        .filter(|(_, pools)| pools.contains('+'))
 }
 
 /// One row per stage and runtime of the registry-size axis, one column per registry.
@@ -198,7 +200,10 @@ fn registry_table(runs: &[MicroRun]) -> (Vec<String>, Vec<Vec<String>>) {
         for run in runs {
             let mut row = vec![stage.to_string(), run.runtime.clone()];
             row.extend(registries.iter().map(|registry| {
-                let ns = run.rows.iter().find(|r| r.stage == format!("{stage} {registry}"));
+                let ns = run
+                    .rows
+                    .iter()
+                    .find(|r| r.stage == format!("{stage} {registry}"));
                 ns.map_or("-".into(), |r| micros(r.ns_per_op))
             }));
             rows.push(row);
