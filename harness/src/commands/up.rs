@@ -148,7 +148,12 @@ async fn run_sim(args: &Args) -> Result<()> {
         None
     };
     let stack = Stack::start(&spec, &work_dir).await?;
-    print_deployment(&stack, spec.native_module.as_deref(), &work_dir, ca.as_deref());
+    print_deployment(
+        &stack,
+        spec.native_module.as_deref(),
+        &work_dir,
+        ca.as_deref(),
+    );
     match &ca {
         Some(ca) => demo_request_over_tls(&stack, ca).await?,
         None => demo_request(&stack).await?,
@@ -310,7 +315,10 @@ const VLLM_DEMO_PROMPT: &str = "Explain how a gateway routes one request of a di
     while the client waits for the stream.";
 
 async fn run_vllm(args: &Args) -> Result<()> {
-    anyhow::ensure!(!args.native, "--native runs with sim workers (`--workers sim`)");
+    anyhow::ensure!(
+        !args.native,
+        "--native runs with sim workers (`--workers sim`)"
+    );
     let root = repo_root();
     let work_dir = root.join(UP_DIR).join("vllm");
     let plan = vllm_plan(args, &root, &work_dir);

@@ -36,14 +36,13 @@ pub fn render(results: &BenchResults, style: Style) -> String {
             style,
         ));
     }
-    let versus = super::versus::render(results, style);
-    if !versus.is_empty() {
+    for (title, table) in super::versus::render(results, style) {
         let _ = writeln!(
             out,
-            "\n{}pinroute against vllm-router and Envoy's own two hops (CPU: proxy process per request; filter: pinroute minus envoy-2hop)\n",
+            "\n{}{title} (CPU: proxy process per request; filter: pinroute minus envoy-2hop)\n",
             title_mark(style)
         );
-        out.push_str(&versus);
+        out.push_str(&table);
     }
     if !results.micro.is_empty() {
         let _ = writeln!(
