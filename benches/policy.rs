@@ -21,6 +21,11 @@
 //! - `affinity`: the same request placed by prefix affinity (`docs/semantics.md` §5):
 //!   hashing the prompt's beginning and walking its depths over the loads. `affinity`
 //!   minus `unpinned` is what affinity adds.
+//!
+//! The registry-size axis, `--pools 1,10,100,1000` (workers per pool): `unpinned N+N` and
+//! `affinity N+N` are the last two stages on a registry of N prefill and N decode workers,
+//! with an 8 KB body (its prompt is placed by its whole 4 KB prefix window). What grows with
+//! N is what a hop's choice costs per worker.
 
 #[path = "../harness/lab/src/bench/prompt.rs"]
 mod prompt;
@@ -79,26 +84,40 @@ fn request_body(size: usize) -> String {
 struct Options {
     sizes: Vec<usize>,
     budget: Duration,
+    /// Workers per pool of the registry-size axis.
+    pools: Vec<usize>,
+}
+
+const DEFAULT_POOLS: [usize; 4] = [1, 10, 100, 1000];
+/// The body of the registry-size axis: long enough to be placed by its prefix.
+const POOL_BODY_BYTES: usize = 8 * 1024;
+
+fn numbers(flag: &str, list: &str) -> Result<Vec<usize>, String> {
+    list.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("{flag} {s:?}: {e}"))
+        })
+        .collect()
 }
 
 fn options() -> Result<Options, String> {
     let mut options = Options {
         sizes: DEFAULT_SIZES.to_vec(),
         budget: DEFAULT_BUDGET,
+        pools: DEFAULT_POOLS.to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--sizes" => {
                 let list = args.next().ok_or("--sizes needs a value")?;
-                options.sizes = list
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse::<usize>()
-                            .map_err(|e| format!("--sizes {s:?}: {e}"))
-                    })
-                    .collect::<Result<_, _>>()?;
+                options.sizes = numbers("--sizes", &list)?;
+            }
+            "--pools" => {
+                let list = args.next().ok_or("--pools needs a value")?;
+                options.pools = numbers("--pools", &list)?;
             }
             "--budget-ms" => {
                 let ms = args.next().ok_or("--budget-ms needs a value")?;
@@ -210,7 +229,7 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
 /// The same request's choice by prefix affinity, hashing its prompt as the filter does.
 fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
     let settings = &config.settings;
-    let raw = Api::ChatCompletions.prompt(request);
+    let raw = Api::Completions.prompt(request);
     let raw = raw.as_ref();
     let prefix = if raw.len() < settings.prefix_min_bytes {
         PromptPrefix::unhashed(raw.len())
@@ -332,13 +351,57 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
     Ok(())
 }
 
+/// A registry of `per_pool` prefill and as many decode workers.
+fn registry_of(per_pool: usize) -> Result<Config, String> {
+    let worker = |role: &str, n: usize, subnet: usize| {
+        let id = if role == "prefill" { n } else { 100_000 + n };
+        let address = format!("10.{subnet}.{}.{}:8000", n / 250, n % 250 + 1);
+        format!(r#"{{"id": {id}, "role": "{role}", "address": "{address}", "dp_size": 1}}"#)
+    };
+    let workers: Vec<String> = (1..=per_pool)
+        .map(|n| worker("prefill", n, 1))
+        .chain((1..=per_pool).map(|n| worker("decode", n, 2)))
+        .collect();
+    let json = format!(r#"{{"workers": [{}]}}"#, workers.join(","));
+    Config::from_json(json.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// An unpinned request's choice by load and by affinity on registries of every pool size.
+fn bench_pools(pools: &[usize], size: usize, budget: Duration) -> Result<(), String> {
+    let body = request_body(size);
+    let request = JsonObject::parse(body.as_bytes()).map_err(|e| e.to_string())?;
+    let mut turn = 0u64;
+    for &per_pool in pools {
+        let config = registry_of(per_pool)?;
+        by_load(&config, 0)?;
+        by_affinity(&config, &request, 0)?;
+        report(
+            &format!("unpinned {per_pool}+{per_pool}"),
+            body.len(),
+            measure(budget, || {
+                turn = turn.wrapping_add(1);
+                drop(black_box(by_load(&config, turn)));
+            }),
+        );
+        report(
+            &format!("affinity {per_pool}+{per_pool}"),
+            body.len(),
+            measure(budget, || {
+                turn = turn.wrapping_add(1);
+                drop(black_box(by_affinity(&config, black_box(&request), turn)));
+            }),
+        );
+    }
+    Ok(())
+}
+
 fn run() -> Result<(), String> {
     let options = options()?;
     let config = Config::from_json(REGISTRY.as_bytes()).map_err(|e| e.to_string())?;
     for size in &options.sizes {
         bench_size(&config, *size, options.budget)?;
     }
-    Ok(())
+    bench_pools(&options.pools, POOL_BODY_BYTES, options.budget)
 }
 
 fn main() -> std::process::ExitCode {

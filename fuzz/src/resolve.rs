@@ -182,11 +182,13 @@ enum IdRef {
     Any(u64),
 }
 
-/// Draining from the registry, unhealthy from the fuzzer.
+/// Draining from the registry, unhealthy from the fuzzer. With `listed`, it names its
+/// unhealthy workers as the filter's health table does; without, the resolver asks of each.
 #[derive(Clone)]
 struct Health {
     unhealthy: HashSet<WorkerId>,
     retry_after_secs: u32,
+    listed: bool,
 }
 
 impl Availability for Health {
@@ -199,6 +201,13 @@ impl Availability for Health {
                 .contains(&worker.id)
                 .then_some(Unavailability::Unhealthy { retry_after_secs })
         }
+    }
+
+    fn unhealthy_ids(&self) -> Option<Vec<WorkerId>> {
+        // As a health table may, it also names a worker the registry no longer lists.
+        let gone = WorkerId::MAX - 1;
+        self.listed
+            .then(|| self.unhealthy.iter().copied().chain([gone]).collect())
     }
 }
 
@@ -218,6 +227,7 @@ pub fn check(case: &Case) {
     let health = Health {
         unhealthy: case.unhealthy_ids(&workers),
         retry_after_secs: u32::from(case.retry_after_secs),
+        listed: case.retry_after_secs.is_multiple_of(2),
     };
     let pins = case.pins.pins(&workers);
     let request = &case.request;

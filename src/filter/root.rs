@@ -71,19 +71,19 @@ impl<H: Host + Clone> Root<H> {
             log::error!("pinroute: cannot start the timer: {error}");
             return false;
         }
+        let live = config.settings.registry.is_some();
         self.config = Some(Rc::new(config));
         self.registry_version = None;
         self.metrics = Rc::new(Metrics::define(&self.host));
         shared::initialize(&self.host);
         self.slots.join(&self.host);
+        if live {
+            // A root made after another one fetched serves that registry from its first request.
+            self.adopt_shared();
+        }
         true
     }
 
-    // The native module has no timer yet, nor the registry fetch it would start.
-    #[cfg_attr(
-        all(feature = "dynamic-module", not(target_arch = "wasm32")),
-        allow(dead_code)
-    )]
     pub fn tick(&mut self) {
         self.slots.publish(&self.host);
         let Some(source) = self
@@ -93,23 +93,24 @@ impl<H: Host + Clone> Root<H> {
         else {
             return;
         };
+        self.adopt_shared();
+        let fetches = self.host.fetches_registry() && self.fetch.is_none();
+        if fetches && live_registry::claim_fetch(&self.host, &source) {
+            self.fetch = live_registry::dispatch_fetch(&self.host, &source);
+        }
+    }
+
+    /// Takes the live registry another root fetched, if newer than this one's.
+    fn adopt_shared(&mut self) {
         if let Some((registry, version)) =
             live_registry::newer_shared(&self.host, self.registry_version)
         {
             self.registry_version = Some(version);
             self.adopt(registry);
         }
-        if self.fetch.is_none() && live_registry::claim_fetch(&self.host, &source) {
-            self.fetch = live_registry::dispatch_fetch(&self.host, &source);
-        }
     }
 
     /// The answer of a call the root made: the live registry's fetch.
-    // The native module has no timer yet, nor the registry fetch it would start.
-    #[cfg_attr(
-        all(feature = "dynamic-module", not(target_arch = "wasm32")),
-        allow(dead_code)
-    )]
     pub fn on_call_answer(&mut self, token: u32, body_size: usize) {
         if self.fetch != Some(token) {
             return;

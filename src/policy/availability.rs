@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::health::HealthTable;
-use super::registry::Worker;
+use super::registry::{Worker, WorkerId};
 
 /// Why a known worker of the right role cannot take a request now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,11 +28,22 @@ impl fmt::Display for Unavailability {
 /// the host's observations.
 pub trait Availability {
     fn unavailability(&self, worker: &Worker) -> Option<Unavailability>;
+
+    /// Every worker `unavailability` may call unhealthy, when this knows them (a short list
+    /// of ids, some perhaps not in the registry): a hop's choice then asks only of these.
+    /// `None` (the default): it asks of every worker of the pool.
+    fn unhealthy_ids(&self) -> Option<Vec<WorkerId>> {
+        None
+    }
 }
 
 impl<T: Availability> Availability for &T {
     fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
         (**self).unavailability(worker)
+    }
+
+    fn unhealthy_ids(&self) -> Option<Vec<WorkerId>> {
+        (**self).unhealthy_ids()
     }
 }
 
@@ -42,6 +53,10 @@ pub struct RegistryOnly;
 impl Availability for RegistryOnly {
     fn unavailability(&self, worker: &Worker) -> Option<Unavailability> {
         worker.draining.then_some(Unavailability::Draining)
+    }
+
+    fn unhealthy_ids(&self) -> Option<Vec<WorkerId>> {
+        Some(Vec::new())
     }
 }
 
@@ -64,6 +79,10 @@ impl Availability for Observed<'_> {
         Some(Unavailability::Unhealthy {
             retry_after_secs: u32::try_from(seconds).unwrap_or(u32::MAX),
         })
+    }
+
+    fn unhealthy_ids(&self) -> Option<Vec<WorkerId>> {
+        Some(self.table.unhealthy(self.now).collect())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The filter's plugin configuration (`docs/semantics.md` §8): the registry, the settings
 //! an operator may turn, and where a live registry comes from.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ pub struct Config {
     pub settings: Settings,
     /// Token-generating workers of the configured (static) list: the members of the
     /// bootstrap's decode pool cluster, the only addresses an `x-pinroute-pool` may name.
-    pub pool_members: Vec<SocketAddr>,
+    pub pool_members: HashSet<SocketAddr>,
 }
 
 impl Config {

@@ -195,6 +195,14 @@ impl HealthTable {
             .map(|e| e.until)
     }
 
+    /// The workers out of service at `now`.
+    pub fn unhealthy(&self, now: u64) -> impl Iterator<Item = WorkerId> + '_ {
+        self.entries
+            .iter()
+            .filter(move |e| e.until > now)
+            .map(|e| e.worker)
+    }
+
     /// Workers remembered: out of service, back recently, or with failures that count.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -5,7 +5,8 @@
 use super::registry::WorkerId;
 use super::words;
 
-/// Workers with requests in flight; a worker with none has no entry.
+/// Workers with requests in flight; a worker with none has no entry. Sorted by id: a hop's
+/// choice looks up every worker of its pool.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LoadTable {
     entries: Vec<(WorkerId, u64)>,
@@ -15,10 +16,12 @@ impl LoadTable {
     /// Reads the shared-data encoding: `(id, count)` pairs of little-endian u64s. Bytes that
     /// do not form whole entries are ignored.
     pub fn decode(bytes: &[u8]) -> Self {
-        let entries = words::decode(bytes)
+        let mut entries: Vec<(WorkerId, u64)> = words::decode(bytes)
             .map(|[id, count]| (id, count))
             .filter(|(_, count)| *count > 0)
             .collect();
+        entries.sort_unstable();
+        entries.dedup_by_key(|(id, _)| *id);
         Self { entries }
     }
 
@@ -27,19 +30,35 @@ impl LoadTable {
     }
 
     pub fn outstanding(&self, worker: WorkerId) -> u64 {
-        self.entries
-            .iter()
-            .find(|(id, _)| *id == worker)
+        self.find(worker)
+            .ok()
+            .and_then(|at| self.entries.get(at))
             .map_or(0, |(_, count)| *count)
     }
 
     /// Adds `delta` to `worker`'s count, never below zero.
     pub fn add(&mut self, worker: WorkerId, delta: i64) {
-        let count = self.outstanding(worker).saturating_add_signed(delta);
-        self.entries.retain(|(id, _)| *id != worker);
-        if count > 0 {
-            self.entries.push((worker, count));
+        match self.find(worker) {
+            Ok(at) => {
+                let Some((_, count)) = self.entries.get_mut(at) else {
+                    return;
+                };
+                *count = count.saturating_add_signed(delta);
+                if *count == 0 {
+                    self.entries.remove(at);
+                }
+            }
+            Err(at) => {
+                let count = 0u64.saturating_add_signed(delta);
+                if count > 0 {
+                    self.entries.insert(at, (worker, count));
+                }
+            }
         }
+    }
+
+    fn find(&self, worker: WorkerId) -> Result<usize, usize> {
+        self.entries.binary_search_by_key(&worker, |(id, _)| *id)
     }
 }
 

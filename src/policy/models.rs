@@ -73,10 +73,7 @@ fn named<'a>(request: &JsonObject<'a>) -> Result<Option<Cow<'a, str>>, RouteErro
 /// own copy when a worker lists it (no allocation per request), else a copy of its own (only
 /// workers naming no models serve it).
 fn served(registry: &Registry, model: &str) -> Result<Rc<str>, RouteError> {
-    let served = registry
-        .pool(registry.token_role())
-        .any(|worker| worker.serves(model));
-    if !served {
+    if !registry.generates(model) {
         return Err(RouteError::ModelNotFound {
             model: model.to_owned(),
         });

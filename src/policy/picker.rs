@@ -198,7 +198,7 @@ pub fn workers(
 ) -> Result<Vec<Worker>, RouteError> {
     let worker = |(at, address): (usize, &SocketAddr)| {
         let at = at + 1;
-        let listed = registry.workers().iter().find(|w| w.address == *address);
+        let listed = registry.at_address(*address);
         match listed {
             Some(worker) if worker.role != role => Err(invalid(
                 header,

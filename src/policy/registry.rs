@@ -1,6 +1,6 @@
 //! The worker registry (`docs/semantics.md` §8): who the workers are, their roles and ranks.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -126,6 +126,115 @@ pub struct Registry {
     /// Every model a worker names, sorted, each once: shared with the requests naming one,
     /// which then keep no copy of their own.
     models: Vec<Rc<str>>,
+    /// Where each worker is in `workers`, by id and by address: a lookup per hop costs the
+    /// same whatever the registry's size.
+    by_id: HashMap<WorkerId, usize>,
+    by_address: HashMap<SocketAddr, usize>,
+    pools: Pools,
+}
+
+/// Positions in `workers` (`u32`: a registry holds far fewer) of the workers an unpinned hop
+/// chooses among, per role, computed once per registry. Each list is sorted by id and leaves
+/// draining workers out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Pools {
+    /// A request naming no model: every serving worker of the role.
+    any: [Vec<u32>; 3],
+    /// Per model of `Registry::models` (same order): the role's workers serving it.
+    listed: Vec<[Vec<u32>; 3]>,
+    /// The workers naming no models: they alone serve a model no worker names.
+    unnamed: [Vec<u32>; 3],
+    /// Whether a token-generating worker, draining or not, serves every model / each
+    /// listed model (`models::requested` answers 404 for one no such worker serves).
+    token_serves_any: bool,
+    token_serves: Vec<bool>,
+}
+
+impl Pools {
+    fn new(workers: &[Worker], models: &[Rc<str>], token_role: Role) -> Pools {
+        let mut order: Vec<usize> = (0..workers.len()).collect();
+        order.sort_by_key(|at| workers.get(*at).map(|w| w.id));
+        let members = |role: Role, serves: &dyn Fn(&Worker) -> bool| -> Vec<u32> {
+            order
+                .iter()
+                .filter(|at| {
+                    workers
+                        .get(**at)
+                        .is_some_and(|w| w.role == role && !w.draining && serves(w))
+                })
+                .filter_map(|at| u32::try_from(*at).ok())
+                .collect()
+        };
+        let per_role = |serves: &dyn Fn(&Worker) -> bool| ROLES.map(|role| members(role, serves));
+        let token = workers.iter().filter(|w| w.role == token_role);
+        Pools {
+            any: per_role(&|_| true),
+            listed: models
+                .iter()
+                .map(|model| per_role(&|w: &Worker| w.serves(model)))
+                .collect(),
+            unnamed: per_role(&|w: &Worker| w.models.is_none()),
+            token_serves_any: token.clone().any(|w| w.models.is_none()),
+            token_serves: models
+                .iter()
+                .map(|model| token.clone().any(|w| w.serves(model)))
+                .collect(),
+        }
+    }
+}
+
+const ROLES: [Role; 3] = [Role::Prefill, Role::Decode, Role::Aggregated];
+
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Prefill => 0,
+        Role::Decode => 1,
+        Role::Aggregated => 2,
+    }
+}
+
+/// The workers an unpinned hop chooses among: a role's serving workers (not draining) that
+/// serve the request's model, sorted by id.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool<'r> {
+    workers: &'r [Worker],
+    members: &'r [u32],
+}
+
+impl<'r> Pool<'r> {
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The `at`-th worker by id.
+    pub fn get(&self, at: usize) -> Option<&'r Worker> {
+        let index = *self.members.get(at)?;
+        self.workers.get(usize::try_from(index).ok()?)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'r Worker> + use<'r> {
+        let workers = self.workers;
+        self.members
+            .iter()
+            .filter_map(move |at| workers.get(usize::try_from(*at).ok()?))
+    }
+
+    /// Where `worker` is in the pool by id, if it is a member.
+    pub fn position(&self, worker: WorkerId) -> Option<usize> {
+        let id_at = |at: &u32| {
+            usize::try_from(*at)
+                .ok()
+                .and_then(|at| self.workers.get(at))
+                .map(|w| w.id)
+        };
+        self.members
+            .binary_search_by(|at| id_at(at).cmp(&Some(worker)))
+            .ok()
+    }
 }
 
 /// Why a worker list was refused (`docs/semantics.md` §8), at load or fetched at run time.
@@ -220,10 +329,28 @@ impl Registry {
             .collect();
         models.sort_unstable();
         models.dedup();
+        let token_role = match deployment {
+            Deployment::Disaggregated => Role::Decode,
+            Deployment::Aggregated => Role::Aggregated,
+        };
+        let pools = Pools::new(&workers, &models, token_role);
+        let by_id = workers
+            .iter()
+            .enumerate()
+            .map(|(at, w)| (w.id, at))
+            .collect();
+        let by_address = workers
+            .iter()
+            .enumerate()
+            .map(|(at, w)| (w.address, at))
+            .collect();
         Ok(Self {
             workers,
             deployment,
             models,
+            by_id,
+            by_address,
+            pools,
         })
     }
 
@@ -234,6 +361,9 @@ impl Registry {
             workers: Vec::new(),
             deployment: Deployment::Disaggregated,
             models: Vec::new(),
+            by_id: HashMap::new(),
+            by_address: HashMap::new(),
+            pools: Pools::default(),
         }
     }
 
@@ -246,7 +376,43 @@ impl Registry {
     }
 
     pub fn get(&self, id: WorkerId) -> Option<&Worker> {
-        self.workers.iter().find(|w| w.id == id)
+        self.workers.get(*self.by_id.get(&id)?)
+    }
+
+    pub fn at_address(&self, address: SocketAddr) -> Option<&Worker> {
+        self.workers.get(*self.by_address.get(&address)?)
+    }
+
+    /// The workers an unpinned hop of `role` chooses among for a request naming `model`
+    /// (`None`: any model): not draining, serving it, sorted by id.
+    pub fn serving(&self, role: Role, model: Option<&str>) -> Pool<'_> {
+        let pools = &self.pools;
+        let lists = match model {
+            None => &pools.any,
+            Some(model) => match self.model_index(model) {
+                Some(at) => pools.listed.get(at).unwrap_or(&pools.unnamed),
+                None => &pools.unnamed,
+            },
+        };
+        let members = lists.get(role_index(role)).map_or(&[][..], Vec::as_slice);
+        Pool {
+            workers: &self.workers,
+            members,
+        }
+    }
+
+    /// Whether a token-generating worker, draining or not, serves `model`.
+    pub fn generates(&self, model: &str) -> bool {
+        let pools = &self.pools;
+        pools.token_serves_any
+            || self
+                .model_index(model)
+                .and_then(|at| pools.token_serves.get(at))
+                .is_some_and(|serves| *serves)
+    }
+
+    fn model_index(&self, model: &str) -> Option<usize> {
+        self.models.binary_search_by(|m| (**m).cmp(model)).ok()
     }
 
     pub fn pool(&self, role: Role) -> impl Iterator<Item = &Worker> {
@@ -261,8 +427,7 @@ impl Registry {
 
     /// The registry's own copy of `model`, if a worker names it in its `models`.
     pub fn listed_model(&self, model: &str) -> Option<&Rc<str>> {
-        let at = self.models.binary_search_by(|m| (**m).cmp(model)).ok()?;
-        self.models.get(at)
+        self.models.get(self.model_index(model)?)
     }
 
     /// Every model a worker names, sorted, each once.

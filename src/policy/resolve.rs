@@ -12,8 +12,8 @@ use super::error::RouteError;
 use super::hop::Hop;
 use super::picker::{self, Allowed, Picked, RoutingMode};
 use super::pins::Pins;
-use super::registry::{Deployment, Registry, Role, Worker, WorkerId};
-use super::select::{Choice, Placement, rank_candidates};
+use super::registry::{Deployment, Pool, Registry, Role, Worker, WorkerId};
+use super::select::{Choice, Placement, rank_candidates, rank_pool};
 use super::turns::LastTurn;
 
 /// A worker chosen for a hop, with the rank to send it as `X-data-parallel-rank`.
@@ -231,8 +231,8 @@ impl<A: Availability> Resolver<'_, A> {
             targets,
             panic,
             placement,
-        } = self.candidates(role);
-        let mut candidates = targets.into_iter().take(DECODE_ATTEMPTS);
+        } = self.candidates(role, DECODE_ATTEMPTS);
+        let mut candidates = targets.into_iter();
         let target = candidates
             .next()
             .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
@@ -273,13 +273,12 @@ impl<A: Availability> Resolver<'_, A> {
                 Some(Placement::Picker),
             ));
         }
+        let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
         let Candidates {
-            targets: mut candidates,
+            targets: candidates,
             panic,
             placement,
-        } = self.candidates(Role::Prefill);
-        let attempts = usize::try_from(self.settings.prefill_retries).unwrap_or(usize::MAX);
-        candidates.truncate(attempts.saturating_add(1));
+        } = self.candidates(Role::Prefill, attempts.saturating_add(1));
         match (candidates.is_empty(), self.settings.aggregated_fallback) {
             (false, _) => Ok((PrefillPlan::Candidates(candidates), panic, Some(placement))),
             (true, true) => Ok((PrefillPlan::Skip, false, None)),
@@ -413,17 +412,21 @@ impl<A: Availability> Resolver<'_, A> {
         }))
     }
 
-    /// The available workers of a pool, best first; in panic, the unhealthy ones after them.
-    fn candidates(&self, role: Role) -> Candidates {
-        let (healthy, unhealthy) = self.serving(role);
-        let panic = self.panics(healthy.len(), unhealthy.len());
-        let mut ranked = rank_candidates(healthy, self.choice);
+    /// The first `limit` available workers of a pool, best first; in panic, the unhealthy
+    /// ones after them.
+    fn candidates(&self, role: Role, limit: usize) -> Candidates {
+        let pool = self.serving(role);
+        let unhealthy = self.unhealthy_in(pool);
+        let panic = self.panics(pool.len().saturating_sub(unhealthy.len()), unhealthy.len());
+        let excluded: Vec<WorkerId> = unhealthy.iter().map(|w| w.id).collect();
+        let mut ranked = rank_pool(pool, &excluded, limit, self.choice);
         if panic {
             let rest = rank_candidates(unhealthy, self.choice);
             if ranked.order.is_empty() {
                 ranked.placement = rest.placement;
             }
             ranked.order.extend(rest.order);
+            ranked.order.truncate(limit);
         }
         let (order, placement) = (ranked.order, ranked.placement);
         let targets = order
@@ -441,20 +444,27 @@ impl<A: Availability> Resolver<'_, A> {
         }
     }
 
-    /// The pool's non-draining workers serving the request's model: the healthy ones, and
-    /// the unhealthy ones. Panic mode and load are judged among them alone.
-    fn serving(&self, role: Role) -> (Vec<&Worker>, Vec<&Worker>) {
-        let mut healthy = Vec::new();
-        let mut unhealthy = Vec::new();
-        let serves_model = |worker: &&Worker| self.model.is_none_or(|m| worker.serves(m));
-        for worker in self.registry.pool(role).filter(serves_model) {
-            match self.availability.unavailability(worker) {
-                None => healthy.push(worker),
-                Some(Unavailability::Unhealthy { .. }) => unhealthy.push(worker),
-                Some(Unavailability::Draining) => {}
+    /// The pool's non-draining workers serving the request's model. Panic mode and load are
+    /// judged among them alone.
+    fn serving(&self, role: Role) -> Pool<'_> {
+        self.registry.serving(role, self.model)
+    }
+
+    /// The workers of `pool` that are unhealthy now, asked of those the availability names
+    /// when it can.
+    fn unhealthy_in<'p>(&self, pool: Pool<'p>) -> Vec<&'p Worker> {
+        let unhealthy = |w: &&Worker| self.is_unhealthy(w);
+        match self.availability.unhealthy_ids() {
+            Some(mut ids) => {
+                ids.sort_unstable();
+                ids.dedup();
+                ids.iter()
+                    .filter_map(|id| pool.get(pool.position(*id)?))
+                    .filter(unhealthy)
+                    .collect()
             }
+            None => pool.iter().filter(unhealthy).collect(),
         }
-        (healthy, unhealthy)
     }
 
     fn panics(&self, healthy: usize, unhealthy: usize) -> bool {
@@ -463,8 +473,9 @@ impl<A: Availability> Resolver<'_, A> {
     }
 
     fn in_panic(&self, role: Role) -> bool {
-        let (healthy, unhealthy) = self.serving(role);
-        self.panics(healthy.len(), unhealthy.len())
+        let pool = self.serving(role);
+        let unhealthy = self.unhealthy_in(pool).len();
+        self.panics(pool.len().saturating_sub(unhealthy), unhealthy)
     }
 
     fn is_unhealthy(&self, worker: &Worker) -> bool {

@@ -2,6 +2,7 @@
 //! the bootstrap's pool cluster that the filter lists; the filter itself, for a first choice
 //! only a live registry knows. Pinned hops are never retried elsewhere.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 
 use super::registry::{Worker, WorkerId};
@@ -10,7 +11,10 @@ use super::resolve::TokenHop;
 /// The addresses Envoy may try, best first, when the hop's first choice is a pool member:
 /// every candidate that is one (a non-member is never dialled by Envoy's pool cluster).
 /// `None` when Envoy does not retry the hop.
-pub fn pool_candidates(decode: &TokenHop, members: &[SocketAddr]) -> Option<Vec<SocketAddr>> {
+pub fn pool_candidates(
+    decode: &TokenHop,
+    members: &HashSet<SocketAddr>,
+) -> Option<Vec<SocketAddr>> {
     if decode.target.pinned || !members.contains(&decode.target.worker.address) {
         return None;
     }

@@ -1,6 +1,8 @@
 //! Choosing a worker for a hop that is not pinned (`docs/semantics.md` §5).
 
-use super::registry::{Worker, WorkerId};
+use std::cell::Cell;
+
+use super::registry::{Pool, Worker, WorkerId};
 
 /// How an unpinned hop picks among healthy workers.
 #[derive(Clone, Copy)]
@@ -128,6 +130,199 @@ pub fn rank_candidates<'w>(mut pool: Vec<&'w Worker>, choice: Choice<'_>) -> Ran
         order: pool,
         placement,
     }
+}
+
+/// [`rank_candidates`] of `pool` without the workers in `excluded`, cut to its first `limit`:
+/// the same order, for what grows with `limit` (round robin and load) or with one weight per
+/// worker (sessions and prefix affinity): no copy or sort of the pool.
+pub fn rank_pool<'w>(
+    pool: Pool<'w>,
+    excluded: &[WorkerId],
+    limit: usize,
+    choice: Choice<'_>,
+) -> Ranked<'w> {
+    let eligible = || pool.iter().filter(|w| !excluded.contains(&w.id));
+    let (order, placement) = match choice {
+        Choice::Session(key) => (
+            top(eligible(), limit, |w| session_weight(key, w)),
+            Placement::Session,
+        ),
+        Choice::RoundRobin(rotation) => (
+            in_rotation(pool, excluded, rotation, limit),
+            Placement::Load,
+        ),
+        Choice::LeastLoaded {
+            rotation,
+            outstanding,
+        } => (
+            least_loaded_of(pool, excluded, rotation, limit, outstanding),
+            Placement::Load,
+        ),
+        Choice::Prefix(affinity)
+            if affinity.depths.is_empty() && affinity.remembered.is_empty() =>
+        {
+            let (rotation, outstanding) = (affinity.rotation, affinity.outstanding);
+            (
+                least_loaded_of(pool, excluded, rotation, limit, outstanding),
+                Placement::Load,
+            )
+        }
+        Choice::Prefix(affinity) => {
+            let remembered: Vec<&Worker> = affinity
+                .remembered
+                .iter()
+                .filter_map(|id| pool.get(pool.position(*id)?))
+                .filter(|w| !excluded.contains(&w.id))
+                .collect();
+            affinity_order(&eligible, &remembered, limit, &affinity)
+        }
+    };
+    Ranked { order, placement }
+}
+
+/// The first `limit` of `workers` by descending `(weight, id)`.
+fn top<'w>(
+    workers: impl Iterator<Item = &'w Worker>,
+    limit: usize,
+    weight: impl Fn(&Worker) -> u64,
+) -> Vec<&'w Worker> {
+    let mut best: Vec<((u64, WorkerId), &'w Worker)> = Vec::with_capacity(limit.min(64) + 1);
+    for worker in workers {
+        let key = (weight(worker), worker.id);
+        if best.len() == limit && best.last().is_none_or(|(last, _)| key <= *last) {
+            continue;
+        }
+        let at = best.partition_point(|(better, _)| *better > key);
+        best.insert(at, (key, worker));
+        best.truncate(limit);
+    }
+    best.into_iter().map(|(_, worker)| worker).collect()
+}
+
+/// Round-robin order without `excluded`: by id from the `rotation`-th, the first `limit`.
+fn in_rotation<'w>(
+    pool: Pool<'w>,
+    excluded: &[WorkerId],
+    rotation: u64,
+    limit: usize,
+) -> Vec<&'w Worker> {
+    let mut skipped: Vec<usize> = excluded
+        .iter()
+        .filter_map(|id| pool.position(*id))
+        .collect();
+    skipped.sort_unstable();
+    skipped.dedup();
+    let eligible = pool.len().saturating_sub(skipped.len());
+    if eligible == 0 {
+        return Vec::new();
+    }
+    let mut start = usize::try_from(rotation % eligible as u64).unwrap_or(0);
+    for at in &skipped {
+        if *at > start {
+            break;
+        }
+        start += 1;
+    }
+    (0..pool.len())
+        .map(|step| (start + step) % pool.len())
+        .filter(|at| skipped.binary_search(at).is_err())
+        .take(limit)
+        .filter_map(|at| pool.get(at))
+        .collect()
+}
+
+/// [`least_loaded`] order without `excluded`, the first `limit`.
+fn least_loaded_of<'w>(
+    pool: Pool<'w>,
+    excluded: &[WorkerId],
+    rotation: u64,
+    limit: usize,
+    outstanding: &dyn Fn(&Worker) -> u64,
+) -> Vec<&'w Worker> {
+    let mut order = in_rotation(pool, excluded, rotation, limit.max(2));
+    if let [first, second, ..] = order.as_mut_slice()
+        && outstanding(second) < outstanding(first)
+    {
+        std::mem::swap(first, second);
+    }
+    order.truncate(limit);
+    order
+}
+
+/// [`by_affinity`]'s order of the workers `eligible` gives, the first `limit`: one weight
+/// per worker (two when the prompt has several depths), and one more pass per depth only
+/// when that depth's worker is busy.
+fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
+    eligible: &dyn Fn() -> I,
+    remembered: &[&'w Worker],
+    limit: usize,
+    affinity: &Affinity<'_>,
+) -> (Vec<&'w Worker>, Placement) {
+    let outstanding = affinity.outstanding;
+    let deepest = affinity.depths.last().copied().unwrap_or(0);
+    let (count, total) = (Cell::new(0usize), Cell::new(0u64));
+    let tally = |worker: &Worker| {
+        count.set(count.get() + 1);
+        total.set(total.get().saturating_add(outstanding(worker)));
+        prefix_weight(deepest, worker)
+    };
+    let order = top(eligible(), limit.max(1), tally);
+    let (count, total) = (count.get(), total.get());
+    let busy = |worker: &Worker| affinity.busy.is_busy(outstanding(worker), total, count);
+    let remembered = remembered
+        .iter()
+        .copied()
+        .filter(|w| !busy(w))
+        .max_by_key(|w| (prefix_weight(deepest, w), w.id));
+    let deepest_first = order.first().map(|w| (deepest, *w));
+    let (chosen, placement) = match remembered {
+        Some(worker) => (Some(worker), Placement::Remembered),
+        None => walk_depths(eligible, affinity.depths, &busy, deepest_first),
+    };
+    let Some(chosen) = chosen else {
+        return (order, placement);
+    };
+    let rest = order.into_iter().filter(|w| w.id != chosen.id);
+    let mut ranked: Vec<&Worker> = std::iter::once(chosen).chain(rest).collect();
+    ranked.truncate(limit);
+    (ranked, placement)
+}
+
+/// [`walk`] without the pool's order at hand: each depth's first worker not yet found busy,
+/// until one is not busy; else the first worker not busy in the deepest hash's order.
+/// `deepest_first` is the deepest hash and its first worker, known already.
+fn walk_depths<'w, I: Iterator<Item = &'w Worker>>(
+    eligible: &dyn Fn() -> I,
+    depths: &[u64],
+    busy: &dyn Fn(&Worker) -> bool,
+    deepest_first: Option<(u64, &'w Worker)>,
+) -> (Option<&'w Worker>, Placement) {
+    let deepest = deepest_first.map_or(0, |(hash, _)| hash);
+    let mut passed: Vec<WorkerId> = Vec::new();
+    for (depth, hash) in depths.iter().enumerate() {
+        let top = match deepest_first {
+            Some((known, first)) if known == *hash && passed.is_empty() => Some(first),
+            _ => eligible()
+                .filter(|w| !passed.contains(&w.id))
+                .max_by_key(|w| (prefix_weight(*hash, w), w.id)),
+        };
+        let Some(worker) = top else { break };
+        if !busy(worker) {
+            let placement = if depth == 0 {
+                Placement::Affinity
+            } else {
+                Placement::Spilled
+            };
+            return (Some(worker), placement);
+        }
+        passed.push(worker.id);
+    }
+    let by_deepest = |w: &&'w Worker| (prefix_weight(deepest, w), w.id);
+    let first = eligible()
+        .filter(|w| !busy(w))
+        .max_by_key(by_deepest)
+        .or_else(|| eligible().max_by_key(by_deepest));
+    (first, Placement::Spilled)
 }
 
 fn least_loaded(pool: &mut [&Worker], rotation: u64, outstanding: &dyn Fn(&Worker) -> u64) {

@@ -264,10 +264,19 @@ async fn clients_leaving_during_the_prefill_hop_leave_the_vm_memory_flat() {
         "every client's prefill hop reached the worker"
     );
     assert!(warm > 0, "the filter reports its VM memory");
-    assert_eq!(
-        end,
-        warm,
-        "the VM memory grew from {warm} to {end} bytes over {} cancelled prefill hops",
-        clients - warm_up
+    // A leak of even the smallest allocation (8 bytes) per hop would add over 20 wasm pages
+    // here. A few pages are the high-water mark of the calls pending at once (each abandoned
+    // call waits for its timeout), which a burst in a run's timing can raise after the warm-up
+    // (runs of the same build ended 0, 1 and 2 pages over it).
+    let hops = clients - warm_up;
+    assert!(
+        end <= warm + HIGH_WATER_PAGES * WASM_PAGE,
+        "the VM memory grew from {warm} to {end} bytes over {hops} cancelled prefill hops"
     );
 }
+
+/// What a run's timing may add to the VMs' memory after the warm-up, in pages.
+const HIGH_WATER_PAGES: u64 = 4;
+
+/// The unit a wasm VM's memory grows by.
+const WASM_PAGE: u64 = 64 * 1024;

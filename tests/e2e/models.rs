@@ -237,6 +237,9 @@ async fn the_live_registry_carries_the_models() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    // One Envoy thread answered from the new registry: every thread adopts it within half a
+    // second (of its next request, natively).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let anywhere = post(
         &deployment,
         "/v1/completions",
@@ -263,6 +266,7 @@ async fn the_live_registry_carries_the_models() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let pinned = [("x-dynamo-worker-instance-id", "202")];
     post(&deployment, "/v1/completions", &pinned, &completion("tiny"))
         .await

@@ -21,7 +21,7 @@ use pinroute_harness::vllm::{
     Connector, GpuPairOptions, KvEvidence, NIXL_LOGGING_JSON, PairPlan, VllmPair, VllmPairOptions,
     cpu_dry_run_plan, gpu_plan, start_gateway_on,
 };
-use pinroute_harness::wasm::{TARGET, build_filter};
+use pinroute_harness::wasm::{TARGET, build_filter, build_native_module};
 use serde_json::{Value, json};
 
 /// What serves behind the gateway.
@@ -84,6 +84,10 @@ pub struct Args {
     /// in .cache/up/tls; the demo request and the printed curl trust that CA.
     #[arg(long)]
     tls: bool,
+    /// Run the filter as the native Envoy dynamic module instead of the `.wasm` (sim workers;
+    /// built with the `dynamic-module` profile).
+    #[arg(long)]
+    native: bool,
 }
 
 /// The demo request: pinned to decode worker 202, rank 1, as a client of Dynamo would.
@@ -110,6 +114,7 @@ async fn run_sim(args: &Args) -> Result<()> {
         !args.dry_run && !args.gpu,
         "--dry-run and --gpu apply to --workers vllm"
     );
+    let native_module = args.native.then(build_native_module).transpose()?;
     let wasm = build_filter()?;
     let token_latency = Duration::from_millis(args.token_latency_ms);
     let workers = [
@@ -125,6 +130,7 @@ async fn run_sim(args: &Args) -> Result<()> {
     })
     .collect();
     let mut spec = StackSpec::new(workers, wasm);
+    spec.native_module = native_module;
     spec.listen = args.listen;
     spec.admin = args.admin;
     spec.edge.serve_metrics = args.metrics;
@@ -142,7 +148,12 @@ async fn run_sim(args: &Args) -> Result<()> {
         None
     };
     let stack = Stack::start(&spec, &work_dir).await?;
-    print_deployment(&stack, &work_dir, ca.as_deref());
+    print_deployment(
+        &stack,
+        spec.native_module.as_deref(),
+        &work_dir,
+        ca.as_deref(),
+    );
     match &ca {
         Some(ca) => demo_request_over_tls(&stack, ca).await?,
         None => demo_request(&stack).await?,
@@ -183,9 +194,13 @@ fn work_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn print_deployment(stack: &Stack, work_dir: &Path, ca: Option<&Path>) {
+fn print_deployment(stack: &Stack, native: Option<&Path>, work_dir: &Path, ca: Option<&Path>) {
+    let filter = match native {
+        Some(module) => format!("native module {}", module.display()),
+        None => "wasm".to_string(),
+    };
     println!(
-        "\npinroute is up: Envoy {} (admin {})",
+        "\npinroute is up: Envoy {} (admin {}), the filter as {filter}",
         stack.envoy.listen(),
         stack.envoy.admin()
     );
@@ -300,6 +315,10 @@ const VLLM_DEMO_PROMPT: &str = "Explain how a gateway routes one request of a di
     while the client waits for the stream.";
 
 async fn run_vllm(args: &Args) -> Result<()> {
+    anyhow::ensure!(
+        !args.native,
+        "--native runs with sim workers (`--workers sim`)"
+    );
     let root = repo_root();
     let work_dir = root.join(UP_DIR).join("vllm");
     let plan = vllm_plan(args, &root, &work_dir);

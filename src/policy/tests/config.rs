@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
+use std::collections::HashSet;
+
 use super::*;
 use crate::policy::testing::test;
 
@@ -131,7 +133,7 @@ fn a_live_registry_makes_workers_optional() {
     let config = Config::from_json(with_workers.as_bytes()).unwrap();
     assert_eq!(
         config.pool_members,
-        vec!["127.0.0.1:1".parse().unwrap()],
+        HashSet::from(["127.0.0.1:1".parse().unwrap()]),
         "only token workers are pool members"
     );
     let newer = Registry::from_json(

@@ -35,3 +35,26 @@ fn torn_or_foreign_bytes_read_as_whole_entries_only() {
     assert_eq!(table.outstanding(5), 3);
     assert_eq!(LoadTable::decode(&[9; 15]), LoadTable::default());
 }
+
+#[test]
+fn entries_written_in_any_order_read_alike() {
+    let bytes: Vec<u8> = [(9u64, 1u64), (3, 2), (9, 4), (5, 0)]
+        .iter()
+        .flat_map(|(id, count)| [id.to_le_bytes(), count.to_le_bytes()])
+        .flatten()
+        .collect();
+    let table = LoadTable::decode(&bytes);
+    assert_eq!(
+        (
+            table.outstanding(3),
+            table.outstanding(5),
+            table.outstanding(9)
+        ),
+        (2, 0, 1),
+        "a worker listed twice (never written so) keeps its smaller count; one with no requests has none"
+    );
+    let mut written = LoadTable::default();
+    written.add(9, 1);
+    written.add(3, 2);
+    assert_eq!(table, written);
+}

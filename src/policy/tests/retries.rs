@@ -1,3 +1,5 @@
+use std::collections::HashSet;
+
 use super::*;
 use crate::policy::hop::Hop;
 use crate::policy::registry::Role;
@@ -32,7 +34,7 @@ fn hop(first: u64, alternates: &[u64], pinned: bool) -> TokenHop {
 
 #[test]
 fn envoy_retries_on_pool_members_only_and_never_a_pin() {
-    let members = [worker(1).address, worker(3).address];
+    let members = HashSet::from([worker(1).address, worker(3).address]);
     assert_eq!(
         pool_candidates(&hop(1, &[2, 3], false), &members),
         Some(vec![worker(1).address, worker(3).address]),

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use super::*;
-use crate::policy::registry::Role;
+use crate::policy::registry::{Registry, Role};
 use crate::policy::testing::test;
 
 fn workers(n: u64) -> Vec<Worker> {
@@ -350,4 +350,90 @@ fn a_session_beats_prefix_affinity_and_affinity_beats_load() {
         "affinity"
     );
     assert_eq!(placed(unpinned_choice(None, None, 0, &outstanding)), "load");
+}
+
+/// A pseudo-random number for case `seed`, draw `n`: the same on every platform.
+fn draw(seed: u64, n: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), seed)
+}
+
+/// A registry of up to 11 workers of both roles, some draining, listed in no order.
+fn random_registry(seed: u64) -> Registry {
+    let size = 1 + draw(seed, 0) % 11;
+    let mut workers: Vec<Worker> = (0..size)
+        .map(|i| Worker {
+            id: 100 + 3 * i + draw(seed, 10 + i) % 3,
+            role: if i == 0 || !draw(seed, 30 + i).is_multiple_of(3) {
+                Role::Decode
+            } else {
+                Role::Prefill
+            },
+            address: format!("127.0.0.1:{}", 9000 + i).parse().unwrap(),
+            dp_size: 1,
+            draining: draw(seed, 50 + i).is_multiple_of(5),
+            models: None,
+            unlisted: false,
+        })
+        .collect();
+    workers.sort_by_key(|w| draw(seed, w.id));
+    Registry::new(workers).unwrap()
+}
+
+#[test]
+fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
+    for seed in 0..3000u64 {
+        let registry = random_registry(seed);
+        let role = if seed % 4 == 0 {
+            Role::Prefill
+        } else {
+            Role::Decode
+        };
+        let pool = registry.serving(role, None);
+        let excluded: Vec<WorkerId> = (100..135)
+            .filter(|id| draw(seed, *id).is_multiple_of(4))
+            .collect();
+        let remembered: Vec<WorkerId> = (100..135)
+            .filter(|id| draw(seed, 200 + *id).is_multiple_of(6))
+            .collect();
+        let depths: Vec<u64> = (0..draw(seed, 1) % 4)
+            .map(|d| draw(seed, 300 + d))
+            .collect();
+        let loads = |w: &Worker| draw(seed, 400 + w.id) % 6;
+        let busy = if seed % 2 == 0 {
+            BUSY
+        } else {
+            Busy {
+                excess: 0,
+                percent: 100,
+            }
+        };
+        let key = seed.to_le_bytes();
+        let rotation = draw(seed, 2) % 50;
+        let limit = usize::try_from(draw(seed, 3) % 6).unwrap();
+        let choice = match seed % 5 {
+            0 => Choice::Session(&key),
+            1 => Choice::RoundRobin(rotation),
+            2 => Choice::LeastLoaded {
+                rotation,
+                outstanding: &loads,
+            },
+            _ => Choice::Prefix(Affinity {
+                depths: &depths,
+                remembered: &remembered,
+                busy,
+                rotation,
+                outstanding: &loads,
+            }),
+        };
+        let workers = registry
+            .workers()
+            .iter()
+            .filter(|w| w.role == role && !w.draining && !excluded.contains(&w.id))
+            .collect();
+        let whole = rank_candidates(workers, choice);
+        let cut = rank_pool(pool, &excluded, limit, choice);
+        let expected: Vec<u64> = ids(&whole.order).into_iter().take(limit).collect();
+        assert_eq!(ids(&cut.order), expected, "case {seed}");
+        assert_eq!(cut.placement, whole.placement, "case {seed}");
+    }
 }

@@ -109,6 +109,15 @@ impl Scenario {
         ) || self == Scenario::PinrouteNative
     }
 
+    /// How the side-by-side tables name it: vllm-router with its policy.
+    pub fn peer_name(self) -> &'static str {
+        match self {
+            Scenario::VllmRouter => "vllm-router cache_aware",
+            Scenario::VllmRouterRoundRobin => "vllm-router round_robin",
+            other => other.as_str(),
+        }
+    }
+
     pub fn description(self) -> &'static str {
         match self {
             Scenario::Floor => "no proxy: the client sends prefill, then decode",

@@ -36,14 +36,13 @@ pub fn render(results: &BenchResults, style: Style) -> String {
             style,
         ));
     }
-    let versus = super::versus::render(results, style);
-    if !versus.is_empty() {
+    for (title, table) in super::versus::render(results, style) {
         let _ = writeln!(
             out,
-            "\n{}pinroute against vllm-router and Envoy's own two hops (CPU: proxy process per request; filter: pinroute minus envoy-2hop)\n",
+            "\n{}{title} (CPU: proxy process per request; filter: pinroute minus envoy-2hop)\n",
             title_mark(style)
         );
-        out.push_str(&versus);
+        out.push_str(&table);
     }
     if !results.micro.is_empty() {
         let _ = writeln!(
@@ -53,6 +52,15 @@ pub fn render(results: &BenchResults, style: Style) -> String {
         );
         let (header, rows) = micro_table(&results.micro, &results.meta.sizes);
         out.push_str(&grid(&header, &rows, style));
+        let (header, rows) = registry_table(&results.micro);
+        if !rows.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{}An unpinned request's choice of both workers by registry size (N prefill + N decode workers, 8 KB body), microseconds\n",
+                title_mark(style)
+            );
+            out.push_str(&grid(&header, &rows, style));
+        }
     }
     let _ = writeln!(out, "\n{}Targets\n", title_mark(style));
     out.push_str(&targets(&results.targets, style));
@@ -163,10 +171,53 @@ fn optional(value: Option<f64>, decimals: usize) -> String {
     value.map_or("-".into(), |v| format!("{v:.decimals$}"))
 }
 
+/// The registry-size axis's stages are named `<stage> <N>+<N>`.
+fn registry_axis(stage: &str) -> Option<(&str, &str)> {
+    stage
+        .split_once(' ')
+        .filter(|(_, pools)| pools.contains('+'))
+}
+
+/// One row per stage and runtime of the registry-size axis, one column per registry.
+fn registry_table(runs: &[MicroRun]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut stages: Vec<&str> = Vec::new();
+    let mut registries: Vec<&str> = Vec::new();
+    for row in runs.iter().flat_map(|r| &r.rows) {
+        if let Some((stage, registry)) = registry_axis(&row.stage) {
+            if !stages.contains(&stage) {
+                stages.push(stage);
+            }
+            if !registries.contains(&registry) {
+                registries.push(registry);
+            }
+        }
+    }
+    let mut header = vec!["stage".to_string(), "runtime".to_string()];
+    header.extend(registries.iter().map(|r| format!("{r} workers")));
+    let mut rows = Vec::new();
+    for stage in &stages {
+        for run in runs {
+            let mut row = vec![stage.to_string(), run.runtime.clone()];
+            row.extend(registries.iter().map(|registry| {
+                let ns = run
+                    .rows
+                    .iter()
+                    .find(|r| r.stage == format!("{stage} {registry}"));
+                ns.map_or("-".into(), |r| micros(r.ns_per_op))
+            }));
+            rows.push(row);
+        }
+    }
+    (header, rows)
+}
+
 /// One row per stage, one column per (size, runtime).
 fn micro_table(runs: &[MicroRun], sizes: &[usize]) -> (Vec<String>, Vec<Vec<String>>) {
     let mut stages: Vec<String> = Vec::new();
     for row in runs.iter().flat_map(|r| &r.rows) {
+        if registry_axis(&row.stage).is_some() {
+            continue;
+        }
         if !stages.contains(&row.stage) {
             stages.push(row.stage.clone());
         }
@@ -197,7 +248,7 @@ fn micro_table(runs: &[MicroRun], sizes: &[usize]) -> (Vec<String>, Vec<Vec<Stri
 fn micro_body_sizes(runs: &[MicroRun], limit: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = Vec::new();
     for row in runs.iter().flat_map(|r| &r.rows) {
-        if !sizes.contains(&row.body_bytes) {
+        if registry_axis(&row.stage).is_none() && !sizes.contains(&row.body_bytes) {
             sizes.push(row.body_bytes);
         }
     }

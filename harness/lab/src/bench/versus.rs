@@ -1,15 +1,23 @@
-//! pinroute side by side with vllm-router, the router users would pick instead, and with
-//! Envoy's own two hops (`envoy-2hop`), so that pinroute minus that is what the filter
-//! costs: one row per prompt size and concurrency, and the targets judged on them.
+//! pinroute (each build that ran: the `.wasm`, the native module) side by side with
+//! vllm-router, the router users would pick instead, in each policy that ran (its default
+//! `cache_aware`, its cheapest `round_robin`), and with Envoy's own two hops (`envoy-2hop`),
+//! so that pinroute minus that is what the filter costs: one table per build and policy, one
+//! row per prompt size and concurrency, and the targets judged on them.
 
 use super::gateways::Scenario;
 use super::results::{BenchResults, RunResult, TARGET_CONCURRENCY, TargetCheck, size_label};
 use super::table::{Style, grid, ms};
 
-/// The filter's own CPU per request at 1 KB, in ms, at most.
-const FILTER_SHARE_LIMIT_MS: f64 = 0.05;
+/// The filter's own CPU per request at 1 KB, in ms, at most: the `.wasm`'s, the native
+/// module's.
+const WASM_SHARE_LIMIT_MS: f64 = 0.05;
+const NATIVE_SHARE_LIMIT_MS: f64 = 0.03;
 
-/// One size and concurrency: pinroute and, when run, the two references.
+/// The builds of pinroute and the policies of vllm-router compared.
+const BUILDS: [Scenario; 2] = [Scenario::Pinroute, Scenario::PinrouteNative];
+const PEERS: [Scenario; 2] = [Scenario::VllmRouter, Scenario::VllmRouterRoundRobin];
+
+/// One size and concurrency: a pinroute build and, when run, the two references.
 #[derive(Clone, Copy)]
 struct Row<'a> {
     pinroute: &'a RunResult,
@@ -36,40 +44,61 @@ fn cpu_ms(run: &RunResult) -> Option<f64> {
     run.cpu.proxy_s_per_1k
 }
 
-fn rows(results: &BenchResults) -> Vec<Row<'_>> {
+/// Every run of `build`, beside `peer`'s and Envoy's.
+fn rows(results: &BenchResults, build: Scenario, peer: Scenario) -> Vec<Row<'_>> {
     results
         .runs
         .iter()
-        .filter(|r| r.scenario == Scenario::Pinroute)
+        .filter(|r| r.scenario == build)
         .map(|pinroute| {
             let other = |scenario| results.run(scenario, pinroute.size, pinroute.concurrency);
             Row {
                 pinroute,
-                router: other(Scenario::VllmRouter),
+                router: other(peer),
                 envoy: other(Scenario::EnvoyTwoHops),
             }
         })
         .collect()
 }
 
-/// The side-by-side table; empty when neither reference ran.
-pub fn render(results: &BenchResults, style: Style) -> String {
-    let rows = rows(results);
-    if rows.iter().all(|r| r.router.is_none() && r.envoy.is_none()) {
-        return String::new();
+/// The pairs of a build and a peer that both ran (a build alone, beside Envoy, when no peer
+/// did).
+fn pairs(results: &BenchResults) -> Vec<(Scenario, Option<Scenario>)> {
+    let ran = |scenario| results.runs.iter().any(|r| r.scenario == scenario);
+    let mut pairs = Vec::new();
+    for build in BUILDS.into_iter().filter(|b| ran(*b)) {
+        let peers: Vec<Scenario> = PEERS.into_iter().filter(|p| ran(*p)).collect();
+        if peers.is_empty() {
+            pairs.push((build, None));
+        }
+        pairs.extend(peers.into_iter().map(|peer| (build, Some(peer))));
     }
-    let header = [
-        "prompt",
-        "conc",
-        "req/s ÷ vllm-router",
-        "TTFB p50 pinroute / vllm-router",
-        "CPU ms/req pinroute / vllm-router / envoy-2hop",
-        "CPU ÷ vllm-router",
-        "filter ms/req",
-    ]
-    .map(String::from);
-    let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    grid(&header, &cells, style)
+    pairs
+}
+
+/// The side-by-side tables, each under its title; empty when no reference ran.
+pub fn render(results: &BenchResults, style: Style) -> Vec<(String, String)> {
+    let mut tables = Vec::new();
+    for (build, peer) in pairs(results) {
+        let rows = rows(results, build, peer.unwrap_or(Scenario::VllmRouter));
+        if rows.iter().all(|r| r.router.is_none() && r.envoy.is_none()) {
+            continue;
+        }
+        let peer_name = peer.map_or("vllm-router", |p| p.peer_name());
+        let title = format!("{build} against {peer_name} and Envoy's own two hops");
+        let header = [
+            "prompt".to_string(),
+            "conc".to_string(),
+            format!("req/s ÷ {peer_name}"),
+            format!("TTFB p50 {build} / {peer_name}"),
+            format!("CPU ms/req {build} / {peer_name} / envoy-2hop"),
+            format!("CPU ÷ {peer_name}"),
+            "filter ms/req".to_string(),
+        ];
+        let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
+        tables.push((title, grid(&header, &cells, style)));
+    }
+    tables
 }
 
 fn cells(row: &Row<'_>) -> Vec<String> {
@@ -104,22 +133,57 @@ fn three(value: f64) -> String {
     format!("{value:.3}")
 }
 
-/// The targets against vllm-router and Envoy's own two hops.
+/// The targets against vllm-router and Envoy's own two hops: the `.wasm`'s against
+/// `cache_aware` (CPU at concurrency 16), the native module's against both policies in every
+/// cell, and each build's own share.
 pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
-    let rows = rows(results);
-    vec![
-        cpu_check(&rows),
-        judged_on_every_row(
+    let mut checks = Vec::new();
+    let wasm = rows(results, Scenario::Pinroute, Scenario::VllmRouter);
+    checks.push(cpu_check(&wasm));
+    checks.extend(peer_checks(&wasm, "pinroute", "vllm-router"));
+    checks.push(filter_share_check(&wasm, "pinroute", WASM_SHARE_LIMIT_MS));
+    let native = Scenario::PinrouteNative;
+    if results.runs.iter().any(|r| r.scenario == native) {
+        for peer in PEERS {
+            let rows = rows(results, native, peer);
+            let peer_name = peer.peer_name();
+            checks.push(judged_on_every_row(
+                &rows,
+                &format!(
+                    "{native}'s gateway CPU per request is at most {peer_name}'s in every cell"
+                ),
+                |row| {
+                    cpu_ms(row.pinroute)
+                        .zip(row.router.and_then(cpu_ms))
+                        .map(|(p, r)| (p <= r, format!("{p:.3} / {r:.3} ms")))
+                },
+            ));
+            checks.extend(peer_checks(&rows, native.as_str(), peer_name));
+        }
+        let rows = rows(results, native, Scenario::VllmRouter);
+        checks.push(filter_share_check(
             &rows,
-            "pinroute's throughput is at least vllm-router's at every size and concurrency",
+            native.as_str(),
+            NATIVE_SHARE_LIMIT_MS,
+        ));
+    }
+    checks
+}
+
+/// Throughput and TTFB against the peer, in every cell.
+fn peer_checks(rows: &[Row<'_>], build: &str, peer: &str) -> [TargetCheck; 2] {
+    [
+        judged_on_every_row(
+            rows,
+            &format!("{build}'s throughput is at least {peer}'s at every size and concurrency"),
             |row| {
                 row.throughput_ratio()
                     .map(|r| (r >= 1.0, format!("{r:.2}x")))
             },
         ),
         judged_on_every_row(
-            &rows,
-            "pinroute's TTFB p50 is at most vllm-router's at every size and concurrency",
+            rows,
+            &format!("{build}'s TTFB p50 is at most {peer}'s at every size and concurrency"),
             |row| {
                 row.router.map(|r| {
                     let (p, r) = (row.pinroute.ttfb.p50_ms, r.ttfb.p50_ms);
@@ -127,7 +191,6 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
                 })
             },
         ),
-        filter_share_check(&rows),
     ]
 }
 
@@ -150,9 +213,9 @@ fn cpu_check(rows: &[Row<'_>]) -> TargetCheck {
     )
 }
 
-fn filter_share_check(rows: &[Row<'_>]) -> TargetCheck {
+fn filter_share_check(rows: &[Row<'_>], build: &str, limit_ms: f64) -> TargetCheck {
     let target = format!(
-        "the filter's own CPU (pinroute minus envoy-2hop) is at most {FILTER_SHARE_LIMIT_MS} ms per request at 1 KB, concurrency {TARGET_CONCURRENCY}"
+        "{build}'s own CPU (minus envoy-2hop) is at most {limit_ms} ms per request at 1 KB, concurrency {TARGET_CONCURRENCY}"
     );
     let share = rows
         .iter()
@@ -162,7 +225,7 @@ fn filter_share_check(rows: &[Row<'_>]) -> TargetCheck {
         Some(share) => TargetCheck {
             target,
             measured: format!("{share:.3} ms"),
-            met: Some(share <= FILTER_SHARE_LIMIT_MS),
+            met: Some(share <= limit_ms),
         },
         None => TargetCheck {
             target,

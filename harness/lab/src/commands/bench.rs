@@ -13,7 +13,7 @@ use pinroute_lab::bench::prefix::report as prefix_report;
 use pinroute_lab::bench::prefix::traffic::Traffic;
 use pinroute_lab::bench::prefix::{Chooser, PrefixOptions, run_prefix_bench};
 use pinroute_lab::bench::{
-    BenchOptions, Scenario, read_results, run_bench, sims, table, write_outputs,
+    BenchOptions, Scenario, read_results, results, run_bench, sims, table, write_outputs,
 };
 use serde_json::json;
 
@@ -141,7 +141,9 @@ pub async fn run(args: &Args) -> Result<()> {
     }
     let results = match &args.from_json {
         Some(path) => {
-            let results = read_results(path)?;
+            // Judged again: the targets are this source's, the figures the run's.
+            let mut results = read_results(path)?;
+            results.targets = results::check_targets(&results);
             write_outputs(&results, &out_dir)?;
             results
         }

@@ -14,6 +14,17 @@ pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
 pub type FilterConfigEnvoyPtr = *mut c_void;
 pub type FilterEnvoyPtr = *mut c_void;
 
+/// `http_filter_http_callout` and `http_filter_config_http_callout` alike.
+pub type Callout = unsafe extern "C" fn(
+    *mut c_void,
+    *mut u64,
+    ModuleBuffer,
+    *mut ModuleHttpHeader,
+    usize,
+    ModuleBuffer,
+    u64,
+) -> u32;
+
 /// `envoy_dynamic_module_type_envoy_buffer`: bytes Envoy owns.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -294,6 +305,33 @@ unsafe extern "C" {
         body: ModuleBuffer,
         timeout_milliseconds: u64,
     ) -> u32;
+
+    /// The same as `http_filter_http_callout`, made by a filter configuration on the main
+    /// thread: its answer comes to `on_http_filter_config_http_callout_done`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: FilterConfigEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *mut ModuleHttpHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> u32;
+
+    /// A scheduler any thread may commit events to; each runs
+    /// `on_http_filter_config_scheduled` on the main thread.
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: FilterConfigEnvoyPtr,
+    ) -> *mut c_void;
+
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: *mut c_void,
+        event_id: u64,
+    );
+
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+        scheduler: *mut c_void,
+    );
 
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
 

@@ -26,6 +26,7 @@ use super::host::{
     CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len,
     response_body_len, tick_period,
 };
+use super::registry;
 use crate::filter::host::{Flow, Headers, MetricKind};
 use crate::filter::metrics::fixed_metrics;
 use crate::filter::root::Root;
@@ -93,7 +94,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// Runs a hook's body; a panic is logged and becomes `on_panic`'s value.
-fn guarded<R>(hook: &str, body: impl FnOnce() -> R, on_panic: impl FnOnce() -> R) -> R {
+pub(super) fn guarded<R>(hook: &str, body: impl FnOnce() -> R, on_panic: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {
@@ -147,16 +148,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             // SAFETY: Envoy's configuration bytes, valid during this hook.
             let bytes = unsafe { config.to_vec() };
             let parsed = Config::from_json(&bytes).ok();
-            if parsed
-                .as_ref()
-                .is_some_and(|c| c.settings.registry.is_some())
-            {
-                log::error!(
-                    "pinroute: the native module does not refresh a live registry yet \
-                     (\"registry\"): use the wasm filter"
-                );
-                return std::ptr::null();
-            }
             let key = NEXT_CONFIG.fetch_add(1, Ordering::Relaxed);
             let models = parsed.as_ref().map_or(&[][..], |c| c.registry.models());
             let metrics = define_metrics(config_envoy, models);
@@ -165,9 +156,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             // will read it: Envoy refuses one the filter refuses.
             let mut root = Root::new(Dynamic {
                 config: shared.clone(),
+                fetcher: true,
             });
             if !root.configure() {
                 return std::ptr::null();
+            }
+            if let Some(source) = parsed.and_then(|c| c.settings.registry) {
+                registry::start(&shared, root, source.refresh());
             }
             Arc::into_raw(shared).cast::<c_void>()
         },
@@ -187,6 +182,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *co
             // once, and this takes back that reference.
             let shared = unsafe { Arc::from_raw(config.cast::<ModuleConfig>()) };
             shared.alive.store(false, Ordering::Release);
+            registry::stop(shared.key);
         },
         || (),
     );
@@ -350,9 +346,7 @@ fn new_stream(config: &Arc<ModuleConfig>) -> Option<Stream<Dynamic>> {
         let mut roots = roots.borrow_mut();
         roots.retain(|r| r.config.alive.load(Ordering::Acquire));
         if !roots.iter().any(|r| r.config.key == config.key) {
-            let mut root = Root::new(Dynamic {
-                config: config.clone(),
-            });
+            let mut root = Root::new(Dynamic::worker(config.clone()));
             if !root.configure() {
                 log::error!("pinroute: a worker thread refused the configuration");
             }
@@ -415,10 +409,11 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
                 Arc::from_raw(config.cast::<ModuleConfig>())
             };
             let _entered = Entered::new(filter);
+            // Ticked first, so that the stream starts from a registry adopted just now.
+            tick_if_due(config.key);
             let Some(stream) = new_stream(&config) else {
                 return std::ptr::null();
             };
-            tick_if_due(config.key);
             let state = Box::new(FilterState {
                 stream: RefCell::new(stream),
                 config: config.key,
@@ -531,7 +526,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
 /// # Safety
 /// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
 /// valid during the hook.
-unsafe fn call_answer(
+pub(super) unsafe fn call_answer(
     headers: *const EnvoyHttpHeader,
     headers_size: usize,
     chunks: *const EnvoyBuffer,

@@ -73,7 +73,7 @@ impl ModuleConfig {
         }
     }
 
-    fn envoy(&self) -> abi::FilterConfigEnvoyPtr {
+    pub fn envoy(&self) -> abi::FilterConfigEnvoyPtr {
         self.envoy as abi::FilterConfigEnvoyPtr
     }
 }
@@ -126,6 +126,19 @@ pub fn tick_period(key: u64) -> Option<Duration> {
 #[derive(Debug, Clone)]
 pub struct Dynamic {
     pub config: Arc<ModuleConfig>,
+    /// The configuration's root on the main thread, which fetches the live registry through
+    /// the configuration's callouts (`super::registry`); the worker threads' roots do not.
+    pub fetcher: bool,
+}
+
+impl Dynamic {
+    /// The host of a worker thread's root and its streams.
+    pub fn worker(config: Arc<ModuleConfig>) -> Self {
+        Self {
+            config,
+            fetcher: false,
+        }
+    }
 }
 
 fn current() -> Result<FilterEnvoyPtr, HostError> {
@@ -420,18 +433,29 @@ impl Host for Dynamic {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<u32, HostError> {
-        let filter = current()?;
+        // The stream of the running hook calls out, or the configuration on the main thread.
+        let (caller, callout): (*mut std::ffi::c_void, abi::Callout) = match self.fetcher {
+            true => (
+                self.config.envoy(),
+                abi::envoy_dynamic_module_callback_http_filter_config_http_callout,
+            ),
+            false => (
+                current()?,
+                abi::envoy_dynamic_module_callback_http_filter_http_callout,
+            ),
+        };
         let mut raw: Vec<abi::ModuleHttpHeader> = headers
             .iter()
             .map(|(name, value)| abi::ModuleHttpHeader::of(name, value))
             .collect();
         let mut id = 0u64;
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        // SAFETY: `filter` is the stream of the running hook; everything lent lives through
-        // the call; `id` is a valid out-pointer.
+        // SAFETY: `caller` is the stream of the running hook, or the configuration (alive: its
+        // main-thread root runs); everything lent lives through the call; `id` is a valid
+        // out-pointer.
         let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_http_callout(
-                filter,
+            callout(
+                caller,
                 &raw mut id,
                 ModuleBuffer::of(cluster.as_bytes()),
                 raw.as_mut_ptr(),
@@ -590,5 +614,9 @@ impl Host for Dynamic {
             periods.push((key, period));
         });
         Ok(())
+    }
+
+    fn fetches_registry(&self) -> bool {
+        self.fetcher
     }
 }

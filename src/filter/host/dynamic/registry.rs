@@ -1,0 +1,148 @@
+//! The live registry in the native module: fetched by the configuration's root on Envoy's main
+//! thread, through the configuration's own callouts to the registry's cluster (as a proxy-wasm
+//! root fetches through its VM's), and shared with the worker threads' roots in the
+//! process-wide table, where they adopt it on their next tick.
+//!
+//! Envoy gives a dynamic module no timer: a thread of the module's own sleeps through the
+//! period and commits an event to the configuration's scheduler, which runs
+//! [`envoy_dynamic_module_on_http_filter_config_scheduled`] on the main thread. The thread ends
+//! when Envoy destroys the configuration.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr};
+use super::hooks::{call_answer, guarded};
+use super::host::{CALL_ANSWER, Dynamic, ModuleConfig};
+use crate::filter::host::Headers;
+use crate::filter::root::Root;
+
+/// The shortest wait between two looks at whether a fetch is due.
+const MIN_TIMER_PERIOD: Duration = Duration::from_millis(50);
+/// How often the timer thread checks that its configuration is still alive.
+const ALIVE_CHECK: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// The main thread's roots of the configurations with a live registry, by key.
+    static FETCHERS: RefCell<Vec<(u64, Root<Dynamic>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Envoy's scheduler of one configuration, committed to from the timer thread.
+struct Scheduler(*mut c_void);
+
+// SAFETY: Envoy's configuration scheduler is made for committing from any thread; only the
+// timer thread holds it, and deletes it once.
+unsafe impl Send for Scheduler {}
+
+/// Keeps `root` (configured, on the main thread) as the fetcher of `config`'s live registry
+/// and starts the thread that asks for a fetch every half `refresh` (a fetch happens when
+/// the root's turn is due).
+pub fn start(config: &Arc<ModuleConfig>, root: Root<Dynamic>, refresh: Duration) {
+    // SAFETY: the configuration Envoy is creating (`config_new` runs on the main thread).
+    let scheduler = unsafe {
+        abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(config.envoy())
+    };
+    if scheduler.is_null() {
+        log::error!("pinroute: Envoy gave no scheduler: the live registry is not fetched");
+        return;
+    }
+    FETCHERS.with(|fetchers| fetchers.borrow_mut().push((config.key, root)));
+    let period = (refresh / 2).max(MIN_TIMER_PERIOD);
+    let scheduler = Scheduler(scheduler);
+    let alive = config.clone();
+    let spawned = std::thread::Builder::new()
+        .name("pinroute-registry".into())
+        .spawn(move || ask_for_fetches(&alive, &scheduler, period));
+    if let Err(error) = spawned {
+        log::error!("pinroute: cannot start the live registry's timer: {error}");
+    }
+}
+
+/// The timer thread: an event every `period` while the configuration lives.
+fn ask_for_fetches(config: &ModuleConfig, scheduler: &Scheduler, period: Duration) {
+    while config.alive.load(Ordering::Acquire) {
+        // SAFETY: the scheduler lives until this thread deletes it below.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler.0, 0)
+        };
+        let started = Instant::now();
+        while started.elapsed() < period && config.alive.load(Ordering::Acquire) {
+            std::thread::sleep(ALIVE_CHECK.min(period));
+        }
+    }
+    // SAFETY: made by `scheduler_new`, committed to by this thread alone, deleted once.
+    unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler.0) };
+}
+
+/// Forgets the fetcher of a configuration Envoy destroyed (main thread).
+pub fn stop(key: u64) {
+    FETCHERS.with(|fetchers| {
+        if let Ok(mut fetchers) = fetchers.try_borrow_mut() {
+            fetchers.retain(|(k, _)| *k != key);
+        }
+    });
+}
+
+/// Runs `event` on the fetcher of the configuration `module` points to.
+fn with_fetcher(module: *const c_void, event: impl FnOnce(&mut Root<Dynamic>)) {
+    // SAFETY: `module` is the `ModuleConfig` `config_new` returned, alive while Envoy calls
+    // its hooks.
+    let Some(config) = (unsafe { module.cast::<ModuleConfig>().as_ref() }) else {
+        return;
+    };
+    FETCHERS.with(|fetchers| {
+        let Ok(mut fetchers) = fetchers.try_borrow_mut() else {
+            return;
+        };
+        if let Some((_, root)) = fetchers.iter_mut().find(|(k, _)| *k == config.key) {
+            event(root);
+        }
+    });
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _config_envoy: FilterConfigEnvoyPtr,
+    module: *const c_void,
+    _event: u64,
+) {
+    guarded(
+        "http_filter_config_scheduled",
+        || with_fetcher(module, Root::tick),
+        || (),
+    );
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _config_envoy: FilterConfigEnvoyPtr,
+    module: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *const EnvoyHttpHeader,
+    headers_size: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_size: usize,
+) {
+    let Ok(token) = u32::try_from(callout_id) else {
+        return;
+    };
+    let answer = match result {
+        // SAFETY: Envoy's answer, valid during this hook.
+        abi::CALLOUT_RESULT_SUCCESS => unsafe {
+            call_answer(headers, headers_size, chunks, chunks_size)
+        },
+        _ => (Headers::new(), Vec::new()),
+    };
+    let body_size = answer.1.len();
+    CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
+    guarded(
+        "http_filter_config_http_callout_done",
+        || with_fetcher(module, |root| root.on_call_answer(token, body_size)),
+        || (),
+    );
+    CALL_ANSWER.with(|stash| stash.replace(None));
+}
