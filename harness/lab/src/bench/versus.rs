@@ -152,11 +152,7 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
                 &format!(
                     "{native}'s gateway CPU per request is at most {peer_name}'s in every cell"
                 ),
-                |row| {
-                    cpu_ms(row.pinroute)
-                        .zip(row.router.and_then(cpu_ms))
-                        .map(|(p, r)| (p <= r, format!("{p:.3} / {r:.3} ms")))
-                },
+                cpu_at_most_peers,
             ));
             checks.extend(peer_checks(&rows, native.as_str(), peer_name));
         }
@@ -205,12 +201,15 @@ fn cpu_check(rows: &[Row<'_>]) -> TargetCheck {
         &format!(
             "pinroute's gateway CPU per request is at most vllm-router's at every size, concurrency {TARGET_CONCURRENCY}"
         ),
-        |row| {
-            cpu_ms(row.pinroute)
-                .zip(row.router.and_then(cpu_ms))
-                .map(|(p, r)| (p <= r, format!("{p:.3} / {r:.3} ms")))
-        },
+        cpu_at_most_peers,
     )
+}
+
+/// Whether the build's CPU per request is at most the peer's, with both figures.
+fn cpu_at_most_peers(row: &Row<'_>) -> Option<(bool, String)> {
+    cpu_ms(row.pinroute)
+        .zip(row.router.and_then(cpu_ms))
+        .map(|(p, r)| (p <= r, format!("{p:.3} / {r:.3} ms")))
 }
 
 fn filter_share_check(rows: &[Row<'_>], build: &str, limit_ms: f64) -> TargetCheck {

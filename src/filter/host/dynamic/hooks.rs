@@ -526,7 +526,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
 /// # Safety
 /// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
 /// valid during the hook.
-pub(super) unsafe fn call_answer(
+unsafe fn call_answer(
     headers: *const EnvoyHttpHeader,
     headers_size: usize,
     chunks: *const EnvoyBuffer,
@@ -569,8 +569,30 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     let Ok(token) = u32::try_from(callout_id) else {
         return;
     };
+    let deliver = |body_size| {
+        stream_hook("http_callout_done", filter, module, OnPanic::Answer, |s| {
+            s.on_call_answer(token, body_size);
+            abi::CONTINUE
+        });
+    };
+    // SAFETY: Envoy's answer, valid during this hook.
+    unsafe { with_call_answer(result, headers, headers_size, chunks, chunks_size, deliver) };
+}
+
+/// Stashes a call's answer in [`CALL_ANSWER`] while `deliver` runs with its body's size.
+///
+/// # Safety
+/// As [`call_answer`]'s.
+pub(super) unsafe fn with_call_answer(
+    result: u32,
+    headers: *const EnvoyHttpHeader,
+    headers_size: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_size: usize,
+    deliver: impl FnOnce(usize),
+) {
     let answer = match result {
-        // SAFETY: Envoy's answer, valid during this hook.
+        // SAFETY: the caller's contract.
         abi::CALLOUT_RESULT_SUCCESS => unsafe {
             call_answer(headers, headers_size, chunks, chunks_size)
         },
@@ -579,10 +601,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     };
     let body_size = answer.1.len();
     CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
-    stream_hook("http_callout_done", filter, module, OnPanic::Answer, |s| {
-        s.on_call_answer(token, body_size);
-        abi::CONTINUE
-    });
+    deliver(body_size);
     CALL_ANSWER.with(|stash| stash.replace(None));
 }
 

@@ -15,9 +15,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr};
-use super::hooks::{call_answer, guarded};
-use super::host::{CALL_ANSWER, Dynamic, ModuleConfig};
-use crate::filter::host::Headers;
+use super::hooks::{guarded, with_call_answer};
+use super::host::{Dynamic, ModuleConfig};
 use crate::filter::root::Root;
 
 /// The shortest wait between two looks at whether a fetch is due.
@@ -130,19 +129,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     let Ok(token) = u32::try_from(callout_id) else {
         return;
     };
-    let answer = match result {
-        // SAFETY: Envoy's answer, valid during this hook.
-        abi::CALLOUT_RESULT_SUCCESS => unsafe {
-            call_answer(headers, headers_size, chunks, chunks_size)
-        },
-        _ => (Headers::new(), Vec::new()),
+    let deliver = |body_size| {
+        guarded(
+            "http_filter_config_http_callout_done",
+            || with_fetcher(module, |root| root.on_call_answer(token, body_size)),
+            || (),
+        );
     };
-    let body_size = answer.1.len();
-    CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
-    guarded(
-        "http_filter_config_http_callout_done",
-        || with_fetcher(module, |root| root.on_call_answer(token, body_size)),
-        || (),
-    );
-    CALL_ANSWER.with(|stash| stash.replace(None));
+    // SAFETY: Envoy's answer, valid during this hook.
+    unsafe { with_call_answer(result, headers, headers_size, chunks, chunks_size, deliver) };
 }
