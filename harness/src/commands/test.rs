@@ -119,6 +119,10 @@ pub fn run_all(args: &Args) -> Result<()> {
         "soak --quick: load, bad input and worker kills through Envoy (docs/soak.md)",
         &mut quick_soak(&wasm),
     )?;
+    step(
+        "soak --quick --native: the same, the filter as the native dynamic module",
+        quick_soak(&wasm).arg("--native"),
+    )?;
     if !args.no_vllm {
         step(
             "end-to-end against real vLLM prefill/decode pairs (docs/real-engines.md)",

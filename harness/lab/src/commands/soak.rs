@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use pinroute_harness::envoy::repo_root;
-use pinroute_harness::wasm::build_filter;
+use pinroute_harness::wasm::{build_filter, build_native_module};
 use pinroute_lab::soak::chaos::{FULL_SCHEDULE, QUICK_SCHEDULE};
 use pinroute_lab::soak::report::SoakReport;
 use pinroute_lab::soak::{SoakOptions, run_soak};
@@ -43,6 +43,9 @@ pub struct Args {
     /// TLS front that requires the gateway's certificate), from a CA made for the run.
     #[arg(long)]
     tls: bool,
+    /// Run the filter as the native Envoy dynamic module instead of the `.wasm`.
+    #[arg(long)]
+    native: bool,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -60,7 +63,8 @@ pub async fn run(args: &Args) -> Result<()> {
         Some(path) => path.clone(),
         None => build_filter()?,
     };
-    let options = options(args, wasm, work_dir);
+    let mut options = options(args, wasm, work_dir);
+    options.native_module = args.native.then(build_native_module).transpose()?;
     let report = run_soak(&options).await?;
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -96,6 +100,7 @@ fn options(args: &Args, wasm: PathBuf, work_dir: PathBuf) -> SoakOptions {
         token_latency: Duration::from_micros(args.token_latency_us),
         max_tokens: args.max_tokens.max(1),
         tls: args.tls,
+        native_module: None,
     }
 }
 

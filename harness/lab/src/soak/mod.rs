@@ -65,6 +65,8 @@ pub struct SoakOptions {
     pub max_tokens: u32,
     /// Mutual TLS on both sides: clients to Envoy, Envoy to every worker (behind TLS fronts).
     pub tls: bool,
+    /// The native dynamic module to run in place of the `.wasm`.
+    pub native_module: Option<PathBuf>,
 }
 
 /// Starts the stack, runs the load and the chaos together, and reports.
@@ -75,6 +77,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
             token_latency: options.token_latency,
         },
     );
+    spec.native_module = options.native_module.clone();
     let client_tls = match options.tls {
         true => Some(with_tls(&mut spec, &options.work_dir.join("tls"))?),
         false => None,
@@ -83,7 +86,8 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         .await
         .context("starting Envoy and the sim workers")?;
     stack.worker(HOSTILE_PREFILL)?.set_fault(Fault::Hostile);
-    let envoy_start = EnvoyStats::read(&stack.envoy).await?;
+    let wasm = options.native_module.is_none();
+    let envoy_start = EnvoyStats::read(&stack.envoy, wasm).await?;
     let shared = Arc::new(Shared::new());
     let pid = stack.envoy.pid();
     let admin = stack.envoy.admin();
@@ -130,7 +134,7 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
         chaos,
         recovery,
         envoy_start,
-        envoy_end: EnvoyStats::read(&stack.envoy).await?,
+        envoy_end: EnvoyStats::read(&stack.envoy, wasm).await?,
         rss: rss?,
         log: scan_log(stack.envoy.log_path())?,
     };

@@ -63,10 +63,16 @@ pub struct EnvoyStats {
 }
 
 impl EnvoyStats {
-    pub async fn read(envoy: &Envoy) -> Result<EnvoyStats> {
+    /// Envoy's stats now; with `wasm`, the wasm VMs' too (a missing one is an error), else
+    /// (the native module: no VM) those read 0.
+    pub async fn read(envoy: &Envoy, wasm: bool) -> Result<EnvoyStats> {
+        let vm_stat = async |name| match wasm {
+            true => stat(envoy, name).await,
+            false => Ok(0),
+        };
         let mut counters = Vec::new();
         for name in VM_FAILURE_COUNTERS {
-            counters.push((name.to_string(), stat(envoy, name).await?));
+            counters.push((name.to_string(), vm_stat(name).await?));
         }
         let mut context = Vec::new();
         for name in CONTEXT_COUNTERS {
@@ -81,8 +87,8 @@ impl EnvoyStats {
             open_requests,
             vm_memory_bytes: stat_or_zero(envoy, VM_MEMORY).await?,
             vm_failure_counters: counters,
-            vm_created: stat(envoy, VM_CREATED).await?,
-            vm_active: stat(envoy, VM_ACTIVE).await?,
+            vm_created: vm_stat(VM_CREATED).await?,
+            vm_active: vm_stat(VM_ACTIVE).await?,
             memory_allocated: stat(envoy, MEMORY_ALLOCATED).await?,
             memory_heap_size: stat(envoy, MEMORY_HEAP).await?,
         })

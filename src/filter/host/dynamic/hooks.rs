@@ -17,17 +17,17 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr};
+use super::guard::guarded;
 use super::host::{
-    CALL_ANSWER, CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len,
-    response_body_len, tick_period,
+    CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len, response_body_len,
+    tick_period, with_call_answer,
 };
 use super::registry;
-use crate::filter::host::{Flow, Headers, MetricKind};
+use crate::filter::host::{Flow, MetricKind};
 use crate::filter::metrics::fixed_metrics;
 use crate::filter::root::Root;
 use crate::filter::stream::Stream;
@@ -82,26 +82,6 @@ impl log::Log for EnvoyLog {
     }
 
     fn flush(&self) {}
-}
-
-/// A panic's message, for the log.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic")
-}
-
-/// Runs a hook's body; a panic is logged and becomes `on_panic`'s value.
-pub(super) fn guarded<R>(hook: &str, body: impl FnOnce() -> R, on_panic: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(value) => value,
-        Err(payload) => {
-            log::error!("pinroute: panic in {hook}: {}", panic_message(&*payload));
-            on_panic()
-        }
-    }
 }
 
 #[unsafe(no_mangle)]
@@ -521,40 +501,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
     drop(state);
 }
 
-/// A call's answer as the stream reads it: its headers and whole body.
-///
-/// # Safety
-/// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
-/// valid during the hook.
-unsafe fn call_answer(
-    headers: *const EnvoyHttpHeader,
-    headers_size: usize,
-    chunks: *const EnvoyBuffer,
-    chunks_size: usize,
-) -> (Headers, Vec<u8>) {
-    let headers = match headers.is_null() {
-        true => &[][..],
-        // SAFETY: the caller's contract.
-        false => unsafe { std::slice::from_raw_parts(headers, headers_size) },
-    };
-    let chunks = match chunks.is_null() {
-        true => &[][..],
-        // SAFETY: the caller's contract.
-        false => unsafe { std::slice::from_raw_parts(chunks, chunks_size) },
-    };
-    let headers = headers
-        .iter()
-        // SAFETY: Envoy's header bytes, valid during the hook.
-        .map(|h| unsafe { h.copied() })
-        .collect();
-    let mut body = Vec::new();
-    for chunk in chunks {
-        // SAFETY: Envoy's body slices, valid during the hook.
-        body.extend_from_slice(&unsafe { chunk.to_vec() });
-    }
-    (headers, body)
-}
-
 #[unsafe(no_mangle)]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     filter: FilterEnvoyPtr,
@@ -577,32 +523,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     };
     // SAFETY: Envoy's answer, valid during this hook.
     unsafe { with_call_answer(result, headers, headers_size, chunks, chunks_size, deliver) };
-}
-
-/// Stashes a call's answer in [`CALL_ANSWER`] while `deliver` runs with its body's size.
-///
-/// # Safety
-/// As [`call_answer`]'s.
-pub(super) unsafe fn with_call_answer(
-    result: u32,
-    headers: *const EnvoyHttpHeader,
-    headers_size: usize,
-    chunks: *const EnvoyBuffer,
-    chunks_size: usize,
-    deliver: impl FnOnce(usize),
-) {
-    let answer = match result {
-        // SAFETY: the caller's contract.
-        abi::CALLOUT_RESULT_SUCCESS => unsafe {
-            call_answer(headers, headers_size, chunks, chunks_size)
-        },
-        // A reset or an answer over the buffer limit: no response, as proxy-wasm tells it.
-        _ => (Headers::new(), Vec::new()),
-    };
-    let body_size = answer.1.len();
-    CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
-    deliver(body_size);
-    CALL_ANSWER.with(|stash| stash.replace(None));
 }
 
 // Hooks Envoy 1.40 requires of an HTTP filter module that the filter has no use for: streamed

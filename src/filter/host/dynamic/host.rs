@@ -620,3 +620,63 @@ impl Host for Dynamic {
         self.fetcher
     }
 }
+
+/// A call's answer as the stream reads it: its headers and whole body.
+///
+/// # Safety
+/// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
+/// valid during the hook.
+unsafe fn call_answer(
+    headers: *const EnvoyHttpHeader,
+    headers_size: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_size: usize,
+) -> (Headers, Vec<u8>) {
+    let headers = match headers.is_null() {
+        true => &[][..],
+        // SAFETY: the caller's contract.
+        false => unsafe { std::slice::from_raw_parts(headers, headers_size) },
+    };
+    let chunks = match chunks.is_null() {
+        true => &[][..],
+        // SAFETY: the caller's contract.
+        false => unsafe { std::slice::from_raw_parts(chunks, chunks_size) },
+    };
+    let headers = headers
+        .iter()
+        // SAFETY: Envoy's header bytes, valid during the hook.
+        .map(|h| unsafe { h.copied() })
+        .collect();
+    let mut body = Vec::new();
+    for chunk in chunks {
+        // SAFETY: Envoy's body slices, valid during the hook.
+        body.extend_from_slice(&unsafe { chunk.to_vec() });
+    }
+    (headers, body)
+}
+
+/// Stashes a call's answer in [`CALL_ANSWER`] while `deliver` runs with its body's size.
+///
+/// # Safety
+/// As [`call_answer`]'s.
+pub unsafe fn with_call_answer(
+    result: u32,
+    headers: *const EnvoyHttpHeader,
+    headers_size: usize,
+    chunks: *const EnvoyBuffer,
+    chunks_size: usize,
+    deliver: impl FnOnce(usize),
+) {
+    let answer = match result {
+        // SAFETY: the caller's contract.
+        abi::CALLOUT_RESULT_SUCCESS => unsafe {
+            call_answer(headers, headers_size, chunks, chunks_size)
+        },
+        // A reset or an answer over the buffer limit: no response, as proxy-wasm tells it.
+        _ => (Headers::new(), Vec::new()),
+    };
+    let body_size = answer.1.len();
+    CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
+    deliver(body_size);
+    CALL_ANSWER.with(|stash| stash.replace(None));
+}

@@ -15,6 +15,7 @@
 //! only a later registry names would go uncounted).
 
 mod abi;
+mod guard;
 mod hooks;
 mod host;
 mod registry;

@@ -15,8 +15,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr};
-use super::hooks::{guarded, with_call_answer};
-use super::host::{Dynamic, ModuleConfig};
+use super::guard::guarded;
+use super::host::{Dynamic, ModuleConfig, with_call_answer};
 use crate::filter::root::Root;
 
 /// The shortest wait between two looks at whether a fetch is due.
