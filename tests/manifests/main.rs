@@ -195,7 +195,7 @@ fn check_clusters(clusters: &[Value], config: &Config) {
     );
     let pool = &clusters[2];
     assert_eq!(pool["type"], "STATIC");
-    let members: Vec<String> = pool["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    let mut members: Vec<String> = pool["load_assignment"]["endpoints"][0]["lb_endpoints"]
         .as_array()
         .unwrap()
         .iter()
@@ -208,7 +208,9 @@ fn check_clusters(clusters: &[Value], config: &Config) {
             )
         })
         .collect();
-    let expected: Vec<String> = config.pool_members.iter().map(|a| a.to_string()).collect();
+    let mut expected: Vec<String> = config.pool_members.iter().map(|a| a.to_string()).collect();
+    members.sort();
+    expected.sort();
     assert_eq!(
         members, expected,
         "pool endpoints are the registry's token-generating workers"
