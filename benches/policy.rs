@@ -37,10 +37,10 @@ use pinroute::policy::api::Api;
 use pinroute::policy::availability::RegistryOnly;
 use pinroute::policy::config::Config;
 use pinroute::policy::json::JsonObject;
+use pinroute::policy::load::LoadTable;
 use pinroute::policy::picker;
 use pinroute::policy::pins::{self, HeaderHints, Pins};
 use pinroute::policy::prefix::PromptPrefix;
-use pinroute::policy::registry::Worker;
 use pinroute::policy::resolve::{PromptFacts, Resolver};
 use pinroute::policy::rewrite::{self, BodyEdit, DecodeBody};
 use pinroute::policy::select::{Affinity, Choice};
@@ -201,19 +201,25 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
     }
 }
 
-fn loads(worker: &Worker) -> u64 {
-    worker.id % 3
+/// Requests in flight as the filter reads them: a table of the 16 first workers of the
+/// registry with 1 to 3 each (the others have none).
+fn in_flight(config: &Config) -> LoadTable {
+    let mut table = LoadTable::default();
+    for worker in config.registry.workers().iter().take(16) {
+        table.add(worker.id, 1 + i64::try_from(worker.id % 3).unwrap_or(0));
+    }
+    table
 }
 
 /// An unpinned request's choice of both workers by load alone.
-fn by_load(config: &Config, turn: u64) -> Result<(), String> {
+fn by_load(config: &Config, loads: &LoadTable, turn: u64) -> Result<(), String> {
     let resolver = Resolver {
         registry: &config.registry,
         settings: &config.settings,
         availability: RegistryOnly,
         choice: Choice::LeastLoaded {
             rotation: turn,
-            outstanding: &loads,
+            outstanding: loads,
         },
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
@@ -227,7 +233,12 @@ fn by_load(config: &Config, turn: u64) -> Result<(), String> {
 }
 
 /// The same request's choice by prefix affinity, hashing its prompt as the filter does.
-fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(), String> {
+fn by_affinity(
+    config: &Config,
+    loads: &LoadTable,
+    request: &JsonObject<'_>,
+    turn: u64,
+) -> Result<(), String> {
     let settings = &config.settings;
     let raw = Api::Completions.prompt(request);
     let raw = raw.as_ref();
@@ -245,7 +256,7 @@ fn by_affinity(config: &Config, request: &JsonObject<'_>, turn: u64) -> Result<(
             remembered: &[],
             busy: settings.busy(),
             rotation: turn,
-            outstanding: &loads,
+            outstanding: loads,
         }),
         prompt: PromptFacts {
             bytes: raw.len(),
@@ -330,22 +341,28 @@ fn bench_size(config: &Config, size: usize, budget: Duration) -> Result<(), Stri
             drop(black_box(whole_request(config, black_box(bytes), 1)))
         }),
     );
-    by_load(config, 0)?;
+    let loads = in_flight(config);
+    by_load(config, &loads, 0)?;
     report(
         "unpinned",
         len,
         measure(budget, || {
             turn = turn.wrapping_add(1);
-            drop(black_box(by_load(config, turn)));
+            drop(black_box(by_load(config, &loads, turn)));
         }),
     );
-    by_affinity(config, &request, 0)?;
+    by_affinity(config, &loads, &request, 0)?;
     report(
         "affinity",
         len,
         measure(budget, || {
             turn = turn.wrapping_add(1);
-            drop(black_box(by_affinity(config, black_box(&request), turn)));
+            drop(black_box(by_affinity(
+                config,
+                &loads,
+                black_box(&request),
+                turn,
+            )));
         }),
     );
     Ok(())
@@ -373,14 +390,15 @@ fn bench_pools(pools: &[usize], size: usize, budget: Duration) -> Result<(), Str
     let mut turn = 0u64;
     for &per_pool in pools {
         let config = registry_of(per_pool)?;
-        by_load(&config, 0)?;
-        by_affinity(&config, &request, 0)?;
+        let loads = in_flight(&config);
+        by_load(&config, &loads, 0)?;
+        by_affinity(&config, &loads, &request, 0)?;
         report(
             &format!("unpinned {per_pool}+{per_pool}"),
             body.len(),
             measure(budget, || {
                 turn = turn.wrapping_add(1);
-                drop(black_box(by_load(&config, turn)));
+                drop(black_box(by_load(&config, &loads, turn)));
             }),
         );
         report(
@@ -388,7 +406,12 @@ fn bench_pools(pools: &[usize], size: usize, budget: Duration) -> Result<(), Str
             body.len(),
             measure(budget, || {
                 turn = turn.wrapping_add(1);
-                drop(black_box(by_affinity(&config, black_box(&request), turn)));
+                drop(black_box(by_affinity(
+                    &config,
+                    &loads,
+                    black_box(&request),
+                    turn,
+                )));
             }),
         );
     }

@@ -44,6 +44,7 @@ use pinroute::policy::availability::{Availability, Unavailability};
 use pinroute::policy::config::Settings;
 use pinroute::policy::error::RouteError;
 use pinroute::policy::hop::Hop;
+use pinroute::policy::load::LoadTable;
 use pinroute::policy::picker;
 use pinroute::policy::pins::Pins;
 use pinroute::policy::prefix::{BLOCK_BYTES, PromptPrefix};
@@ -53,7 +54,7 @@ use pinroute::policy::resolve::{
     prompt_use,
 };
 use pinroute::policy::select::{
-    Affinity, Busy, Placement, prefix_weight, session_weight, unpinned_choice,
+    Affinity, Busy, Loads, Placement, prefix_weight, session_weight, unpinned_choice,
 };
 use pinroute::policy::turns::{LastTurn, Turn};
 
@@ -231,7 +232,16 @@ pub fn check(case: &Case) {
     };
     let pins = case.pins.pins(&workers);
     let request = &case.request;
-    let by_load = |w: &Worker| outstanding(&request.load, w);
+    let closure = |w: &Worker| outstanding(&request.load, w);
+    // Or the same counts in a table, as the filter reads them (it sums a pool's total from its
+    // own entries), which also counts a worker the registry does not list.
+    let mut table = LoadTable::default();
+    for worker in registry.workers() {
+        table.add(worker.id, i64::try_from(closure(worker)).unwrap_or(0));
+    }
+    table.add(WorkerId::MAX - 2, 3);
+    let in_table = request.load.first().is_some_and(|n| n.is_multiple_of(2));
+    let by_load: &dyn Loads = if in_table { &table } else { &closure };
     // A completion's prompt as the filter reads it: not at all, its length only, or hashed
     // and looked up in the turn memory.
     let read = request
@@ -254,7 +264,7 @@ pub fn check(case: &Case) {
         remembered: &remembered,
         busy: settings.busy(),
         rotation: request.rotation,
-        outstanding: &by_load,
+        outstanding: by_load,
     });
     let last_turn = prompt.last_turn.filter(|_| hashed);
     let facts = PromptFacts {
@@ -269,7 +279,7 @@ pub fn check(case: &Case) {
         session: request.session.as_deref(),
         affinity,
         rotation: request.rotation,
-        outstanding: &by_load,
+        outstanding: by_load,
     };
     let world = World {
         registry: &registry,
@@ -596,7 +606,7 @@ struct Request<'a> {
     /// A completion's prompt, when it is read.
     affinity: Option<Affinity<'a>>,
     rotation: u64,
-    outstanding: &'a dyn Fn(&Worker) -> u64,
+    outstanding: &'a dyn Loads,
 }
 
 /// Everything a resolution depends on but the pins.
@@ -963,7 +973,7 @@ impl World<'_> {
                     next_two.contains(first)
                         && next_two
                             .iter()
-                            .all(|w| outstanding(first) <= outstanding(w)),
+                            .all(|w| outstanding.outstanding(first) <= outstanding.outstanding(w)),
                     "least loaded chose {} of {next_two:?}",
                     first.id
                 );
@@ -1144,7 +1154,7 @@ fn check_affinity(
     let Some((first, rest)) = chosen.split_first() else {
         return;
     };
-    let load = |w: &Worker| (affinity.outstanding)(w);
+    let load = |w: &Worker| affinity.outstanding.outstanding(w);
     let total = group.iter().map(|w| load(w)).sum();
     let busy = |w: &Worker| busy_model(affinity.busy, load(w), total, group.len());
     let remembered = |w: &Worker| affinity.remembered.contains(&w.id) && !busy(w);

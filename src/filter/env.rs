@@ -13,11 +13,12 @@ use crate::policy::availability::Observed;
 use crate::policy::config::Config;
 use crate::policy::error::RouteError;
 use crate::policy::headers;
+use crate::policy::load::LoadTable;
 use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::prefix::PromptPrefix;
-use crate::policy::registry::{Worker, WorkerId};
+use crate::policy::registry::{Pool, Worker, WorkerId};
 use crate::policy::resolve::{self, PromptFacts, PromptUse, Resolver, Route};
-use crate::policy::select::{self, Affinity};
+use crate::policy::select::{self, Affinity, Loads};
 use crate::policy::turns::{LastTurn, Turn};
 
 /// A completion's prompt, for the choice of its workers.
@@ -204,11 +205,9 @@ impl<H: Host> Env<H> {
     ) -> T {
         let rotation = self.rotation.get();
         self.rotation.set(rotation.wrapping_add(1));
-        let loads = OnceCell::new();
-        let outstanding = |worker: &Worker| {
-            loads
-                .get_or_init(|| shared::loads(&self.host))
-                .outstanding(worker.id)
+        let loads = SharedLoads {
+            host: &self.host,
+            table: OnceCell::new(),
         };
         let settings = &self.config.settings;
         let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
@@ -217,10 +216,10 @@ impl<H: Host> Env<H> {
             remembered: &remembered,
             busy: settings.busy(),
             rotation,
-            outstanding: &outstanding,
+            outstanding: &loads,
         });
         let session = hints.session.as_deref();
-        let choice = select::unpinned_choice(session, affinity, rotation, &outstanding);
+        let choice = select::unpinned_choice(session, affinity, rotation, &loads);
         let facts = prompt.map_or_else(PromptFacts::default, |p| PromptFacts {
             bytes: p.raw.len(),
             last_turn: p.last_turn,
@@ -371,4 +370,26 @@ impl<H: Host> Env<H> {
 pub fn host_failure(error: HostError) -> RouteError {
     log::error!("pinroute: host call failed: {error}");
     RouteError::Internal("a host call failed")
+}
+
+/// The load table, read from shared data when a choice first asks.
+struct SharedLoads<'h, H: Host> {
+    host: &'h H,
+    table: OnceCell<LoadTable>,
+}
+
+impl<H: Host> SharedLoads<'_, H> {
+    fn table(&self) -> &LoadTable {
+        self.table.get_or_init(|| shared::loads(self.host))
+    }
+}
+
+impl<H: Host> Loads for SharedLoads<'_, H> {
+    fn outstanding(&self, worker: &Worker) -> u64 {
+        Loads::outstanding(self.table(), worker)
+    }
+
+    fn total(&self, pool: Pool<'_>, excluded: &[WorkerId]) -> u64 {
+        self.table().total(pool, excluded)
+    }
 }

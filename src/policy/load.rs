@@ -2,7 +2,8 @@
 //! one table the host keeps in proxy-wasm shared data: one read gives every worker's count,
 //! and one compare-and-swap applies every change a callback made.
 
-use super::registry::WorkerId;
+use super::registry::{Pool, Worker, WorkerId};
+use super::select::Loads;
 use super::words;
 
 /// Workers with requests in flight; a worker with none has no entry. Sorted by id: a hop's
@@ -59,6 +60,21 @@ impl LoadTable {
 
     fn find(&self, worker: WorkerId) -> Result<usize, usize> {
         self.entries.binary_search_by_key(&worker, |(id, _)| *id)
+    }
+}
+
+impl Loads for LoadTable {
+    fn outstanding(&self, worker: &Worker) -> u64 {
+        LoadTable::outstanding(self, worker.id)
+    }
+
+    /// Sums the table's entries (the workers with requests in flight), not the pool.
+    fn total(&self, pool: Pool<'_>, excluded: &[WorkerId]) -> u64 {
+        self.entries
+            .iter()
+            .filter(|(id, _)| pool.position(*id).is_some() && !excluded.contains(id))
+            .map(|(_, count)| *count)
+            .fold(0, u64::saturating_add)
     }
 }
 

@@ -4,6 +4,26 @@ use std::cell::Cell;
 
 use super::registry::{Pool, Worker, WorkerId};
 
+/// Requests in flight per worker, as a hop's choice reads them.
+pub trait Loads {
+    fn outstanding(&self, worker: &Worker) -> u64;
+
+    /// The requests in flight on the workers of `pool` but `excluded`: by default the sum of
+    /// each one's; a table of the workers with requests in flight sums only those.
+    fn total(&self, pool: Pool<'_>, excluded: &[WorkerId]) -> u64 {
+        pool.iter()
+            .filter(|w| !excluded.contains(&w.id))
+            .map(|w| self.outstanding(w))
+            .fold(0, u64::saturating_add)
+    }
+}
+
+impl<F: Fn(&Worker) -> u64> Loads for F {
+    fn outstanding(&self, worker: &Worker) -> u64 {
+        self(worker)
+    }
+}
+
 /// How an unpinned hop picks among healthy workers.
 #[derive(Clone, Copy)]
 pub enum Choice<'a> {
@@ -16,7 +36,7 @@ pub enum Choice<'a> {
     /// requests outstanding (as `outstanding` tells) goes first.
     LeastLoaded {
         rotation: u64,
-        outstanding: &'a dyn Fn(&Worker) -> u64,
+        outstanding: &'a dyn Loads,
     },
     /// Prefix affinity, bounded by load (see [`Affinity`]).
     Prefix(Affinity<'a>),
@@ -34,7 +54,7 @@ pub struct Affinity<'a> {
     pub remembered: &'a [WorkerId],
     pub busy: Busy,
     pub rotation: u64,
-    pub outstanding: &'a dyn Fn(&Worker) -> u64,
+    pub outstanding: &'a dyn Loads,
 }
 
 /// When a worker is too busy to be chosen for affinity: it has more requests in flight than
@@ -87,7 +107,7 @@ pub fn unpinned_choice<'a>(
     session: Option<&'a [u8]>,
     affinity: Option<Affinity<'a>>,
     rotation: u64,
-    outstanding: &'a dyn Fn(&Worker) -> u64,
+    outstanding: &'a dyn Loads,
 ) -> Choice<'a> {
     match (session, affinity) {
         (Some(key), _) => Choice::Session(key),
@@ -174,7 +194,8 @@ pub fn rank_pool<'w>(
                 .filter_map(|id| pool.get(pool.position(*id)?))
                 .filter(|w| !excluded.contains(&w.id))
                 .collect();
-            affinity_order(&eligible, &remembered, limit, &affinity)
+            let total = affinity.outstanding.total(pool, excluded);
+            affinity_order(&eligible, &remembered, total, limit, &affinity)
         }
     };
     Ranked { order, placement }
@@ -237,11 +258,11 @@ fn least_loaded_of<'w>(
     excluded: &[WorkerId],
     rotation: u64,
     limit: usize,
-    outstanding: &dyn Fn(&Worker) -> u64,
+    loads: &dyn Loads,
 ) -> Vec<&'w Worker> {
     let mut order = in_rotation(pool, excluded, rotation, limit.max(2));
     if let [first, second, ..] = order.as_mut_slice()
-        && outstanding(second) < outstanding(first)
+        && loads.outstanding(second) < loads.outstanding(first)
     {
         std::mem::swap(first, second);
     }
@@ -249,26 +270,30 @@ fn least_loaded_of<'w>(
     order
 }
 
-/// [`by_affinity`]'s order of the workers `eligible` gives, the first `limit`: one weight
-/// per worker (two when the prompt has several depths), and one more pass per depth only
-/// when that depth's worker is busy.
+/// [`by_affinity`]'s order of the workers `eligible` gives (with `total` requests in flight),
+/// the first `limit`: one weight per worker (two when the prompt has several depths), and one
+/// more pass per depth only when that depth's worker is busy.
 fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     eligible: &dyn Fn() -> I,
     remembered: &[&'w Worker],
+    total: u64,
     limit: usize,
     affinity: &Affinity<'_>,
 ) -> (Vec<&'w Worker>, Placement) {
     let outstanding = affinity.outstanding;
     let deepest = affinity.depths.last().copied().unwrap_or(0);
-    let (count, total) = (Cell::new(0usize), Cell::new(0u64));
-    let tally = |worker: &Worker| {
+    let count = Cell::new(0usize);
+    let weigh = |worker: &Worker| {
         count.set(count.get() + 1);
-        total.set(total.get().saturating_add(outstanding(worker)));
         prefix_weight(deepest, worker)
     };
-    let order = top(eligible(), limit.max(1), tally);
-    let (count, total) = (count.get(), total.get());
-    let busy = |worker: &Worker| affinity.busy.is_busy(outstanding(worker), total, count);
+    let order = top(eligible(), limit.max(1), weigh);
+    let count = count.get();
+    let busy = |w: &Worker| {
+        affinity
+            .busy
+            .is_busy(outstanding.outstanding(w), total, count)
+    };
     let remembered = remembered
         .iter()
         .copied()
@@ -325,10 +350,10 @@ fn walk_depths<'w, I: Iterator<Item = &'w Worker>>(
     (first, Placement::Spilled)
 }
 
-fn least_loaded(pool: &mut [&Worker], rotation: u64, outstanding: &dyn Fn(&Worker) -> u64) {
+fn least_loaded(pool: &mut [&Worker], rotation: u64, loads: &dyn Loads) {
     rotate(pool, rotation);
     if let [first, second, ..] = pool
-        && outstanding(second) < outstanding(first)
+        && loads.outstanding(second) < loads.outstanding(first)
     {
         std::mem::swap(first, second);
     }
@@ -348,7 +373,10 @@ fn rotate(pool: &mut [&Worker], rotation: u64) {
 /// one is not busy; else the first worker not busy in the deepest hash's order (the least
 /// loaded one always qualifies). The rest follow in the deepest hash's order.
 fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
-    let loads: Vec<u64> = pool.iter().map(|w| (affinity.outstanding)(w)).collect();
+    let loads: Vec<u64> = pool
+        .iter()
+        .map(|w| affinity.outstanding.outstanding(w))
+        .collect();
     let total = loads.iter().copied().fold(0u64, u64::saturating_add);
     let busy: Vec<WorkerId> = pool
         .iter()

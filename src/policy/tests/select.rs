@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use super::*;
+use crate::policy::load::LoadTable;
 use crate::policy::registry::{Registry, Role};
 use crate::policy::testing::test;
 
@@ -141,7 +142,7 @@ fn affinity(
     pool: &[Worker],
     depths: &[u64],
     remembered: &[WorkerId],
-    loads: &dyn Fn(&Worker) -> u64,
+    loads: &dyn Loads,
 ) -> (Vec<u64>, Placement) {
     let ranked = rank_candidates(
         pool.iter().collect(),
@@ -398,7 +399,14 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
         let depths: Vec<u64> = (0..draw(seed, 1) % 4)
             .map(|d| draw(seed, 300 + d))
             .collect();
-        let loads = |w: &Worker| draw(seed, 400 + w.id) % 6;
+        let closure = |w: &Worker| draw(seed, 400 + w.id) % 6;
+        // Or a table, as the filter reads it: it sums its own entries for a pool's total, and
+        // lists a worker the registry does not.
+        let mut table = LoadTable::default();
+        for id in (100..135).chain([7]) {
+            table.add(id, i64::try_from(draw(seed, 400 + id) % 6).unwrap());
+        }
+        let loads: &dyn Loads = if seed % 3 == 0 { &table } else { &closure };
         let busy = if seed % 2 == 0 {
             BUSY
         } else {
@@ -415,14 +423,14 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
             1 => Choice::RoundRobin(rotation),
             2 => Choice::LeastLoaded {
                 rotation,
-                outstanding: &loads,
+                outstanding: loads,
             },
             _ => Choice::Prefix(Affinity {
                 depths: &depths,
                 remembered: &remembered,
                 busy,
                 rotation,
-                outstanding: &loads,
+                outstanding: loads,
             }),
         };
         let workers = registry
