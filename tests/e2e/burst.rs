@@ -25,6 +25,10 @@ const PROMPT_BYTES: usize = 200 * 1024;
 const ARRIVALS: Duration = Duration::from_secs(2);
 /// Sequential requests right after the burst, every one of which must be served.
 const AFTER: usize = 20;
+/// Before them, the decode worker's one-slot accept queue drains the burst's last
+/// connections (Envoy's, of requests already answered): a connection refused then is the
+/// worker's full queue, not the gateway keeping it out (a CI run under load saw one).
+const SETTLE: Duration = Duration::from_millis(500);
 /// A slow prefill worker holds the burst back and releases it onto decode all at once.
 const PREFILL_LATENCY: Duration = Duration::from_millis(200);
 /// The decode worker's accept backlog: far fewer than the connections the burst opens.
@@ -134,6 +138,7 @@ async fn a_burst_the_decode_worker_cannot_all_accept_finds_a_worker_and_leaves_n
     let body = large_body();
 
     let during = burst(&deployment, &client, &body).await;
+    tokio::time::sleep(SETTLE).await;
     let mut after = Statuses::default();
     for _ in 0..AFTER {
         let url = deployment.url("/v1/completions");
