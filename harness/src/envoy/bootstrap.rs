@@ -169,16 +169,18 @@ fn placeholder_values(
     ])
 }
 
-/// The token-generating workers as `lb_endpoints`, in JSON (valid YAML flow style).
+/// The token-generating workers as `lb_endpoints`.
 fn decode_pool_endpoints(config: &Config) -> String {
     let role = config.registry.token_role();
-    let endpoints: Vec<_> = config
-        .registry
-        .pool(role)
-        .map(|w| {
-            let address =
-                json!({"address": w.address.ip().to_string(), "port_value": w.address.port()});
-            json!({"endpoint": {"address": {"socket_address": address}}})
+    lb_endpoints(config.registry.pool(role).map(|w| w.address))
+}
+
+/// `addresses` as a cluster's `lb_endpoints`, in JSON (valid YAML flow style).
+pub fn lb_endpoints(addresses: impl Iterator<Item = SocketAddr>) -> String {
+    let endpoints: Vec<_> = addresses
+        .map(|address| {
+            let socket = json!({"address": address.ip().to_string(), "port_value": address.port()});
+            json!({"endpoint": {"address": {"socket_address": socket}}})
         })
         .collect();
     serde_json::Value::Array(endpoints).to_string()

@@ -29,7 +29,8 @@ pub use binary::{
 };
 pub use bootstrap::{
     BootstrapOptions, CONNECT_TIMEOUT, DECODE_CLUSTER, DEFAULT_ROUTE_TIMEOUT,
-    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, exposure_warnings, render_bootstrap,
+    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, exposure_warnings, lb_endpoints,
+    render_bootstrap,
 };
 pub use edge::{
     ANY_ORIGIN, CORS_ALLOW_HEADERS, CORS_ALLOW_METHODS, CORS_EXPOSE_HEADERS, CORS_MAX_AGE,

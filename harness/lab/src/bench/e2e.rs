@@ -12,7 +12,9 @@ use tokio::time::Instant;
 use super::gateways::{Gateway, GatewayInputs, Scenario, start_gateway};
 use super::plot::short_size;
 use super::procfs::{self, MachineTicks, TICKS_PER_SECOND};
-use super::results::{CpuUse, RunResult};
+use super::registry_axis::{self, RegistryRun};
+use super::results::{CpuUse, RunResult, TARGET_CONCURRENCY};
+use super::sims::{SimAddresses, Workers};
 use super::workload::{Bodies, Completion, Route};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
 
@@ -28,6 +30,9 @@ pub struct E2eOptions {
     pub request_timeout: Duration,
     /// The filter to run instead of building this tree's (to compare two builds).
     pub wasm: Option<PathBuf>,
+    /// The registry-size axis: N prefill + N decode workers for each N (`registry_axis`);
+    /// empty: none.
+    pub registry: Vec<u64>,
 }
 
 impl E2eOptions {
@@ -79,7 +84,8 @@ pub async fn run_e2e(
     }
     let mut results = Vec::new();
     for size in &options.sizes {
-        let contenders = contenders(&gateways, *size, options, inputs, sims_pid).await?;
+        let contenders =
+            contenders(&gateways, *size, Pins::Sent, options, inputs, sims_pid).await?;
         for concurrency in &options.concurrencies {
             for contender in &contenders {
                 let scenario = contender.scenario;
@@ -98,6 +104,68 @@ pub async fn run_e2e(
     Ok(results)
 }
 
+/// The registry-size axis: for each registry size, Envoy alone and the pinroute builds among
+/// `options.scenarios` with that many aliased workers of each role, unpinned, one after the
+/// other at 1 KB and concurrency 16; each size's proxies are stopped before the next starts.
+pub async fn run_registry_axis(
+    options: &E2eOptions,
+    inputs: &GatewayInputs<'_>,
+    sims: SimAddresses,
+    sims_pid: u32,
+) -> Result<Vec<RegistryRun>> {
+    let scenarios: Vec<Scenario> = registry_axis::SCENARIOS
+        .into_iter()
+        .filter(|s| options.scenarios.contains(s))
+        .collect();
+    if options.registry.is_empty() || scenarios.is_empty() {
+        return Ok(Vec::new());
+    }
+    let progress = progress_bar((options.registry.len() * scenarios.len()) as u64);
+    let mut runs = Vec::new();
+    for count in &options.registry {
+        let workers = Workers::aliased(sims, *count)?;
+        let inputs = GatewayInputs {
+            workers: &workers,
+            ..*inputs
+        };
+        let mut gateways = Vec::new();
+        for scenario in &scenarios {
+            progress.set_message(format!("starting {scenario} with {count}+{count} workers"));
+            gateways.push((*scenario, start_gateway(*scenario, &inputs).await?));
+        }
+        let size = registry_axis::SIZE;
+        let contenders =
+            contenders(&gateways, size, Pins::None, options, &inputs, sims_pid).await?;
+        for contender in &contenders {
+            let scenario = contender.scenario;
+            progress.set_message(format!("{scenario} with {count}+{count} workers"));
+            let measured = measure(
+                &contender.workload,
+                options,
+                TARGET_CONCURRENCY,
+                contender.pids,
+            )
+            .await?;
+            let run = run_result(scenario, size, &contender.workload, measured);
+            progress.suspend(|| eprintln!("{count}+{count} workers: {}", one_line(&run)));
+            runs.push(RegistryRun {
+                workers: *count,
+                run,
+            });
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(runs)
+}
+
+/// Whether pinroute's requests carry the pins of the sims' workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pins {
+    Sent,
+    None,
+}
+
 /// A scenario ready to be measured at one prompt size.
 struct Contender {
     scenario: Scenario,
@@ -109,15 +177,21 @@ struct Contender {
 async fn contenders(
     gateways: &[(Scenario, Option<Gateway>)],
     size: usize,
+    pins: Pins,
     options: &E2eOptions,
     inputs: &GatewayInputs<'_>,
     sims_pid: u32,
 ) -> Result<Vec<Contender>> {
     let mut contenders = Vec::new();
+    let sims = inputs.workers.first();
     for (scenario, gateway) in gateways {
         let address = gateway.as_ref().map(Gateway::address);
+        let route = Route::of(*scenario, sims.prefill, sims.decode, address)?;
         let workload = Arc::new(Completion {
-            route: Route::of(*scenario, inputs.sims.prefill, inputs.sims.decode, address)?,
+            route: match pins {
+                Pins::Sent => route,
+                Pins::None => route.unpinned(),
+            },
             bodies: Bodies::new(size, options.max_tokens),
             tls: gateway.as_ref().and_then(Gateway::client_tls),
         });

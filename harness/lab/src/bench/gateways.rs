@@ -11,13 +11,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::python::PythonProxy;
-use super::sims::{DECODE_ID, PREFILL_ID, SimAddresses};
+use super::sims::{Listed, Workers};
 use super::vllm_router::{Policy, VllmRouter};
 use crate::load::ClientTls;
 use crate::tls::RunTls;
 use pinroute_harness::envoy::{
     BootstrapOptions, CONNECT_TIMEOUT, DEFAULT_ROUTE_TIMEOUT, EdgeOptions, Envoy, EnvoyOptions,
-    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, native, render_bootstrap,
+    MAX_UPSTREAM_REQUESTS, buffer_limit_bytes, envoy_duration, lb_endpoints, native,
+    render_bootstrap,
 };
 use pinroute_harness::tls_front::TlsFront;
 
@@ -196,8 +197,11 @@ impl Gateway {
 }
 
 /// What starting a gateway needs.
+#[derive(Clone, Copy)]
 pub struct GatewayInputs<'a> {
-    pub sims: SimAddresses,
+    /// The registry (pinroute) and the clusters (Envoy alone); the proxies that take one
+    /// worker of each role are given the first.
+    pub workers: &'a Workers,
     pub envoy_binary: &'a Path,
     pub wasm: &'a Path,
     /// `libpinroute.so`, for `pinroute-native`.
@@ -218,13 +222,13 @@ pub async fn start_gateway(
     Ok(match scenario {
         Scenario::Floor => None,
         Scenario::Envoy | Scenario::EnvoyTwoHops => {
-            let yaml = plain_bootstrap(&inputs.sims)?;
+            let yaml = plain_bootstrap(inputs.workers)?;
             Some(Gateway::Envoy(
                 Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
             ))
         }
         Scenario::Pinroute => {
-            let yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm, EdgeOptions::default())?;
+            let yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, EdgeOptions::default())?;
             Some(Gateway::Envoy(
                 Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
             ))
@@ -233,7 +237,8 @@ pub async fn start_gateway(
             let Some(module) = inputs.native_module else {
                 bail!("the pinroute-native scenario needs the module")
             };
-            let wasm_yaml = pinroute_bootstrap(&inputs.sims, inputs.wasm, EdgeOptions::default())?;
+            let wasm_yaml =
+                pinroute_bootstrap(inputs.workers, inputs.wasm, EdgeOptions::default())?;
             let yaml = native::with_native_module(&wasm_yaml)?;
             let options = EnvoyOptions {
                 env: vec![native::module_env(module)?],
@@ -252,14 +257,20 @@ pub async fn start_gateway(
             let Some(python) = inputs.python else {
                 bail!("the Python scenario needs the bench venv")
             };
-            let proxy = PythonProxy::start(python, inputs.repo_root, &inputs.sims, &dir).await?;
+            let sims = inputs.workers.first();
+            let proxy = PythonProxy::start(python, inputs.repo_root, &sims, &dir).await?;
             Some(Gateway::Python(proxy))
         }
         Scenario::VllmRouter | Scenario::VllmRouterRoundRobin => {
             let Some(binary) = inputs.vllm_router else {
                 bail!("the vllm-router scenarios need its venv")
             };
-            let (prefill, decode) = ([inputs.sims.prefill], [inputs.sims.decode]);
+            let addresses =
+                |listed: &[Listed]| listed.iter().map(|l| l.address).collect::<Vec<_>>();
+            let (prefill, decode) = (
+                addresses(&inputs.workers.prefill),
+                addresses(&inputs.workers.decode),
+            );
             let policy = scenario
                 .vllm_router_policy()
                 .context("a vllm-router scenario without a policy")?;
@@ -273,20 +284,25 @@ fn loopback_any() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// The worker registry of the pinroute scenario.
-pub fn registry(sims: &SimAddresses) -> serde_json::Value {
-    json!({"workers": [
-        {"id": PREFILL_ID, "role": "prefill", "address": sims.prefill.to_string(), "dp_size": 1},
-        {"id": DECODE_ID, "role": "decode", "address": sims.decode.to_string(), "dp_size": 1},
-    ]})
+/// The worker registry of the pinroute scenarios.
+pub fn registry(workers: &Workers) -> serde_json::Value {
+    let entries = |listed: &[Listed], role: &str| -> Vec<serde_json::Value> {
+        listed
+            .iter()
+            .map(|l| json!({"id": l.id, "role": role, "address": l.address.to_string(), "dp_size": 1}))
+            .collect()
+    };
+    let mut all = entries(&workers.prefill, "prefill");
+    all.extend(entries(&workers.decode, "decode"));
+    json!({ "workers": all })
 }
 
-fn pinroute_bootstrap(sims: &SimAddresses, wasm: &Path, edge: EdgeOptions) -> Result<String> {
+fn pinroute_bootstrap(workers: &Workers, wasm: &Path, edge: EdgeOptions) -> Result<String> {
     render_bootstrap(&BootstrapOptions {
         listen: loopback_any(),
         admin: loopback_any(),
         wasm: PathBuf::from(wasm),
-        plugin_config: registry(sims).to_string(),
+        plugin_config: registry(workers).to_string(),
         route_timeout: DEFAULT_ROUTE_TIMEOUT,
         edge,
     })
@@ -308,17 +324,17 @@ impl TlsGateway {
             tls: Some(tls.listener),
             ..EdgeOptions::default()
         };
-        let mut sims = inputs.sims;
+        let mut workers = inputs.workers.clone();
         let mut fronts = Vec::new();
         if let Some((server, worker_tls)) = tls.workers {
-            for sim in [&mut sims.prefill, &mut sims.decode] {
-                let front = TlsFront::start(&server, Some(&tls.ca), *sim).await?;
-                *sim = front.addr();
+            for worker in workers.prefill.iter_mut().chain(&mut workers.decode) {
+                let front = TlsFront::start(&server, Some(&tls.ca), worker.address).await?;
+                worker.address = front.addr();
                 fronts.push(front);
             }
             edge.worker_tls = Some(worker_tls);
         }
-        let yaml = pinroute_bootstrap(&sims, inputs.wasm, edge)?;
+        let yaml = pinroute_bootstrap(&workers, inputs.wasm, edge)?;
         let envoy = Envoy::start(inputs.envoy_binary, &yaml, dir).await?;
         Ok(TlsGateway {
             envoy,
@@ -328,19 +344,18 @@ impl TlsGateway {
     }
 }
 
-/// `envoy/plain.yaml` for the workers, with the limits of the pinroute bootstrap.
-pub fn plain_bootstrap(sims: &SimAddresses) -> Result<String> {
-    let (prefill, decode) = (sims.prefill, sims.decode);
+/// `envoy/plain.yaml` for the workers (a cluster of each role, round robin), with the limits
+/// of the pinroute bootstrap.
+pub fn plain_bootstrap(workers: &Workers) -> Result<String> {
+    let endpoints = |listed: &[Listed]| lb_endpoints(listed.iter().map(|l| l.address));
     let buffer_limit = buffer_limit_bytes(&Settings::default())?;
     let values = [
         ("{{ADMIN_IP}}", "\"127.0.0.1\"".to_string()),
         ("{{ADMIN_PORT}}", "0".to_string()),
         ("{{LISTEN_IP}}", "\"127.0.0.1\"".to_string()),
         ("{{LISTEN_PORT}}", "0".to_string()),
-        ("{{PREFILL_IP}}", format!("\"{}\"", prefill.ip())),
-        ("{{PREFILL_PORT}}", prefill.port().to_string()),
-        ("{{DECODE_IP}}", format!("\"{}\"", decode.ip())),
-        ("{{DECODE_PORT}}", decode.port().to_string()),
+        ("{{PREFILL_ENDPOINTS}}", endpoints(&workers.prefill)),
+        ("{{DECODE_ENDPOINTS}}", endpoints(&workers.decode)),
         ("{{BUFFER_LIMIT_BYTES}}", buffer_limit.to_string()),
         ("{{ROUTE_TIMEOUT}}", envoy_duration(DEFAULT_ROUTE_TIMEOUT)),
         ("{{CONNECT_TIMEOUT}}", envoy_duration(CONNECT_TIMEOUT)),
@@ -367,6 +382,7 @@ pub fn plain_bootstrap(sims: &SimAddresses) -> Result<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::bench::sims::SimAddresses;
 
     #[test]
     fn plain_bootstrap_renders_every_marker() {
@@ -374,10 +390,31 @@ mod tests {
             prefill: "127.0.0.1:8101".parse().unwrap(),
             decode: "127.0.0.1:8201".parse().unwrap(),
         };
-        let yaml = plain_bootstrap(&sims).unwrap();
-        assert!(yaml.contains("port_value: 8101"), "{yaml}");
-        assert!(yaml.contains("port_value: 8201"), "{yaml}");
+        let yaml = plain_bootstrap(&Workers::one_each(sims)).unwrap();
+        assert!(yaml.contains(r#""port_value":8101"#), "{yaml}");
+        assert!(yaml.contains(r#""port_value":8201"#), "{yaml}");
         assert!(!yaml.contains("wasm"), "{yaml}");
+    }
+
+    #[test]
+    fn aliased_workers_are_each_a_cluster_host_and_a_registry_entry() {
+        let sims = SimAddresses {
+            prefill: "127.0.0.1:8101".parse().unwrap(),
+            decode: "127.0.0.1:8201".parse().unwrap(),
+        };
+        let workers = Workers::aliased(sims, 300).unwrap();
+        let yaml = plain_bootstrap(&workers).unwrap();
+        assert_eq!(yaml.matches(r#""port_value":8101"#).count(), 300);
+        assert!(yaml.contains(r#""address":"127.11.1.50""#), "{yaml}");
+        let registry = registry(&workers);
+        let entries = registry["workers"].as_array().unwrap();
+        assert_eq!(entries.len(), 600);
+        let addresses: std::collections::HashSet<&str> = entries
+            .iter()
+            .map(|w| w["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(addresses.len(), 600, "every worker at its own address");
+        assert!(Workers::aliased(sims, 0).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod prefix;
 pub mod procfs;
 pub mod prompt;
 pub mod python;
+pub mod registry_axis;
 pub mod results;
 pub mod sims;
 pub mod table;
@@ -39,11 +40,12 @@ use anyhow::{Context, Result};
 pub use gateways::Scenario;
 pub use results::BenchResults;
 
-use e2e::{E2eOptions, run_e2e};
+use e2e::{E2eOptions, run_e2e, run_registry_axis};
 use gateways::GatewayInputs;
 use pinroute_harness::envoy::{ENVOY_VERSION, EnvoyOptions, envoy_binary, repo_root};
+use registry_axis::RegistryRun;
 use results::{Meta, check_targets, compare_with_floor};
-use sims::SimProcess;
+use sims::{SimProcess, Workers};
 
 /// Everything `bench` can be asked.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,13 +68,14 @@ pub async fn run_bench(options: &BenchOptions) -> Result<BenchResults> {
         Some((sizes, budget_ms)) => micro::run_micro(sizes, *budget_ms)?,
         None => Vec::new(),
     };
-    let (runs, wasm_bytes) = match &options.e2e {
+    let (runs, registry, wasm_bytes) = match &options.e2e {
         Some(e2e) => end_to_end(e2e, options, &root).await?,
-        None => (Vec::new(), filter_size()),
+        None => (Vec::new(), Vec::new(), filter_size()),
     };
     let mut results = BenchResults {
         meta: meta(options, load_before, wasm_bytes),
         runs,
+        registry,
         micro,
         targets: Vec::new(),
     };
@@ -96,7 +99,7 @@ async fn end_to_end(
     e2e: &E2eOptions,
     options: &BenchOptions,
     root: &Path,
-) -> Result<(Vec<results::RunResult>, Option<u64>)> {
+) -> Result<(Vec<results::RunResult>, Vec<RegistryRun>, Option<u64>)> {
     let needs_envoy = e2e.scenarios.iter().any(|s| s.runs_envoy());
     let wasm = match (&e2e.wasm, e2e.scenarios.iter().any(|s| s.runs_pinroute())) {
         (_, false) => None,
@@ -129,10 +132,13 @@ async fn end_to_end(
     let work_dir = root.join(".cache/bench");
     std::fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating {}", work_dir.display()))?;
-    let sims = SimProcess::start(options.token_latency, &work_dir.join("sims.log")).await?;
+    let every_address = !e2e.registry.is_empty();
+    let log = work_dir.join("sims.log");
+    let sims = SimProcess::start(options.token_latency, every_address, &log).await?;
     let none = PathBuf::new();
+    let workers = Workers::one_each(sims.addresses);
     let inputs = GatewayInputs {
-        sims: sims.addresses,
+        workers: &workers,
         envoy_binary: envoy.as_deref().unwrap_or(&none),
         wasm: wasm.as_deref().unwrap_or(&none),
         native_module: native_module.as_deref(),
@@ -142,12 +148,13 @@ async fn end_to_end(
         work_dir: &work_dir,
     };
     let runs = run_e2e(e2e, &inputs, sims.pid()).await?;
+    let registry = run_registry_axis(e2e, &inputs, sims.addresses, sims.pid()).await?;
     let wasm_bytes = wasm
         .as_deref()
         .and_then(|w| std::fs::metadata(w).ok())
         .map(|m| m.len())
         .or_else(filter_size);
-    Ok((runs, wasm_bytes))
+    Ok((runs, registry, wasm_bytes))
 }
 
 /// The size of an already built release filter, if any.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gateways::Scenario;
 use super::micro::MicroRun;
+use super::registry_axis::{self, RegistryRun};
 use crate::load::{LatencySummary, StatusClass};
 
 /// The concurrency the latency targets are stated at.
@@ -17,6 +18,9 @@ pub const WASM_SIZE_LIMIT: u64 = 1024 * 1024;
 pub struct BenchResults {
     pub meta: Meta,
     pub runs: Vec<RunResult>,
+    /// The registry-size axis (`registry_axis`): unpinned, N workers of each role.
+    #[serde(default)]
+    pub registry: Vec<RegistryRun>,
     pub micro: Vec<MicroRun>,
     pub targets: Vec<TargetCheck>,
 }
@@ -177,6 +181,7 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
     }
     checks.push(wasm_size_check(results.meta.wasm_bytes));
     checks.extend(super::versus::check_targets(results));
+    checks.extend(registry_axis::check_targets(results));
     checks
 }
 
@@ -274,10 +279,16 @@ fn not_measured(target: String) -> TargetCheck {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn run(scenario: Scenario, size: usize, concurrency: usize, rps: f64, p50: f64) -> RunResult {
+    pub(crate) fn run(
+        scenario: Scenario,
+        size: usize,
+        concurrency: usize,
+        rps: f64,
+        p50: f64,
+    ) -> RunResult {
         RunResult {
             scenario,
             size,
@@ -302,7 +313,7 @@ mod tests {
         }
     }
 
-    fn results(runs: Vec<RunResult>) -> BenchResults {
+    pub(crate) fn results(runs: Vec<RunResult>) -> BenchResults {
         BenchResults {
             meta: Meta {
                 unix_time: 0,
@@ -322,6 +333,7 @@ mod tests {
                 source: String::new(),
             },
             runs,
+            registry: vec![],
             micro: vec![],
             targets: vec![],
         }

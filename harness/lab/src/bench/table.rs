@@ -44,6 +44,16 @@ pub fn render(results: &BenchResults, style: Style) -> String {
         );
         out.push_str(&table);
     }
+    if !results.registry.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}By registry size: N prefill + N decode workers, unpinned, {}, concurrency {} (CPU: proxy process per request; filter: pinroute minus envoy-2hop with as many workers)\n",
+            title_mark(style),
+            size_label(super::registry_axis::SIZE),
+            super::results::TARGET_CONCURRENCY,
+        );
+        out.push_str(&super::registry_axis::render(&results.registry, style));
+    }
     if !results.micro.is_empty() {
         let _ = writeln!(
             out,

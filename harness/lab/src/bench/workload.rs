@@ -65,7 +65,21 @@ pub enum Route {
         via_envoy: bool,
     },
     /// One request to a proxy that sends both hops.
-    Proxy { proxy: SocketAddr, pinned: bool },
+    Proxy {
+        proxy: SocketAddr,
+        steering: Steering,
+    },
+}
+
+/// How a proxy is asked to place the hops, and what its answer must show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steering {
+    /// Both hops pinned to the sims' workers ([`PINS`]): the answer names prefill worker 101.
+    Pinned,
+    /// Unpinned, through pinroute: the answer names the prefill worker it chose.
+    Chosen,
+    /// A proxy that chooses both workers and names neither.
+    Peer,
 }
 
 impl Route {
@@ -101,17 +115,31 @@ impl Route {
                 Some(proxy),
             ) => Route::Proxy {
                 proxy,
-                pinned: true,
+                steering: Steering::Pinned,
             },
             (
                 Scenario::Python | Scenario::VllmRouter | Scenario::VllmRouterRoundRobin,
                 Some(proxy),
             ) => Route::Proxy {
                 proxy,
-                pinned: false,
+                steering: Steering::Peer,
             },
             (scenario, None) => anyhow::bail!("the {scenario} scenario needs its proxy running"),
         })
+    }
+
+    /// The same route with pinroute choosing the workers instead of the pins.
+    pub fn unpinned(self) -> Route {
+        match self {
+            Route::Proxy {
+                proxy,
+                steering: Steering::Pinned,
+            } => Route::Proxy {
+                proxy,
+                steering: Steering::Chosen,
+            },
+            other => other,
+        }
     }
 }
 
@@ -148,8 +176,8 @@ impl Workload for Completion {
                 };
                 self.two_hops(user, &request_id, hops, started).await
             }
-            Route::Proxy { proxy, pinned } => {
-                self.through_proxy(user, &request_id, proxy, pinned, started)
+            Route::Proxy { proxy, steering } => {
+                self.through_proxy(user, &request_id, proxy, steering, started)
                     .await
             }
         }
@@ -207,10 +235,13 @@ impl Completion {
         user: &mut VirtualUser,
         request_id: &str,
         proxy: SocketAddr,
-        pinned: bool,
+        steering: Steering,
         started: Instant,
     ) -> Sample {
-        let pins: &[(&str, &str)] = if pinned { &PINS } else { &[] };
+        let pins: &[(&str, &str)] = match steering {
+            Steering::Pinned => &PINS,
+            Steering::Chosen | Steering::Peer => &[],
+        };
         let request = post(
             request_id,
             ChunkedBody::from(self.bodies.client.clone()),
@@ -218,8 +249,8 @@ impl Completion {
         );
         match user.connections.exchange(proxy, request).await {
             Ok(exchange) => {
-                let problem = stream_problem(&exchange)
-                    .or_else(|| pinned.then(|| prefill_problem(&exchange)).flatten());
+                let problem =
+                    stream_problem(&exchange).or_else(|| prefill_problem(&exchange, steering));
                 Sample::from_exchange(LABEL, started, &exchange, problem)
             }
             Err(error) => Sample::transport_failure(LABEL, started, &error),
@@ -313,11 +344,17 @@ fn envoy_problem(exchange: &Exchange) -> Option<String> {
     }
 }
 
-fn prefill_problem(exchange: &Exchange) -> Option<String> {
-    match exchange.header(PREFILL_WORKER_HEADER) {
-        Some(PREFILL_PIN) => None,
-        other => Some(format!(
+fn prefill_problem(exchange: &Exchange, steering: Steering) -> Option<String> {
+    let worker = exchange.header(PREFILL_WORKER_HEADER);
+    match (steering, worker) {
+        (Steering::Pinned, Some(PREFILL_PIN))
+        | (Steering::Chosen, Some(_))
+        | (Steering::Peer, _) => None,
+        (Steering::Pinned, other) => Some(format!(
             "{PREFILL_WORKER_HEADER} is {other:?}: the prefill hop was not taken on worker {PREFILL_ID}"
+        )),
+        (Steering::Chosen, None) => Some(format!(
+            "no {PREFILL_WORKER_HEADER}: the prefill hop was not taken"
         )),
     }
 }

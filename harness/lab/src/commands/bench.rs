@@ -21,6 +21,8 @@ const FULL_SIZES: [usize; 4] = [1024, 8 * 1024, 32 * 1024, 256 * 1024];
 const FULL_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
 const QUICK_SIZES: [usize; 1] = [1024];
 const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
+/// The registry-size axis of a full run: N prefill + N decode workers.
+const FULL_REGISTRY: [u64; 4] = [1, 10, 100, 1000];
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
 const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
@@ -71,6 +73,19 @@ pub struct Args {
     /// Only the policy micro-benchmark.
     #[arg(long)]
     micro_only: bool,
+    /// The registry-size axis: N prefill + N decode workers (loopback aliases of the sims),
+    /// comma-separated; envoy-2hop and the pinroute builds among --scenarios, unpinned, at
+    /// 1 KB and concurrency 16 [default: 1,10,100,1000; quick: none].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "N",
+        conflicts_with = "no_registry"
+    )]
+    registry: Option<Vec<u64>>,
+    /// No registry-size axis.
+    #[arg(long)]
+    no_registry: bool,
     /// Run this filter instead of building it (to compare two builds in the same way).
     #[arg(long, value_name = "FILE")]
     wasm: Option<PathBuf>,
@@ -83,6 +98,9 @@ pub struct Args {
     /// Internal: serve the benchmark's sim workers until stdin closes.
     #[arg(long, hide = true)]
     serve_sims: bool,
+    /// Internal: with --serve-sims, listen on every address (for the registry-size axis).
+    #[arg(long, hide = true)]
+    sims_on_every_address: bool,
     /// `size` (the default): the cost table; `prefix`: prefix-aware routing, side by side
     /// with round robin, sessions, vllm-router and an oracle (its own options below).
     #[arg(long, value_enum, default_value = "size")]
@@ -130,7 +148,8 @@ pub struct Args {
 
 pub async fn run(args: &Args) -> Result<()> {
     if args.serve_sims {
-        return sims::serve_sims(Duration::from_micros(args.token_latency_us)).await;
+        let token_latency = Duration::from_micros(args.token_latency_us);
+        return sims::serve_sims(token_latency, args.sims_on_every_address).await;
     }
     let out_dir = args
         .out
@@ -183,6 +202,11 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         )
     };
     let sizes = args.sizes.clone().unwrap_or(sizes);
+    let registry = match (&args.registry, args.no_registry || args.quick) {
+        (Some(given), _) => given.clone(),
+        (None, true) => Vec::new(),
+        (None, false) => FULL_REGISTRY.to_vec(),
+    };
     let e2e = E2eOptions {
         scenarios: args
             .scenarios
@@ -195,9 +219,17 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         max_tokens: args.max_tokens,
         request_timeout: REQUEST_TIMEOUT,
         wasm: args.wasm.clone(),
+        registry,
     };
     if e2e.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
+    }
+    if let Some(count) = e2e
+        .registry
+        .iter()
+        .find(|n| !(1..=sims::MAX_ALIASED).contains(*n))
+    {
+        bail!("--registry {count}: expected 1 to {}", sims::MAX_ALIASED);
     }
     Ok(BenchOptions {
         e2e: (!args.micro_only).then_some(e2e),

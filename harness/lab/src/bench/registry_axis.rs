@@ -1,0 +1,165 @@
+//! The registry-size axis: Envoy alone and each pinroute build in front of N prefill + N
+//! decode workers (loopback aliases of the two sims: as many hosts, pools and connections as
+//! that many machines), unpinned, at 1 KB and concurrency 16. What grows with the registry is
+//! seen apart: Envoy's own hosts and pools (`envoy-2hop` with N-host clusters) from the
+//! filter's share (pinroute minus `envoy-2hop` at the same N).
+
+use serde::{Deserialize, Serialize};
+
+use super::gateways::Scenario;
+use super::results::{BenchResults, RunResult, TARGET_CONCURRENCY, TargetCheck};
+use super::table::{Style, grid, ms};
+
+/// The prompt size of the axis's runs.
+pub const SIZE: usize = 1024;
+/// The scenarios the axis runs, when the bench runs them.
+pub const SCENARIOS: [Scenario; 3] = [
+    Scenario::EnvoyTwoHops,
+    Scenario::Pinroute,
+    Scenario::PinrouteNative,
+];
+/// How far the filter's own share at the largest registry may be above its share at the
+/// smallest.
+const FLAT_WITHIN: f64 = 0.10;
+
+/// One run with `workers` prefill and `workers` decode workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegistryRun {
+    pub workers: u64,
+    pub run: RunResult,
+}
+
+impl RegistryRun {
+    fn cpu_ms(&self) -> Option<f64> {
+        self.run.cpu.proxy_s_per_1k
+    }
+}
+
+/// The run of `scenario` with `workers` of each role.
+fn find(runs: &[RegistryRun], scenario: Scenario, workers: u64) -> Option<&RegistryRun> {
+    runs.iter()
+        .find(|r| r.run.scenario == scenario && r.workers == workers)
+}
+
+/// A pinroute build's CPU per request minus `envoy-2hop`'s with as many workers.
+fn filter_share_ms(runs: &[RegistryRun], build: &RegistryRun) -> Option<f64> {
+    let envoy = find(runs, Scenario::EnvoyTwoHops, build.workers)?;
+    Some(build.cpu_ms()? - envoy.cpu_ms()?)
+}
+
+/// One row per registry size and scenario.
+pub fn render(runs: &[RegistryRun], style: Style) -> String {
+    let header = [
+        "workers",
+        "scenario",
+        "req/s",
+        "TTFB p50",
+        "CPU ms/req",
+        "filter ms/req",
+        "proxy RSS MiB",
+        "errors",
+    ]
+    .map(String::from);
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let share = match r.run.scenario {
+                Scenario::EnvoyTwoHops => None,
+                _ => filter_share_ms(runs, r),
+            };
+            vec![
+                format!("{0}+{0}", r.workers),
+                r.run.scenario.to_string(),
+                format!("{:.0}", r.run.throughput_rps),
+                ms(r.run.ttfb.p50_ms),
+                r.cpu_ms().map_or_else(dash, |v| format!("{v:.3}")),
+                share.map_or_else(dash, |v| format!("{v:.3}")),
+                r.run
+                    .proxy_peak_rss_mib
+                    .map_or_else(dash, |v| format!("{v:.0}")),
+                r.run.unexpected.to_string(),
+            ]
+        })
+        .collect();
+    grid(&header, &rows, style)
+}
+
+/// For each pinroute build: its own share with the most workers within 10 % of its share with
+/// the fewest.
+pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
+    let runs = &results.registry;
+    let (Some(fewest), Some(most)) = (
+        runs.iter().map(|r| r.workers).min(),
+        runs.iter().map(|r| r.workers).max(),
+    ) else {
+        return Vec::new();
+    };
+    [Scenario::Pinroute, Scenario::PinrouteNative]
+        .into_iter()
+        .filter(|build| runs.iter().any(|r| r.run.scenario == *build))
+        .map(|build| {
+            let target = format!(
+                "{build}'s own CPU per request (minus envoy-2hop) with {most}+{most} workers is within {:.0} % of its share with {fewest}+{fewest} (unpinned, 1 KB, concurrency {TARGET_CONCURRENCY})",
+                FLAT_WITHIN * 100.0
+            );
+            let share = |workers| find(runs, build, workers).and_then(|r| filter_share_ms(runs, r));
+            match (share(fewest), share(most)) {
+                (Some(few), Some(many)) if fewest < most => TargetCheck {
+                    target,
+                    measured: format!("{many:.3} ms against {few:.3} ms"),
+                    met: Some(many <= few * (1.0 + FLAT_WITHIN)),
+                },
+                _ => TargetCheck {
+                    target,
+                    measured: "not measured in this run".into(),
+                    met: None,
+                },
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::bench::results::tests::{results, run};
+
+    fn at(workers: u64, scenario: Scenario, cpu_ms: f64) -> RegistryRun {
+        let mut run = run(scenario, SIZE, TARGET_CONCURRENCY, 1000.0, 1.0);
+        run.cpu.proxy_s_per_1k = Some(cpu_ms);
+        RegistryRun { workers, run }
+    }
+
+    #[test]
+    fn the_filter_share_is_judged_against_envoy_with_as_many_workers() {
+        let mut results = results(vec![]);
+        results.registry = vec![
+            at(1, Scenario::EnvoyTwoHops, 0.20),
+            at(1, Scenario::Pinroute, 0.30),
+            at(1, Scenario::PinrouteNative, 0.24),
+            at(1000, Scenario::EnvoyTwoHops, 0.40),
+            at(1000, Scenario::Pinroute, 0.505),
+            at(1000, Scenario::PinrouteNative, 0.445),
+        ];
+        let checks = check_targets(&results);
+        assert_eq!(checks.len(), 2);
+        assert_eq!(checks[0].met, Some(true), "0.105 within 10 % of 0.100");
+        assert_eq!(checks[1].met, Some(false), "0.045 is 12.5 % over 0.040");
+        let table = render(&results.registry, Style::Text);
+        assert!(table.contains("1000+1000"), "{table}");
+        assert!(table.contains("0.105"), "{table}");
+    }
+
+    #[test]
+    fn one_registry_size_judges_nothing() {
+        let mut results = results(vec![]);
+        results.registry = vec![
+            at(10, Scenario::EnvoyTwoHops, 0.2),
+            at(10, Scenario::Pinroute, 0.3),
+        ];
+        let checks = check_targets(&results);
+        assert_eq!(checks[0].met, None);
+    }
+}
