@@ -30,7 +30,7 @@ pub struct Args {
     /// Run the filter as the native Envoy dynamic module (`libpinroute.so`, built with
     /// `cargo build -p pinroute --profile dynamic-module --features dynamic-module`) in place
     /// of the wasm filter: Envoy must be started with ENVOY_DYNAMIC_MODULES_SEARCH_PATH set
-    /// to its folder. A preview: no live registry.
+    /// to its folder (`docs/deploy.md` §3.1).
     #[arg(long, conflicts_with = "wasm")]
     native: bool,
     /// Route (whole request) timeout in seconds; 0 disables it.
