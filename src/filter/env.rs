@@ -5,6 +5,7 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::access_log::{self, Field};
 use super::host::{Host, HostError};
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
@@ -17,7 +18,7 @@ use crate::policy::load::LoadTable;
 use crate::policy::pins::{HeaderHints, Pins};
 use crate::policy::prefix::PromptPrefix;
 use crate::policy::registry::{Pool, Worker, WorkerId};
-use crate::policy::resolve::{self, PromptFacts, PromptUse, Resolver, Route};
+use crate::policy::resolve::{self, PromptFacts, PromptUse, Resolver, Route, Target, TokenHop};
 use crate::policy::select::{self, Affinity, Loads};
 use crate::policy::turns::{LastTurn, Turn};
 
@@ -159,11 +160,38 @@ impl<H: Host> Env<H> {
         self.metrics.count_panics(&self.host, prefill, token);
     }
 
-    /// How a completion's route was decided: panic mode, placements, a skipped prefill hop.
+    /// How a completion's route was decided: panic mode, placements, a skipped prefill hop;
+    /// counted, and told the access log.
     pub fn count_route(&self, route: &Route) {
         self.count_panics(route.prefill_panic, route.decode.panic);
         self.metrics
             .count_route(&self.host, route, self.counted_model());
+        access_log::route(&self.host, route);
+    }
+
+    /// Tells the access log the model the request names.
+    pub fn log_model(&self, model: &str) {
+        access_log::model(&self.host, model);
+    }
+
+    /// Tells the access log a field of this request.
+    pub fn log_field(&self, field: Field, value: &str) {
+        access_log::write(&self.host, field, value);
+    }
+
+    /// Tells the access log a hop's worker and rank.
+    pub fn log_target(&self, target: &Target, worker: Field, rank: Field) {
+        access_log::target(&self.host, target, worker, rank);
+    }
+
+    /// Tells the access log the token hop's worker that answered: its target, or an alternate
+    /// Envoy retried on (no rank named).
+    pub fn log_served_decode(&self, hop: &TokenHop, served: WorkerId) {
+        if hop.target.worker.id == served {
+            self.log_target(&hop.target, Field::DecodeWorker, Field::DecodeRank);
+        } else {
+            self.log_field(Field::DecodeWorker, &served.to_string());
+        }
     }
 
     /// A request whose model is known, counted for it (`pinroute.model.requests`).

@@ -15,6 +15,7 @@
 //! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory |
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |
 //! | [`metrics`] | the filter's stats |
+//! | [`access_log`] | what the filter tells Envoy's access log about a request |
 //!
 //! The shape: [`host`] at the bottom knows the host, [`env`], [`intake`], [`call`] and the
 //! shared tables sit on it, [`phase`] holds each phase's data, [`prefill`], [`response`] and
@@ -25,6 +26,7 @@
 //! Host calls are made only in the phases where Envoy allows them; the SDK panics on an
 //! unexpected status, and a panic kills the VM of that Envoy worker.
 
+mod access_log;
 mod call;
 mod decode_retry;
 mod env;

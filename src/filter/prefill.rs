@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::access_log::Field;
 use super::call::CallAnswer;
 use super::env::Env;
 use super::host::Host;
@@ -127,15 +128,16 @@ pub fn judge(
     } = prefilling;
     let worker = attempt.target.worker.id;
     env.count_outstanding(worker, -1);
-    let elapsed = env.host.now_nanos().saturating_sub(dispatched_at);
-    env.metrics
-        .record_prefill_latency(&env.host, Duration::from_nanos(elapsed));
+    let elapsed = Duration::from_nanos(env.host.now_nanos().saturating_sub(dispatched_at));
+    env.metrics.record_prefill_latency(&env.host, elapsed);
     let max_kv = env.config.settings.max_kv_transfer_params_bytes;
     let call = CallAnswer::read(&env.host, body_size, answers::prefill_answer_limit(max_kv));
     match answers::prefill_answer(call.status, call.body_size, &call.body, max_kv) {
         PrefillAnswer::Ready(kv_transfer_params) => {
             env.count(Counter::PrefillOk);
             env.record_success(worker);
+            env.log_target(&attempt.target, Field::PrefillWorker, Field::PrefillRank);
+            env.log_field(Field::PrefillMs, &millis(elapsed));
             let edit = attempt.decode_body.finish(kv_transfer_params.as_deref());
             Ok(PrefillVerdict::Decode {
                 decode: attempt.decode,
@@ -230,4 +232,9 @@ fn after_failure(
         held,
         served: None,
     })
+}
+
+/// Milliseconds, to the microsecond, as the access log shows them.
+fn millis(elapsed: Duration) -> String {
+    format!("{:.3}", elapsed.as_secs_f64() * 1e3)
 }

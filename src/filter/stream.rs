@@ -287,6 +287,9 @@ fn on_completion_body<H: Host>(
     steering::check_completion(&request)?;
     rewrite::check_limits(api, &request)?;
     env.model = models::requested(&request, &env.config.registry)?;
+    if let Ok(Some(model)) = models::named(&request) {
+        env.log_model(&model);
+    }
     env.count_model_request();
     let responses = (api == Api::Responses)
         .then(|| ResponsesRequest::read(&request, &env.config.registry))
@@ -415,7 +418,10 @@ fn on_response_headers<H: Host>(
             );
             None
         }
-        Ok((_, Outcome::Passed)) => None,
+        Ok((worker, Outcome::Passed)) => {
+            env.log_served_decode(&routed.decode, worker);
+            None
+        }
         Ok((worker, Outcome::Refused)) => match send_on(env, &mut routed, worker) {
             Ok(()) => return (routed, Flow::Pause),
             Err(error) => Some(error),
@@ -488,6 +494,7 @@ fn on_retry_answer<H: Host>(env: &Env<H>, mut routed: Box<Routed>, body_size: us
             Err(error) => error,
         },
         Outcome::Passed => {
+            env.log_served_decode(&routed.decode, worker);
             decode_retry::relay(
                 env,
                 &call,

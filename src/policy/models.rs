@@ -54,7 +54,8 @@ pub fn in_other_body(body: &[u8], registry: &Registry) -> Result<Option<Rc<str>>
 
 /// The model a body names, if any: a string (borrowed unless it has escapes), or absent or
 /// null.
-fn named<'a>(request: &JsonObject<'a>) -> Result<Option<Cow<'a, str>>, RouteError> {
+/// The request's `model`, whatever the registry serves: `None` when absent or null.
+pub fn named<'a>(request: &JsonObject<'a>) -> Result<Option<Cow<'a, str>>, RouteError> {
     let Some(raw) = request.get(FIELD) else {
         return Ok(None);
     };

@@ -337,22 +337,7 @@ async fn a_forged_request_id_stays_one_field_of_one_access_log_line() {
     complete(&deployment, &headers, &prompt())
         .await
         .assert_ok("the request");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let entry = loop {
-        let log = std::fs::read_to_string(deployment.envoy.access_log_path()).unwrap();
-        let entries: Vec<serde_json::Value> = log
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-            .collect();
-        if let Some(entry) = entries.into_iter().find(|e| e["request_id"] == forged) {
-            break entry;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the access log names the request"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let entry = crate::access_log::entry(&deployment, forged).await;
     assert_ne!(entry["upstream"], "10.9.9.9:80");
     assert_eq!(entry.get("note"), None);
     assert_eq!(entry["decode_worker"], "201");

@@ -12,6 +12,7 @@
     clippy::indexing_slicing
 )]
 
+mod access_log;
 mod adversarial;
 mod apis;
 mod burst;

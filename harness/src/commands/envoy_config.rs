@@ -50,6 +50,10 @@ pub struct Args {
     /// No CORS: browsers' preflights get the filter's 405, pages cannot read answers.
     #[arg(long, conflicts_with = "cors_origins")]
     no_cors: bool,
+    /// No access log: by default Envoy writes one JSON line a request to its stdout, with the
+    /// workers, ranks and choices of both hops (`docs/metrics.md`, "The access log").
+    #[arg(long)]
+    no_access_log: bool,
     /// Answer `GET /metrics` on the listener with Envoy's Prometheus stats (pinroute's
     /// included) instead of a 404, for benchmark clients that read the server's metrics.
     #[arg(long)]
@@ -225,6 +229,7 @@ impl Args {
                 self.cors_origins.clone()
             },
             serve_metrics: self.metrics,
+            access_log: !self.no_access_log,
             ..EdgeOptions::default()
         };
         self.tls.apply(&mut edge)?;

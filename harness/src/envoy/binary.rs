@@ -167,6 +167,7 @@ mod tests {
                 request_timeout: Duration::ZERO,
                 cors_origins: Vec::new(),
                 serve_metrics: true,
+                access_log: false,
                 ..EdgeOptions::default()
             },
             EdgeOptions {

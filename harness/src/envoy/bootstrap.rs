@@ -55,6 +55,10 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     ));
     let template = render_picker_blocks(TEMPLATE, config.settings.picker.as_ref())?;
     let template = render_tls_blocks(&template, &opts.edge)?;
+    let template = match opts.edge.access_log {
+        true => template,
+        false => without_access_log(&template),
+    };
     let rendered = values.iter().fold(template, |text, (marker, value)| {
         text.replace(marker, value)
     });
@@ -167,6 +171,30 @@ fn placeholder_values(
         ),
         ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
     ])
+}
+
+/// The template without the listener's `access_log:` and its list (items at its indentation
+/// or deeper).
+fn without_access_log(template: &str) -> String {
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let mut kept = String::with_capacity(template.len());
+    let mut cutting: Option<usize> = None;
+    for line in template.split_inclusive('\n') {
+        let content = line.trim_end();
+        if let Some(key_indent) = cutting {
+            let item = indent(content) == key_indent && content.trim_start().starts_with('-');
+            if content.is_empty() || indent(content) > key_indent || item {
+                continue;
+            }
+            cutting = None;
+        }
+        if content.trim_start() == "access_log:" {
+            cutting = Some(indent(content));
+            continue;
+        }
+        kept.push_str(line);
+    }
+    kept
 }
 
 /// The token-generating workers as `lb_endpoints`.
@@ -376,6 +404,28 @@ mod tests {
             "{yaml}"
         );
         assert!(yaml.contains("typed_per_filter_config: {\"envoy.filters.http.cors\""));
+    }
+
+    #[test]
+    fn the_access_log_can_be_turned_off_alone() {
+        let mut opts = options(DISAGGREGATED_REGISTRY, Path::new("/x.wasm"));
+        let with = render_bootstrap(&opts).unwrap();
+        assert!(with.contains("access_log:"), "{with}");
+        assert!(with.contains("wasm.pinroute.decode_choice"), "{with}");
+        opts.edge.access_log = false;
+        let without = render_bootstrap(&opts).unwrap();
+        assert!(!without.contains("access_log:"), "{without}");
+        assert!(!without.contains("StdoutAccessLog"), "{without}");
+        assert!(!without.contains("FILTER_STATE"), "{without}");
+        let removed: Vec<&str> = with
+            .lines()
+            .filter(|line| !without.contains(*line))
+            .collect();
+        assert!(
+            removed.iter().all(|line| line.starts_with(&" ".repeat(10))),
+            "only the access log's lines go: {removed:?}"
+        );
+        assert!(without.contains("route_config:"), "{without}");
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub struct EdgeOptions {
     pub callers: Option<Callers>,
     /// TLS (or mutual TLS) from the worker clusters, both hops, to the workers.
     pub worker_tls: Option<WorkerTls>,
+    /// One JSON line a request on Envoy's stdout (`docs/metrics.md`, "The access log").
+    pub access_log: bool,
 }
 
 impl Default for EdgeOptions {
@@ -71,6 +73,7 @@ impl Default for EdgeOptions {
             tls: None,
             callers: None,
             worker_tls: None,
+            access_log: true,
         }
     }
 }

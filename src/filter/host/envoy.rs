@@ -55,6 +55,10 @@ impl Host for Envoy {
         property(&["upstream", "address"])
     }
 
+    fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError> {
+        hostcalls::set_property(vec![key], Some(value.as_bytes())).map_err(refused)
+    }
+
     fn send_response(
         &self,
         status: u16,

@@ -69,6 +69,8 @@ pub struct State {
     pub code_details: Option<String>,
     pub upstream_address: Option<String>,
     pub sent: Vec<Sent>,
+    /// The stream's access-log fields (filter state), by key.
+    pub log_fields: HashMap<String, String>,
     pub calls: Vec<Call>,
     /// The answer the next `call_response_*` reads.
     pub call_answer: (Headers, Vec<u8>),
@@ -114,6 +116,7 @@ impl FakeHost {
         state.request = Direction::default();
         state.response = Direction::default();
         state.log_phase = false;
+        state.log_fields.clear();
     }
 
     /// A callback of the request (`true`) or response side begins: its headers, or a body
@@ -249,6 +252,20 @@ impl Host for FakeHost {
     fn set_response_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         self.check("set_response_header", Access::WriteHeaders, false)?;
         set(&mut self.state().response_headers, name, value);
+        Ok(())
+    }
+
+    /// Envoy keeps a stream's filter state from its first callback to its log; a native
+    /// module's key is read-only once written.
+    fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError> {
+        let mut state = self.state();
+        if state.log_fields.contains_key(key) {
+            state
+                .refusals
+                .push(format!("set_log_field: {key} written twice"));
+            return Err(HostError::Refused("read-only filter state"));
+        }
+        state.log_fields.insert(key.to_owned(), value.to_owned());
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod access_log;
 mod affinity;
 mod apis;
 mod decode_retry;

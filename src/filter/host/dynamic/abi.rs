@@ -246,6 +246,13 @@ unsafe extern "C" {
         header_type: u32,
         result_headers: *mut EnvoyHttpHeader,
     ) -> bool;
+    /// Sets a filter-state string (Envoy's `StringAccessor`, which `%FILTER_STATE(key:PLAIN)%`
+    /// prints); false without a stream.
+    pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        filter: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
     /// A null `value` removes the header.
     pub fn envoy_dynamic_module_callback_http_set_header(
         filter: FilterEnvoyPtr,

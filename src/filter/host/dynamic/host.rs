@@ -379,6 +379,21 @@ impl Host for Dynamic {
         set_header(current()?, abi::RESPONSE_HEADER, name, value)
     }
 
+    fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError> {
+        let filter = current()?;
+        // The key proxy-wasm's set_property makes, so one access log format reads both builds.
+        let key = format!("wasm.{key}");
+        // SAFETY: `filter` is the stream of the running hook; both buffers live through the call.
+        let ok = unsafe {
+            abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                filter,
+                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        };
+        refused(ok, "the stream's filter state is not available")
+    }
+
     fn replace_response_body(&self, _old_size: usize, body: &[u8]) -> Result<(), HostError> {
         let filter = current()?;
         let kinds = [abi::BUFFERED_RESPONSE_BODY, abi::RECEIVED_RESPONSE_BODY];
