@@ -166,22 +166,30 @@ impl<H: Host> Env<H> {
         self.count_panics(route.prefill_panic, route.decode.panic);
         self.metrics
             .count_route(&self.host, route, self.counted_model());
-        access_log::route(&self.host, route);
+        if self.config.settings.access_log_fields {
+            access_log::route(&self.host, route);
+        }
     }
 
     /// Tells the access log the model the request names.
     pub fn log_model(&self, model: &str) {
-        access_log::model(&self.host, model);
+        if self.config.settings.access_log_fields {
+            access_log::model(&self.host, model);
+        }
     }
 
     /// Tells the access log a field of this request.
     pub fn log_field(&self, field: Field, value: &str) {
-        access_log::write(&self.host, field, value);
+        if self.config.settings.access_log_fields {
+            access_log::write(&self.host, field, value);
+        }
     }
 
     /// Tells the access log a hop's worker and rank.
     pub fn log_target(&self, target: &Target, worker: Field, rank: Field) {
-        access_log::target(&self.host, target, worker, rank);
+        if self.config.settings.access_log_fields {
+            access_log::target(&self.host, target, worker, rank);
+        }
     }
 
     /// Tells the access log the token hop's worker that answered: its target, or an alternate

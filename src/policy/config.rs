@@ -113,6 +113,9 @@ pub struct Settings {
     /// Whether answers name the workers that served them (`x-pinroute-prefill-worker`,
     /// `x-pinroute-decode-worker`).
     pub worker_id_headers: bool,
+    /// Whether the filter tells Envoy's access log each hop's worker, rank and choice, the
+    /// model and the prefill time (filter state `wasm.pinroute.*`, `docs/metrics.md`).
+    pub access_log_fields: bool,
     /// Completion requests the gateway holds at once, over all Envoy threads, from their
     /// headers to the end of their stream; one more gets 503 `overloaded`. 0: no limit.
     pub max_requests_in_flight: u64,
@@ -166,6 +169,7 @@ impl Default for Settings {
             max_body_bytes: 8 * 1024 * 1024,
             max_kv_transfer_params_bytes: 1024 * 1024,
             worker_id_headers: true,
+            access_log_fields: true,
             max_requests_in_flight: DEFAULT_MAX_REQUESTS_IN_FLIGHT,
             unhealthy_period_ms: 10_000,
             eject_after_failures: 3,

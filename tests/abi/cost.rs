@@ -14,14 +14,17 @@ const PROMPT_BYTES: usize = 1024;
 /// Streamed chunks of the decode answer (8 tokens and `[DONE]`, as the bench's sims send).
 const CHUNKS: usize = 9;
 
-fn counting_host() -> Host {
+/// The host call that writes an access-log field (`docs/metrics.md`, "The access log").
+const LOG_FIELD_CALL: &str = "proxy_set_property";
+
+fn counting_host(config: &str) -> Host {
     let options = HostOptions {
         allow_on_headers_stop_iteration: true,
         clusters: Some(vec!["pinroute_prefill".into()]),
         count_calls: true,
         ..HostOptions::default()
     };
-    Host::with_options(&wasm(), REGISTRY, options).unwrap()
+    Host::with_options(&wasm(), config, options).unwrap()
 }
 
 fn body() -> String {
@@ -78,11 +81,14 @@ fn report(label: &str, counts: &CallCounts) {
 /// only with the reason in the commit.
 struct Bound {
     vm_entries: u64,
+    /// Host calls of the request path, the access log's fields apart.
     host_calls: u64,
+    /// The access log's fields, one host call each (none with `access_log_fields: false`).
+    log_fields: u64,
 }
 
-fn check(label: &str, pins: &[(&str, &str)], bound: Bound) {
-    let mut host = counting_host();
+fn check(label: &str, config: &str, pins: &[(&str, &str)], bound: Bound) -> CallCounts {
+    let mut host = counting_host(config);
     one_request(&mut host, pins);
     let counts = one_request(&mut host, pins);
     report(label, &counts);
@@ -92,11 +98,17 @@ fn check(label: &str, pins: &[(&str, &str)], bound: Bound) {
         counts.vm_entries_total(),
         bound.vm_entries
     );
+    let log_fields = counts.host_calls.get(LOG_FIELD_CALL).copied().unwrap_or(0);
+    let path_calls = counts.host_calls_total() - log_fields;
     assert!(
-        counts.host_calls_total() <= bound.host_calls,
-        "{label}: {} host calls, more than {}",
-        counts.host_calls_total(),
+        path_calls <= bound.host_calls,
+        "{label}: {path_calls} host calls, more than {}",
         bound.host_calls
+    );
+    assert!(
+        log_fields <= bound.log_fields,
+        "{label}: {log_fields} access-log fields written, more than {}",
+        bound.log_fields
     );
     let callbacks = counts.vm_entries.get("proxy_on_response_body").copied();
     assert_eq!(
@@ -104,24 +116,44 @@ fn check(label: &str, pins: &[(&str, &str)], bound: Bound) {
         Some(CHUNKS as u64),
         "one response-body callback per streamed chunk"
     );
+    counts
 }
 
 #[test]
 fn an_unpinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_times() {
     check(
         "unpinned",
+        REGISTRY,
         &[],
         Bound {
             vm_entries: 26,
             host_calls: 39,
+            log_fields: 6,
         },
     );
+}
+
+#[test]
+fn without_access_log_fields_a_request_writes_none() {
+    let config = REGISTRY.replacen('{', r#"{"access_log_fields": false, "#, 1);
+    let counts = check(
+        "unpinned, no access-log fields",
+        &config,
+        &[],
+        Bound {
+            vm_entries: 26,
+            host_calls: 39,
+            log_fields: 0,
+        },
+    );
+    assert_eq!(counts.host_calls.get(LOG_FIELD_CALL), None);
 }
 
 #[test]
 fn a_pinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_times() {
     check(
         "pinned",
+        REGISTRY,
         &[
             ("x-dynamo-prefill-instance-id", "101"),
             ("x-dynamo-worker-instance-id", "201"),
@@ -129,6 +161,7 @@ fn a_pinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_
         Bound {
             vm_entries: 26,
             host_calls: 39,
+            log_fields: 8,
         },
     );
 }

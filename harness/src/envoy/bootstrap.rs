@@ -167,7 +167,11 @@ fn placeholder_values(
         ),
         (
             "{{PLUGIN_CONFIG}}",
-            yaml_string(&plugin_json(&opts.plugin_config, opts.route_timeout)?)?,
+            yaml_string(&plugin_json(
+                &opts.plugin_config,
+                opts.route_timeout,
+                opts.edge.access_log,
+            )?)?,
         ),
         ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
     ])
@@ -253,20 +257,25 @@ pub(super) fn yaml_string(value: &str) -> Result<String> {
 
 /// The plugin configuration as one line of JSON. The filter's own decode call
 /// (`docs/semantics.md` §4, §8) gets the route's timeout unless the configuration sets one.
-fn plugin_json(json: &str, route_timeout: Duration) -> Result<String> {
+/// The plugin configuration with what the rendering decides: the decode timeout (the route's,
+/// unless set), and without an access log no fields for it (unless set).
+fn plugin_json(json: &str, route_timeout: Duration, access_log: bool) -> Result<String> {
     let mut value: serde_json::Value =
         serde_json::from_str(json).context("plugin configuration is not JSON")?;
-    if let Some(settings) = value.as_object_mut()
-        && !route_timeout.is_zero()
-        && !settings.contains_key(DECODE_TIMEOUT_SETTING)
-    {
-        let ms = u64::try_from(route_timeout.as_millis()).unwrap_or(u64::MAX);
-        settings.insert(DECODE_TIMEOUT_SETTING.into(), ms.into());
+    if let Some(settings) = value.as_object_mut() {
+        if !route_timeout.is_zero() && !settings.contains_key(DECODE_TIMEOUT_SETTING) {
+            let ms = u64::try_from(route_timeout.as_millis()).unwrap_or(u64::MAX);
+            settings.insert(DECODE_TIMEOUT_SETTING.into(), ms.into());
+        }
+        if !access_log && !settings.contains_key(ACCESS_LOG_FIELDS_SETTING) {
+            settings.insert(ACCESS_LOG_FIELDS_SETTING.into(), false.into());
+        }
     }
     Ok(value.to_string())
 }
 
 const DECODE_TIMEOUT_SETTING: &str = "decode_timeout_ms";
+const ACCESS_LOG_FIELDS_SETTING: &str = "access_log_fields";
 
 pub(super) fn absolute_utf8(path: &Path) -> Result<String> {
     let absolute =
@@ -417,6 +426,10 @@ mod tests {
         assert!(!without.contains("access_log:"), "{without}");
         assert!(!without.contains("StdoutAccessLog"), "{without}");
         assert!(!without.contains("FILTER_STATE"), "{without}");
+        assert!(
+            without.contains(r#"\"access_log_fields\":false"#),
+            "nor does the filter write its fields: {without}"
+        );
         let removed: Vec<&str> = with
             .lines()
             .filter(|line| !without.contains(*line))
@@ -501,7 +514,7 @@ mod tests {
     fn the_filters_own_decode_call_gets_the_route_timeout_unless_configured() {
         let setting = |json: &str, route: Duration| {
             let rendered: serde_json::Value =
-                serde_json::from_str(&plugin_json(json, route).unwrap()).unwrap();
+                serde_json::from_str(&plugin_json(json, route, true).unwrap()).unwrap();
             rendered.get(DECODE_TIMEOUT_SETTING).cloned()
         };
         let registry = DISAGGREGATED_REGISTRY;

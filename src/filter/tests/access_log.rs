@@ -13,7 +13,11 @@ impl Request {
 
 /// A completion through both hops: the prefill answers, then the decode worker.
 fn through_both_hops(extra: &[(&str, &str)]) -> (Request, Call) {
-    let mut request = Request::completion(REGISTRY, extra, PROMPT);
+    through_both_hops_with(extra, PROMPT)
+}
+
+fn through_both_hops_with(extra: &[(&str, &str)], body: &str) -> (Request, Call) {
+    let mut request = Request::completion(REGISTRY, extra, body);
     let call = request.prefill_call();
     request.answer(
         &call,
@@ -75,14 +79,6 @@ fn a_failed_prefill_logs_the_choice_but_no_worker_that_served() {
 fn a_client_model_is_logged_cut() {
     let model = "m".repeat(300);
     let body = PROMPT.replace(r#""model": "m""#, &format!(r#""model": "{model}""#));
-    let mut request = Request::completion(REGISTRY, &[], &body);
-    let call = request.prefill_call();
-    request.answer(
-        &call,
-        Some(200),
-        &format!(r#"{{"kv_transfer_params": {KV}}}"#),
-    );
-    request.respond(200, None);
-    request.end();
+    let (request, _) = through_both_hops_with(&[], &body);
     assert_eq!(request.log_field("model").map(|m| m.len()), Some(256));
 }
