@@ -1,11 +1,11 @@
 //! What the filter tells Envoy's access log about a request (`docs/metrics.md`, "The access
 //! log"): how each hop's worker was chosen, the workers that served and their ranks, the
-//! model, the prefill hop's time. Each is a filter-state string `wasm.pinroute.<field>` (what
-//! proxy-wasm's `set_property` makes; the native module writes the same keys), read by the
-//! bootstrap's log format with `%FILTER_STATE(wasm.pinroute.<field>:PLAIN)%`. Each is
-//! written once, when it is final (Envoy refuses a second write of a native module's key).
-//! Never a response header: how a hop was placed (a remembered turn) must not reach the
-//! client.
+//! model, the prefill hop's time — the fields and their values; `Env::log_field` writes
+//! them. Each is a filter-state string `wasm.pinroute.<field>` (the key proxy-wasm's
+//! `set_property` makes; the native module writes the same keys), read by the bootstrap's log
+//! format with `%FILTER_STATE(wasm.pinroute.<field>:PLAIN)%`. Each is written once, when it is
+//! final (Envoy refuses a second write of a native module's key). Never a response header:
+//! how a hop was placed (a remembered turn) must not reach the client.
 
 use super::host::Host;
 use crate::policy::resolve::{LocalPrefill, PrefillPlan, Route, Target};
@@ -28,17 +28,17 @@ pub enum Field {
 }
 
 impl Field {
-    /// The filter-state key (proxy-wasm's `set_property` path, without Envoy's `wasm.`).
+    /// The filter-state key.
     pub fn key(self) -> &'static str {
         match self {
-            Field::Model => "pinroute.model",
-            Field::PrefillWorker => "pinroute.prefill_worker",
-            Field::PrefillRank => "pinroute.prefill_rank",
-            Field::PrefillChoice => "pinroute.prefill_choice",
-            Field::PrefillMs => "pinroute.prefill_ms",
-            Field::DecodeWorker => "pinroute.decode_worker",
-            Field::DecodeRank => "pinroute.decode_rank",
-            Field::DecodeChoice => "pinroute.decode_choice",
+            Field::Model => "wasm.pinroute.model",
+            Field::PrefillWorker => "wasm.pinroute.prefill_worker",
+            Field::PrefillRank => "wasm.pinroute.prefill_rank",
+            Field::PrefillChoice => "wasm.pinroute.prefill_choice",
+            Field::PrefillMs => "wasm.pinroute.prefill_ms",
+            Field::DecodeWorker => "wasm.pinroute.decode_worker",
+            Field::DecodeRank => "wasm.pinroute.decode_rank",
+            Field::DecodeChoice => "wasm.pinroute.decode_choice",
         }
     }
 }
@@ -51,23 +51,26 @@ pub fn write(host: &impl Host, field: Field, value: &str) {
 }
 
 /// The model the request names, cut to [`MAX_MODEL_BYTES`].
-pub fn model(host: &impl Host, model: &str) {
-    write(host, Field::Model, cut(model, MAX_MODEL_BYTES));
+pub fn model(model: &str) -> &str {
+    cut(model, MAX_MODEL_BYTES)
 }
 
 /// The fields a route decides: how each hop was chosen (the workers that serve are written
 /// when they answer).
-pub fn route(host: &impl Host, route: &Route) {
-    write(host, Field::PrefillChoice, prefill_choice(route));
-    write(host, Field::DecodeChoice, choice(route.decode.placement));
+pub fn choices(route: &Route) -> [(Field, &'static str); 2] {
+    [
+        (Field::PrefillChoice, prefill_choice(route)),
+        (Field::DecodeChoice, choice(route.decode.placement)),
+    ]
 }
 
 /// A hop's worker that answered and, when the filter named one, its rank.
-pub fn target(host: &impl Host, target: &Target, worker: Field, rank: Field) {
-    write(host, worker, &target.worker.id.to_string());
-    if let Some(r) = target.rank {
-        write(host, rank, &r.to_string());
-    }
+pub fn target(target: &Target, worker: Field, rank: Field) -> Vec<(Field, String)> {
+    let rank = target.rank.map(|r| (rank, r.to_string()));
+    [(worker, target.worker.id.to_string())]
+        .into_iter()
+        .chain(rank)
+        .collect()
 }
 
 fn prefill_choice(route: &Route) -> &'static str {

@@ -166,19 +166,17 @@ impl<H: Host> Env<H> {
         self.count_panics(route.prefill_panic, route.decode.panic);
         self.metrics
             .count_route(&self.host, route, self.counted_model());
-        if self.config.settings.access_log_fields {
-            access_log::route(&self.host, route);
+        for (field, value) in access_log::choices(route) {
+            self.log_field(field, value);
         }
     }
 
     /// Tells the access log the model the request names.
     pub fn log_model(&self, model: &str) {
-        if self.config.settings.access_log_fields {
-            access_log::model(&self.host, model);
-        }
+        self.log_field(Field::Model, access_log::model(model));
     }
 
-    /// Tells the access log a field of this request.
+    /// Tells the access log a field of this request, unless `access_log_fields` is off.
     pub fn log_field(&self, field: Field, value: &str) {
         if self.config.settings.access_log_fields {
             access_log::write(&self.host, field, value);
@@ -187,8 +185,8 @@ impl<H: Host> Env<H> {
 
     /// Tells the access log a hop's worker and rank.
     pub fn log_target(&self, target: &Target, worker: Field, rank: Field) {
-        if self.config.settings.access_log_fields {
-            access_log::target(&self.host, target, worker, rank);
+        for (field, value) in access_log::target(target, worker, rank) {
+            self.log_field(field, &value);
         }
     }
 

@@ -55,8 +55,10 @@ impl Host for Envoy {
         property(&["upstream", "address"])
     }
 
+    /// Envoy prefixes what `set_property` sets with `wasm.`: the path is the key without it.
     fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError> {
-        hostcalls::set_property(vec![key], Some(value.as_bytes())).map_err(refused)
+        let path = key.strip_prefix("wasm.").unwrap_or(key);
+        hostcalls::set_property(vec![path], Some(value.as_bytes())).map_err(refused)
     }
 
     fn send_response(

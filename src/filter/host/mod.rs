@@ -92,7 +92,8 @@ pub trait Host {
     /// Writes `value` if the key's token is still `cas` (`None`: whatever it is).
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError>;
 
-    /// Sets a string the access log reads for this request: filter state `wasm.<key>`.
+    /// Sets a string the access log reads for this request: the filter-state entry `key`
+    /// (`wasm.`-prefixed, as Envoy names what proxy-wasm's `set_property` sets).
     fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError>;
 
     fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostError>;

@@ -6,7 +6,7 @@ use super::*;
 
 impl Request {
     fn log_field(&self, field: &str) -> Option<String> {
-        let key = format!("pinroute.{field}");
+        let key = format!("wasm.pinroute.{field}");
         self.host.state().log_fields.get(&key).cloned()
     }
 }

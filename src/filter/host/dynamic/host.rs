@@ -381,8 +381,6 @@ impl Host for Dynamic {
 
     fn set_log_field(&self, key: &str, value: &str) -> Result<(), HostError> {
         let filter = current()?;
-        // The key proxy-wasm's set_property makes, so one access log format reads both builds.
-        let key = format!("wasm.{key}");
         // SAFETY: `filter` is the stream of the running hook; both buffers live through the call.
         let ok = unsafe {
             abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
