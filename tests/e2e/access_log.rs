@@ -78,11 +78,18 @@ async fn a_refused_request_is_logged_with_its_code_and_no_worker() {
         ("x-request-id", "log-refused"),
         ("x-dynamo-worker-instance-id", "999"),
     ];
-    let reply = complete(&deployment, &headers, &prompt()).await;
+    // A client's model that tries to end the line and start another.
+    let model = "m\"}\n{\"request_id\":\"log-forged\"";
+    let mut body = prompt();
+    body["model"] = Value::from(model);
+    let reply = complete(&deployment, &headers, &body).await;
     assert!(reply.status >= 400, "{}", reply.text);
     let code = reply.header("x-pinroute-error-code").unwrap();
     let refused = entry(&deployment, "log-refused").await;
     assert_eq!(refused["error_code"], code, "{refused}");
     assert_eq!(refused["decode_worker"], Value::Null, "{refused}");
     assert_eq!(refused["prefill_worker"], Value::Null, "{refused}");
+    assert_eq!(refused["model"], model, "one field, escaped: {refused}");
+    let log = std::fs::read_to_string(deployment.envoy.access_log_path()).unwrap();
+    assert!(!log.contains("\"request_id\":\"log-forged\""), "{log}");
 }
