@@ -255,10 +255,9 @@ pub(super) fn yaml_string(value: &str) -> Result<String> {
     serde_json::to_string(value).context("encoding a string for the bootstrap")
 }
 
-/// The plugin configuration as one line of JSON. The filter's own decode call
-/// (`docs/semantics.md` §4, §8) gets the route's timeout unless the configuration sets one.
-/// The plugin configuration with what the rendering decides: the decode timeout (the route's,
-/// unless set), and without an access log no fields for it (unless set).
+/// The plugin configuration as one line of JSON, with what the rendering decides unless the
+/// configuration does: the filter's own decode call (`docs/semantics.md` §4, §8) gets the
+/// route's timeout, and without an access log the filter writes no fields for it.
 fn plugin_json(json: &str, route_timeout: Duration, access_log: bool) -> Result<String> {
     let mut value: serde_json::Value =
         serde_json::from_str(json).context("plugin configuration is not JSON")?;

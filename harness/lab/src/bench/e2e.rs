@@ -90,9 +90,7 @@ pub async fn run_e2e(
             for contender in &contenders {
                 let scenario = contender.scenario;
                 progress.set_message(format!("{scenario} {} c={concurrency}", short_size(*size)));
-                let run =
-                    measure(&contender.workload, options, *concurrency, contender.pids).await?;
-                let result = run_result(scenario, *size, &contender.workload, run);
+                let result = contender.run(*size, options, *concurrency).await?;
                 progress.suspend(|| eprintln!("{}", one_line(&result)));
                 results.push(result);
                 progress.inc(1);
@@ -139,14 +137,7 @@ pub async fn run_registry_axis(
         for contender in &contenders {
             let scenario = contender.scenario;
             progress.set_message(format!("{scenario} with {count}+{count} workers"));
-            let measured = measure(
-                &contender.workload,
-                options,
-                TARGET_CONCURRENCY,
-                contender.pids,
-            )
-            .await?;
-            let run = run_result(scenario, size, &contender.workload, measured);
+            let run = contender.run(size, options, TARGET_CONCURRENCY).await?;
             progress.suspend(|| eprintln!("{count}+{count} workers: {}", one_line(&run)));
             runs.push(RegistryRun {
                 workers: *count,
@@ -171,6 +162,19 @@ struct Contender {
     scenario: Scenario,
     workload: Arc<Completion>,
     pids: Pids,
+}
+
+impl Contender {
+    /// One measured run at `concurrency`; `size` is the workload's nominal prompt size.
+    async fn run(
+        &self,
+        size: usize,
+        options: &E2eOptions,
+        concurrency: usize,
+    ) -> Result<RunResult> {
+        let measured = measure(&self.workload, options, concurrency, self.pids).await?;
+        Ok(run_result(self.scenario, size, &self.workload, measured))
+    }
 }
 
 /// Every scenario's workload at `size`, each checked with a few requests.

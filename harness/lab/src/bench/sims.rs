@@ -28,7 +28,7 @@ const DECODE_ALIASES: (u8, u64) = (12, 200_000);
 /// Loopback aliases per third octet (`.1` to `.250`).
 const ALIASES_PER_OCTET: u64 = 250;
 /// The most aliased workers of each role.
-pub const MAX_ALIASED: u64 = ALIASES_PER_OCTET * 256;
+const MAX_ALIASED: u64 = ALIASES_PER_OCTET * 256;
 
 /// Where the two workers listen (the first line the child prints).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,9 +125,7 @@ impl Workers {
     /// (`127.11.y.z`, `127.12.y.z`, the sim's port): as many hosts and connections for a
     /// gateway as that many machines would be. The sims must listen on every address.
     pub fn aliased(sims: SimAddresses, count: u64) -> anyhow::Result<Workers> {
-        if !(1..=MAX_ALIASED).contains(&count) {
-            bail!("{count} workers of each role: expected 1 to {MAX_ALIASED}");
-        }
+        check_alias_count(count)?;
         let role = |(octet, first_id): (u8, u64), port: u16| {
             (0..count)
                 .map(|i| {
@@ -155,11 +153,14 @@ impl Workers {
             decode: first(&self.decode, none.decode),
         }
     }
+}
 
-    /// Workers of each role.
-    pub fn count(&self) -> usize {
-        self.prefill.len()
+/// Whether [`Workers::aliased`] can give `count` workers of each role.
+pub fn check_alias_count(count: u64) -> anyhow::Result<()> {
+    if !(1..=MAX_ALIASED).contains(&count) {
+        bail!("{count} workers of each role: expected 1 to {MAX_ALIASED}");
     }
+    Ok(())
 }
 
 fn placeholder_addresses() -> SimAddresses {

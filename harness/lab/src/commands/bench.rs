@@ -224,12 +224,8 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
     if e2e.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
     }
-    if let Some(count) = e2e
-        .registry
-        .iter()
-        .find(|n| !(1..=sims::MAX_ALIASED).contains(*n))
-    {
-        bail!("--registry {count}: expected 1 to {}", sims::MAX_ALIASED);
+    for count in &e2e.registry {
+        sims::check_alias_count(*count).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
     }
     Ok(BenchOptions {
         e2e: (!args.micro_only).then_some(e2e),
