@@ -12,6 +12,7 @@ pub mod json_object;
 pub mod nvext;
 pub mod resolve;
 pub mod rewrite;
+pub mod trace;
 
 /// Reports a broken property: the one place that panics on purpose.
 #[allow(clippy::panic)]

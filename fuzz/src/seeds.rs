@@ -53,6 +53,11 @@ fn rewrite() {
 }
 
 #[test]
+fn trace() {
+    replay("trace", crate::trace::check);
+}
+
+#[test]
 fn nvext() {
     replay("nvext", |data| {
         structured(data).iter().for_each(crate::nvext::check)

@@ -3,9 +3,13 @@
 //! are `pinroute-lab` (`harness/lab/`), so that `up` builds none of their dependencies.
 pub mod certs;
 pub mod cli;
+pub mod dashboard;
 pub mod envoy;
+pub mod grpc;
 pub mod jwt;
+pub mod otlp;
 pub mod picker;
+pub mod prometheus;
 pub mod registry_server;
 pub mod sim;
 pub mod stack;

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
@@ -30,8 +30,9 @@ use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
+
+use crate::grpc;
 
 /// The test header holding the stand-in's plan for a request; removed before it goes on.
 pub const PLAN_HEADER: &str = "x-stand-in-picker";
@@ -80,25 +81,13 @@ pub struct StandInPicker {
 
 impl StandInPicker {
     pub async fn start() -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .context("binding the stand-in picker")?;
-        let address = listener
-            .local_addr()
-            .context("reading the stand-in picker's port")?;
         let log = Log::default();
         let service = ExternalProcessorServer::new(Picker {
             log: log.clone(),
             streams: Arc::default(),
         });
-        let server = tokio::spawn(async move {
-            let serving = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(TcpIncoming::from(listener));
-            if let Err(error) = serving.await {
-                log::warn!("stand-in picker stopped: {error}");
-            }
-        });
+        let router = tonic::transport::Server::builder().add_service(service);
+        let (address, server) = grpc::serve(router, "stand-in picker").await?;
         Ok(StandInPicker {
             address,
             log,

@@ -43,9 +43,11 @@ pub fn keep_for_retry(env: &Env<impl Host>, body_len: usize) -> Result<DecodeRet
         .filter(|(name, _)| CALL_HEADERS.contains(&name.as_str()))
         .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
         .collect();
+    // The request's own `traceparent` already names Envoy's span (`stream::on_headers`).
     headers.extend(forwarded_headers(
         &routed,
         &env.config.settings.upstream_header,
+        None,
     ));
     let body = match body_len {
         0 => Vec::new(),

@@ -9,6 +9,7 @@ use super::access_log::{self, Field};
 use super::host::{Host, HostError};
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
+use super::span_export::SpanQueue;
 use crate::policy::api::ErrorShape;
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
@@ -58,6 +59,8 @@ pub struct Env<H: Host> {
     pub slots: Rc<Slots>,
     /// Whether this request holds one of them (given back once, when its stream ends).
     pub holds_slot: bool,
+    /// This VM's spans waiting for its root to export them.
+    pub spans: Rc<SpanQueue>,
 }
 
 impl<H: Host> Env<H> {
@@ -67,6 +70,7 @@ impl<H: Host> Env<H> {
         rotation: Rc<Cell<u64>>,
         metrics: Rc<Metrics>,
         slots: Rc<Slots>,
+        spans: Rc<SpanQueue>,
     ) -> Self {
         Self {
             host,
@@ -79,6 +83,7 @@ impl<H: Host> Env<H> {
             load_changes: RefCell::default(),
             slots,
             holds_slot: false,
+            spans,
         }
     }
 

@@ -8,6 +8,7 @@ use crate::policy::error::{RouteError, quoted};
 use crate::policy::headers;
 use crate::policy::paths::{self, Destination};
 use crate::policy::pins::{HeaderHints, Pins};
+use crate::policy::trace::{SpanIds, TRACE_HEADER, TRACEPARENT};
 
 /// Client headers never copied onto the prefill hop: the filter sets its own, or they
 /// describe the client's connection rather than the request.
@@ -128,9 +129,14 @@ pub fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
         .unwrap_or("")
 }
 
-/// The client headers worth copying onto the prefill hop (authorization, tracing, ...).
-pub fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(String, String)> {
-    headers
+/// The client headers worth copying onto the prefill hop (authorization, tracing, ...), the
+/// client's `traceparent` replaced by `traceparent` when one is given.
+pub fn forwarded_headers(
+    headers: &Headers,
+    upstream_header: &str,
+    traceparent: Option<&str>,
+) -> Vec<(String, String)> {
+    let mut forwarded: Vec<(String, String)> = headers
         .iter()
         .filter(|(name, _)| {
             !name.starts_with(':')
@@ -139,5 +145,17 @@ pub fn forwarded_headers(headers: &Headers, upstream_header: &str) -> Vec<(Strin
                 && !headers::must_strip(name, upstream_header)
         })
         .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
-        .collect()
+        .collect();
+    if let Some(traceparent) = traceparent {
+        forwarded.retain(|(name, _)| name != TRACEPARENT);
+        forwarded.push((TRACEPARENT.to_owned(), traceparent.to_owned()));
+    }
+    forwarded
+}
+
+/// The `traceparent` naming Envoy's request span, when Envoy traces the request (§4,
+/// "Traces"): the filter's own calls carry it (the routed hop gets the router's).
+pub fn request_traceparent(headers: &Headers) -> Option<String> {
+    let span = SpanIds::from_trace_header(header_text(headers, TRACE_HEADER))?;
+    Some(span.traceparent(header_text(headers, TRACEPARENT)))
 }

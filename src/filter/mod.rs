@@ -10,6 +10,8 @@
 //! | [`response`] | the routed hop and what its answer means: typed errors, withheld decode refusals |
 //! | [`decode_retry`] | the filter's own retry of a refused decode hop Envoy cannot retry |
 //! | [`call`] | the answer of a call the filter made |
+//! | [`call_span`] | the span of the filter's prefill call: the host's, or one the filter makes |
+//! | [`span_export`] | the filter's own spans, queued by streams and exported by the root |
 //! | [`intake`] | what the client sent: admitted paths, methods and sizes, request id, forwarded headers, whole body |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id, the choice of workers |
 //! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory |
@@ -28,6 +30,7 @@
 
 mod access_log;
 mod call;
+mod call_span;
 mod decode_retry;
 mod env;
 mod host;
@@ -39,6 +42,7 @@ mod prefill;
 mod response;
 mod root;
 mod shared;
+mod span_export;
 mod stream;
 #[cfg(test)]
 mod tests;

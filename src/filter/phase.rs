@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 
 use serde_json::value::RawValue;
 
+use super::call_span::CallSpan;
 use crate::policy::api::Api;
 use crate::policy::error::RouteError;
 use crate::policy::pins::HeaderHints;
@@ -66,6 +67,8 @@ pub struct Prefilling {
     /// When the call was dispatched, in nanoseconds.
     pub dispatched_at: u64,
     pub attempt: PrefillAttempt,
+    /// The hop's span, when it has one (`super::call_span`).
+    pub span: Option<CallSpan>,
 }
 
 /// A request on its way to its token-generating worker.

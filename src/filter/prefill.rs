@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::access_log::Field;
 use super::call::CallAnswer;
+use super::call_span::{self, CallSpan};
 use super::env::Env;
 use super::host::Host;
 use super::intake::header_text;
@@ -20,6 +21,11 @@ use crate::policy::json::JsonObject;
 use crate::policy::registry::Worker;
 use crate::policy::resolve::{Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
+use crate::policy::trace::TRACEPARENT;
+
+/// The name of the prefill hop's span, where the host opens one.
+const SPAN_OPERATION: &str = "pinroute prefill";
+const OUTCOME_TAG: &str = "pinroute.outcome";
 
 /// What a prefill answer means for the request.
 pub enum PrefillVerdict {
@@ -81,12 +87,19 @@ pub fn dispatch(
     if let Some(rank) = &rank {
         headers.push((DP_RANK_HEADER, rank));
     }
+    // Where the hop has a span of its own, the worker's parent is that span.
+    let parent = attempt.forwarded.iter().find(|(n, _)| n == TRACEPARENT);
+    let span = call_span::open(env, SPAN_OPERATION, parent.map_or("", |(_, v)| v.as_str()));
     headers.extend(
         attempt
             .forwarded
             .iter()
+            .filter(|(n, _)| span.is_none() || n != TRACEPARENT)
             .map(|(n, v)| (n.as_str(), v.as_str())),
     );
+    if let Some(span) = &span {
+        headers.push((TRACEPARENT, &span.traceparent));
+    }
     let settings = &env.config.settings;
     let body = Some(attempt.body.as_bytes());
     let dispatched = env.call(
@@ -95,9 +108,14 @@ pub fn dispatch(
         body,
         settings.prefill_timeout(),
     );
-    let token = dispatched.ok_or(RouteError::Internal(
-        "the prefill hop could not be dispatched",
-    ))?;
+    let Some(token) = dispatched else {
+        if let Some(span) = span {
+            call_span::close(env, span, &[(OUTCOME_TAG, "not_sent")], Some("not sent"));
+        }
+        return Err(RouteError::Internal(
+            "the prefill hop could not be dispatched",
+        ));
+    };
     let worker = attempt.target.worker.id;
     log::debug!(
         "pinroute: request {} prefill on worker {worker}",
@@ -112,6 +130,7 @@ pub fn dispatch(
         token,
         dispatched_at: env.host.now_nanos(),
         attempt,
+        span,
     }))
 }
 
@@ -124,6 +143,7 @@ pub fn judge(
     let Prefilling {
         dispatched_at,
         attempt,
+        span,
         ..
     } = prefilling;
     let worker = attempt.target.worker.id;
@@ -132,7 +152,11 @@ pub fn judge(
     env.metrics.record_prefill_latency(&env.host, elapsed);
     let max_kv = env.config.settings.max_kv_transfer_params_bytes;
     let call = CallAnswer::read(&env.host, body_size, answers::prefill_answer_limit(max_kv));
-    match answers::prefill_answer(call.status, call.body_size, &call.body, max_kv) {
+    let answer = answers::prefill_answer(call.status, call.body_size, &call.body, max_kv);
+    if let Some(span) = span {
+        close_span(env, span, &attempt.target, &answer, call.status);
+    }
+    match answer {
         PrefillAnswer::Ready(kv_transfer_params) => {
             env.count(Counter::PrefillOk);
             env.record_success(worker);
@@ -156,6 +180,40 @@ pub fn judge(
         }
         PrefillAnswer::Failed(failure) => after_failure(env, attempt, failure),
     }
+}
+
+/// Tags and ends the hop's span: the worker, its rank, how the attempt went and the
+/// worker's status.
+fn close_span(
+    env: &Env<impl Host>,
+    span: CallSpan,
+    target: &Target,
+    answer: &PrefillAnswer,
+    status: Option<u16>,
+) {
+    let worker = target.worker.id.to_string();
+    let rank = target.rank.map(|r| r.to_string());
+    let status = status.map(|s| s.to_string());
+    let (outcome, failure) = match answer {
+        PrefillAnswer::Ready(_) => ("ok", None),
+        PrefillAnswer::Refused(_) => ("refused", None),
+        PrefillAnswer::Failed(failure) => ("failed", Some(failure.to_string())),
+    };
+    let mut tags = vec![
+        ("pinroute.prefill_worker", worker.as_str()),
+        (OUTCOME_TAG, outcome),
+    ];
+    let optional = [
+        ("pinroute.prefill_rank", &rank),
+        ("http.response.status_code", &status),
+        ("pinroute.failure", &failure),
+    ];
+    tags.extend(
+        optional
+            .iter()
+            .filter_map(|(key, value)| Some((*key, value.as_deref()?))),
+    );
+    call_span::close(env, span, &tags, failure.as_deref());
 }
 
 /// The prefill worker refused the request (4xx): the client gets the worker's answer.

@@ -9,11 +9,13 @@ use super::host::Host;
 use super::live_registry;
 use super::metrics::{Counter, Metrics};
 use super::shared::{self, Slots};
+use super::span_export::SpanQueue;
 use super::stream::Stream;
 use crate::policy::config::Config;
 use crate::policy::registry::Registry;
 
-/// The root's timer: the live registry's adoption, and this VM's in-flight count published
+/// The root's timer: the live registry's adoption, the export of the filter's own spans, and
+/// this VM's in-flight count published
 /// (well within [`crate::policy::inflight::STALE_NANOS`], after which a silent VM's count is
 /// forgotten).
 const TICK_PERIOD: std::time::Duration = live_registry::ADOPT_PERIOD;
@@ -30,6 +32,8 @@ pub struct Root<H: Host> {
     fetch: Option<u32>,
     /// This VM's requests in flight (`docs/semantics.md` §1).
     slots: Rc<Slots>,
+    /// Spans this VM's streams made, exported on the tick.
+    spans: Rc<SpanQueue>,
 }
 
 impl<H: Host + Clone> Root<H> {
@@ -42,6 +46,7 @@ impl<H: Host + Clone> Root<H> {
             registry_version: None,
             fetch: None,
             slots: Rc::default(),
+            spans: Rc::default(),
         }
     }
 
@@ -65,8 +70,9 @@ impl<H: Host + Clone> Root<H> {
                 ""
             }
         );
-        let ticks =
-            config.settings.registry.is_some() || config.settings.in_flight_limit().is_some();
+        let ticks = config.settings.registry.is_some()
+            || config.settings.in_flight_limit().is_some()
+            || !config.settings.trace_export_cluster.is_empty();
         if ticks && let Err(error) = self.host.set_tick_period(TICK_PERIOD) {
             log::error!("pinroute: cannot start the timer: {error}");
             return false;
@@ -86,6 +92,12 @@ impl<H: Host + Clone> Root<H> {
 
     pub fn tick(&mut self) {
         self.slots.publish(&self.host);
+        if let Some(config) = &self.config {
+            let cluster = &config.settings.trace_export_cluster;
+            if !cluster.is_empty() {
+                self.spans.export(&self.host, cluster);
+            }
+        }
         let Some(source) = self
             .config
             .as_ref()
@@ -140,6 +152,7 @@ impl<H: Host + Clone> Root<H> {
             self.rotation.clone(),
             self.metrics.clone(),
             self.slots.clone(),
+            self.spans.clone(),
         );
         Some(Stream::new(env))
     }

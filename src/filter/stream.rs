@@ -21,6 +21,7 @@ use crate::policy::registry::{Deployment, WorkerId};
 use crate::policy::resolve::{PrefillPlan, TokenHop};
 use crate::policy::responses::{self, ResponsesRequest};
 use crate::policy::rewrite::{self, DecodeBody};
+use crate::policy::trace::TRACEPARENT;
 use crate::policy::{headers, models, passthrough, picker, pins, steering};
 
 pub struct Stream<H: Host> {
@@ -176,6 +177,12 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     {
         env.set_request_header(name, None)?;
     }
+    // The filter's own calls name Envoy's span: the prefill hop through `forwarded`, a retry
+    // of the decode hop through the request's headers (the routed hop gets the router's).
+    let traceparent = intake::request_traceparent(&headers);
+    if let Some(traceparent) = &traceparent {
+        env.set_request_header(TRACEPARENT, Some(traceparent))?;
+    }
     env.request_id = intake::request_id(env, &headers)?;
     let api = match destination {
         Destination::Generation(api) => api,
@@ -199,7 +206,7 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     if header_text(&headers, ":path") != api.path() {
         env.set_request_header(":path", Some(api.path()))?;
     }
-    let forwarded = forwarded_headers(&headers, upstream_header);
+    let forwarded = forwarded_headers(&headers, upstream_header, traceparent.as_deref());
     env.take_slot()?;
     env.set_request_header("content-length", None)?;
     let completion = Completion {

@@ -116,6 +116,9 @@ pub struct Settings {
     /// Whether the filter tells Envoy's access log each hop's worker, rank and choice, the
     /// model and the prefill time (filter state `wasm.pinroute.*`, `docs/metrics.md`).
     pub access_log_fields: bool,
+    /// The OTLP/gRPC collector's cluster the filter exports its prefill hop's span to where the
+    /// host opens none (proxy-wasm; `docs/semantics.md` §4, "Traces"); empty: none exported.
+    pub trace_export_cluster: String,
     /// Completion requests the gateway holds at once, over all Envoy threads, from their
     /// headers to the end of their stream; one more gets 503 `overloaded`. 0: no limit.
     pub max_requests_in_flight: u64,
@@ -170,6 +173,7 @@ impl Default for Settings {
             max_kv_transfer_params_bytes: 1024 * 1024,
             worker_id_headers: true,
             access_log_fields: true,
+            trace_export_cluster: String::new(),
             max_requests_in_flight: DEFAULT_MAX_REQUESTS_IN_FLIGHT,
             unhealthy_period_ms: 10_000,
             eject_after_failures: 3,

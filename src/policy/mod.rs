@@ -23,6 +23,7 @@
 //! | §5 How far a prompt is read for placement; which placements the turn memory keeps | [`resolve`] |
 //! | §6 Errors and their answers | [`error`] |
 //! | §4, §7 Body fields a client may not send | [`steering`] |
+//! | §4 Trace context on the prefill hop; its span as OTLP | [`trace`], [`otlp`] |
 //! | §7 Headers a client may not send | [`headers`] |
 //! | §7 Who may pin and who may name a session | [`callers`] |
 //! | §8 Registry | [`registry`] |
@@ -42,6 +43,7 @@ pub mod inflight;
 pub mod json;
 pub mod load;
 pub mod models;
+pub mod otlp;
 pub mod passthrough;
 pub mod paths;
 pub mod picker;
@@ -54,6 +56,7 @@ pub mod retries;
 pub mod rewrite;
 pub mod select;
 pub mod steering;
+pub mod trace;
 pub mod turns;
 pub mod words;
 

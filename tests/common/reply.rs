@@ -21,6 +21,18 @@ impl Reply {
         }
     }
 
+    /// The `usage` of the last chunk of an SSE answer that has one.
+    pub fn streamed_usage(&self) -> Value {
+        self.text
+            .lines()
+            .rev()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .find_map(|chunk| chunk.get("usage").filter(|u| !u.is_null()).cloned())
+            .unwrap_or_else(|| panic!("no usage in the stream: {}", self.text))
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
     }

@@ -1,35 +1,15 @@
 //! The access log through the real Envoy, for both builds (`docs/metrics.md`, "The access
 //! log"): one JSON line a request, with what the filter decided for each hop.
 
-use std::time::Duration;
-
 use serde_json::Value;
 
 use crate::Deployment;
 use crate::client::{complete, prompt};
 use crate::disaggregated;
 
-/// The access log's line of the request `request_id`; Envoy writes its log out every few
-/// seconds.
+/// The access log's line of the request `request_id`.
 pub async fn entry(deployment: &Deployment, request_id: &str) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let log = std::fs::read_to_string(deployment.envoy.access_log_path()).unwrap_or_default();
-        let found = log
-            .lines()
-            .map(|line| {
-                serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))
-            })
-            .find(|e| e["request_id"] == request_id);
-        if let Some(entry) = found {
-            return entry;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no access log line names {request_id}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    deployment.envoy.access_log_entry(request_id).await.unwrap()
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ mod burst;
 mod callers;
 mod cancelled;
 mod client;
+mod dashboard;
 mod edge;
 mod errors;
 mod hostile;
@@ -36,6 +37,8 @@ mod sdk;
 mod sdk_script;
 mod security;
 mod tls;
+mod traces;
+mod usage;
 
 use std::path::PathBuf;
 

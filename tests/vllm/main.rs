@@ -35,15 +35,20 @@ mod scenarios;
 mod sdk;
 mod tap;
 mod tls;
+mod traces;
+mod usage;
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pinroute_harness::envoy::{Envoy, default_wasm_path, repo_root};
+use pinroute_harness::envoy::{EdgeOptions, Envoy, default_wasm_path, repo_root};
+use pinroute_harness::otlp::OtlpReceiver;
 use pinroute_harness::picker::StandInPicker;
 use pinroute_harness::vllm::{
-    Connector, ExistingPair, VllmPair, VllmPairOptions, ensure_vllm, start_gateway, vllm_command,
+    Connector, ExistingPair, VllmPair, VllmPairOptions, ensure_vllm, start_gateway,
+    start_gateway_on, vllm_command,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -79,6 +84,10 @@ pub struct Gateway {
     pub behind_picker: Envoy,
     pub picker: StandInPicker,
     pub http: reqwest::Client,
+    /// Where Envoy and, for a pair this suite started, both engines export their spans.
+    pub otlp: OtlpReceiver,
+    /// The engines export spans (not so for a pair named by `PINROUTE_VLLM_PAIR`).
+    pub traced_engines: bool,
     _dir: TempDir,
 }
 
@@ -133,10 +142,14 @@ fn existing_pair() -> Option<ExistingPair> {
 async fn start(connector: Connector, lora: bool) -> Gateway {
     let dir = TempDir::with_prefix("pinroute-vllm-").unwrap();
     let started = Instant::now();
+    let otlp = OtlpReceiver::start()
+        .await
+        .expect("starting the OTLP receiver");
     let options = VllmPairOptions {
         connector,
         lora,
         registry_models: lora,
+        otlp: Some(otlp.address()),
         ..VllmPairOptions::new(&dir.path().join("vllm"))
     };
     let existing = existing_pair();
@@ -160,7 +173,12 @@ async fn start(connector: Connector, lora: bool) -> Gateway {
     }
     let envoy_dir = dir.path().join("envoy");
     std::fs::create_dir_all(&envoy_dir).unwrap();
-    let envoy = start_gateway(&config, &wasm(), &envoy_dir)
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let edge = EdgeOptions {
+        otlp: Some(otlp.address()),
+        ..EdgeOptions::default()
+    };
+    let envoy = start_gateway_on(&config, &wasm(), &envoy_dir, (any, any), edge)
         .await
         .expect("starting Envoy");
     let picker = StandInPicker::start()
@@ -183,6 +201,8 @@ async fn start(connector: Connector, lora: bool) -> Gateway {
         behind_picker,
         picker,
         http,
+        otlp,
+        traced_engines: existing.is_none(),
         _dir: dir,
     }
 }

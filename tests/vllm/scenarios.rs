@@ -76,6 +76,13 @@ pub async fn run_all(gateway: &Gateway) {
             ("Anthropic's Messages API takes two hops", |g| {
                 Box::pin(messages_two_hops(g))
             }),
+            (
+                "usage counts the prompt once, cached tokens the prefill's hits",
+                |g| Box::pin(crate::usage::usage_adds_up(g)),
+            ),
+            ("one trace across the gateway and both engines", |g| {
+                Box::pin(crate::traces::one_trace_across_the_gateway_and_both_engines(g))
+            }),
             ("the token-in, token-out generate API takes two hops", |g| {
                 Box::pin(generate_two_hops(g))
             }),

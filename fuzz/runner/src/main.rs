@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-const TARGETS: [&str; 6] = [
+const TARGETS: [&str; 7] = [
     "config",
     "headers",
     "json_object",
     "nvext",
     "resolve",
     "rewrite",
+    "trace",
 ];
 const DEFAULT_SECONDS: u32 = 25;
 

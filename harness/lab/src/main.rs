@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Benchmark pinroute against the floor, Envoy alone, a Python proxy and vllm-router; or prefix-aware routing (docs/benchmarks.md).
     Bench(Box<commands::bench::Args>),
+    /// The Grafana dashboard's panels drawn from a real Prometheus while demo traffic runs (docs/metrics.md).
+    Dashboard(commands::dashboard::Args),
     /// Soak: many requests with pins, sessions, streams and bad input while workers are killed (docs/soak.md).
     Soak(commands::soak::Args),
 }
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         rt.block_on(async {
             match command {
                 Command::Bench(args) => commands::bench::run(&args).await,
+                Command::Dashboard(args) => commands::dashboard::run(&args).await,
                 Command::Soak(args) => commands::soak::run(&args).await,
             }
         })

@@ -54,6 +54,12 @@ pub struct Args {
     /// workers, ranks and choices of both hops (`docs/metrics.md`, "The access log").
     #[arg(long)]
     no_access_log: bool,
+    /// Trace every request with Envoy's OpenTelemetry tracer, exporting over OTLP/gRPC to this
+    /// collector: a span for the request and one for each decode attempt, the filter's fields
+    /// as tags, the prefill hop's `traceparent` naming the request's span (`docs/metrics.md`,
+    /// "Traces").
+    #[arg(long, value_name = "IP:PORT")]
+    otlp: Option<std::net::SocketAddr>,
     /// Answer `GET /metrics` on the listener with Envoy's Prometheus stats (pinroute's
     /// included) instead of a 404, for benchmark clients that read the server's metrics.
     #[arg(long)]
@@ -230,6 +236,7 @@ impl Args {
             },
             serve_metrics: self.metrics,
             access_log: !self.no_access_log,
+            otlp: self.otlp,
             ..EdgeOptions::default()
         };
         self.tls.apply(&mut edge)?;

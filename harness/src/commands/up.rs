@@ -80,6 +80,9 @@ pub struct Args {
     /// `--metrics`).
     #[arg(long)]
     metrics: bool,
+    /// Export traces over OTLP/gRPC to this collector (envoy-config's `--otlp`).
+    #[arg(long, value_name = "IP:PORT")]
+    otlp: Option<SocketAddr>,
     /// Terminate TLS on the listener (sim workers): a certificate for localhost from a CA made
     /// in .cache/up/tls; the demo request and the printed curl trust that CA.
     #[arg(long)]
@@ -134,6 +137,7 @@ async fn run_sim(args: &Args) -> Result<()> {
     spec.listen = args.listen;
     spec.admin = args.admin;
     spec.edge.serve_metrics = args.metrics;
+    spec.edge.otlp = args.otlp;
     let work_dir = work_dir()?;
     let ca = if args.tls {
         let ca = LocalCa::create(&work_dir.join("tls"), "pinroute up CA")?;
@@ -344,6 +348,7 @@ async fn run_vllm(args: &Args) -> Result<()> {
         .with_context(|| format!("creating {}", envoy_dir.display()))?;
     let edge = EdgeOptions {
         serve_metrics: args.metrics,
+        otlp: args.otlp,
         ..EdgeOptions::default()
     };
     let envoy =

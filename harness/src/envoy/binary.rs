@@ -174,6 +174,10 @@ mod tests {
                 cors_origins: vec!["https://a.example".into(), "http://[::1]:3000".into()],
                 ..EdgeOptions::default()
             },
+            EdgeOptions {
+                otlp: Some("127.0.0.1:4317".parse().unwrap()),
+                ..EdgeOptions::default()
+            },
         ];
         for registry in [DISAGGREGATED_REGISTRY, AGGREGATED_REGISTRY] {
             for edge in &edges {

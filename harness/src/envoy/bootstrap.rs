@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::edge::{self, EdgeOptions};
 use super::picker_mode::{PICKER_CLUSTER, fill_block, render_picker_blocks};
-use super::tls;
+use super::{tls, tracing};
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
@@ -66,7 +66,7 @@ pub fn render_bootstrap(opts: &BootstrapOptions) -> Result<String> {
     Ok(rendered)
 }
 
-/// Fills the marker lines of TLS and API keys: with their parts, or with nothing.
+/// Fills the marker lines of TLS, API keys and tracing: with their parts, or with nothing.
 fn render_tls_blocks(template: &str, edge: &EdgeOptions) -> Result<String> {
     let blocks = [
         (
@@ -85,6 +85,12 @@ fn render_tls_blocks(template: &str, edge: &EdgeOptions) -> Result<String> {
             "{{IDENTITY_HEADER_REMOVAL}}",
             tls::identity_header_removal(edge.callers.as_ref())?,
         ),
+        ("{{TRACING}}", tracing::tracing_block(edge.otlp)),
+        (
+            "{{TRACE_HEADER_MUTATION}}",
+            tracing::trace_header_mutation(edge.otlp),
+        ),
+        ("{{OTLP_CLUSTER}}", tracing::otlp_cluster(edge.otlp)),
     ];
     Ok(blocks
         .iter()
@@ -170,7 +176,7 @@ fn placeholder_values(
             yaml_string(&plugin_json(
                 &opts.plugin_config,
                 opts.route_timeout,
-                opts.edge.access_log,
+                &opts.edge,
             )?)?,
         ),
         ("{{WASM_PATH}}", yaml_string(&absolute_utf8(&opts.wasm)?)?),
@@ -257,8 +263,9 @@ pub(super) fn yaml_string(value: &str) -> Result<String> {
 
 /// The plugin configuration as one line of JSON, with what the rendering decides unless the
 /// configuration does: the filter's own decode call (`docs/semantics.md` §4, §8) gets the
-/// route's timeout, and without an access log the filter writes no fields for it.
-fn plugin_json(json: &str, route_timeout: Duration, access_log: bool) -> Result<String> {
+/// route's timeout, without an access log the filter writes no fields for it, and with
+/// traces it exports its prefill hop's span (where Envoy gives it none) to the collector.
+fn plugin_json(json: &str, route_timeout: Duration, edge: &EdgeOptions) -> Result<String> {
     let mut value: serde_json::Value =
         serde_json::from_str(json).context("plugin configuration is not JSON")?;
     if let Some(settings) = value.as_object_mut() {
@@ -266,8 +273,11 @@ fn plugin_json(json: &str, route_timeout: Duration, access_log: bool) -> Result<
             let ms = u64::try_from(route_timeout.as_millis()).unwrap_or(u64::MAX);
             settings.insert(DECODE_TIMEOUT_SETTING.into(), ms.into());
         }
-        if !access_log && !settings.contains_key(ACCESS_LOG_FIELDS_SETTING) {
+        if !edge.access_log && !settings.contains_key(ACCESS_LOG_FIELDS_SETTING) {
             settings.insert(ACCESS_LOG_FIELDS_SETTING.into(), false.into());
+        }
+        if edge.otlp.is_some() && !settings.contains_key(TRACE_EXPORT_SETTING) {
+            settings.insert(TRACE_EXPORT_SETTING.into(), tracing::OTLP_CLUSTER.into());
         }
     }
     Ok(value.to_string())
@@ -275,6 +285,7 @@ fn plugin_json(json: &str, route_timeout: Duration, access_log: bool) -> Result<
 
 const DECODE_TIMEOUT_SETTING: &str = "decode_timeout_ms";
 const ACCESS_LOG_FIELDS_SETTING: &str = "access_log_fields";
+const TRACE_EXPORT_SETTING: &str = "trace_export_cluster";
 
 pub(super) fn absolute_utf8(path: &Path) -> Result<String> {
     let absolute =
@@ -510,10 +521,28 @@ mod tests {
     }
 
     #[test]
+    fn with_traces_the_filter_exports_its_spans_to_the_collector_cluster() {
+        let export = |edge: &EdgeOptions| {
+            let json = plugin_json(DISAGGREGATED_REGISTRY, Duration::ZERO, edge).unwrap();
+            Config::from_json(json.as_bytes())
+                .unwrap()
+                .settings
+                .trace_export_cluster
+        };
+        assert_eq!(export(&EdgeOptions::default()), "");
+        let traced = EdgeOptions {
+            otlp: Some("127.0.0.1:4317".parse().unwrap()),
+            ..EdgeOptions::default()
+        };
+        assert_eq!(export(&traced), tracing::OTLP_CLUSTER);
+    }
+
+    #[test]
     fn the_filters_own_decode_call_gets_the_route_timeout_unless_configured() {
         let setting = |json: &str, route: Duration| {
             let rendered: serde_json::Value =
-                serde_json::from_str(&plugin_json(json, route, true).unwrap()).unwrap();
+                serde_json::from_str(&plugin_json(json, route, &EdgeOptions::default()).unwrap())
+                    .unwrap();
             rendered.get(DECODE_TIMEOUT_SETTING).cloned()
         };
         let registry = DISAGGREGATED_REGISTRY;

@@ -61,6 +61,8 @@ pub struct EdgeOptions {
     pub worker_tls: Option<WorkerTls>,
     /// One JSON line a request on Envoy's stdout (`docs/metrics.md`, "The access log").
     pub access_log: bool,
+    /// Traces exported to this OTLP/gRPC collector (`docs/metrics.md`, "Traces"); none: off.
+    pub otlp: Option<SocketAddr>,
 }
 
 impl Default for EdgeOptions {
@@ -74,6 +76,7 @@ impl Default for EdgeOptions {
             callers: None,
             worker_tls: None,
             access_log: true,
+            otlp: None,
         }
     }
 }

@@ -19,6 +19,7 @@ mod process;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 mod tls;
+mod tracing;
 pub mod vm;
 
 use std::path::{Path, PathBuf};

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
+use serde_json::Value;
 
 const CONFIG_FILE: &str = "envoy.yaml";
 const LOG_FILE: &str = "envoy.log";
@@ -147,6 +148,26 @@ impl Envoy {
     /// (`--file-flush-interval-msec`), or sooner when its buffer fills.
     pub fn access_log_path(&self) -> &Path {
         &self.access_log_path
+    }
+
+    /// The access log's line of the request `request_id`, once Envoy has written it out.
+    pub async fn access_log_entry(&self, request_id: &str) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let log = std::fs::read_to_string(&self.access_log_path).unwrap_or_default();
+            for line in log.lines() {
+                let entry: Value = serde_json::from_str(line)
+                    .with_context(|| format!("an access log line that is not JSON: {line}"))?;
+                if entry.get("request_id").and_then(Value::as_str) == Some(request_id) {
+                    return Ok(entry);
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no access log line names {request_id} in 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The last lines of Envoy's log.

@@ -126,17 +126,8 @@ fn stub_module() -> Vec<u8> {
     .concat()
 }
 
-fn leb128(mut value: usize) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    loop {
-        let low = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            bytes.push(low);
-            return bytes;
-        }
-        bytes.push(low | 0x80);
-    }
+fn leb128(value: usize) -> Vec<u8> {
+    pinroute::policy::otlp::varint(value as u64)
 }
 
 fn vector(items: Vec<Vec<u8>>) -> Vec<u8> {

@@ -259,6 +259,10 @@ struct KvPlan {
     kv_from: Option<u64>,
     /// `kv_transfer_params` of the response (a prefill hop's handle for decode).
     response_params: Value,
+    /// For loaded KV, the prompt tokens the answer reports cached: the prefill's prefix-cache
+    /// hits named in `remote_prefill_cached_tokens`, as vLLM reports them; without it the
+    /// whole loaded prompt, as older vLLM did (every loaded block counted as a hit).
+    loaded_cached_tokens: Option<u64>,
 }
 
 async fn generate(
@@ -287,7 +291,10 @@ async fn generate(
         None => prefill_latency(state, headers),
     };
     let prompt = request.prompt(body);
-    let prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
+    let mut prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
+    if let Some(cached) = plan.loaded_cached_tokens {
+        prefilled.cached = cached;
+    }
     let generation = build_generation(state, &request, body, headers, rank, plan, prefilled);
     bump(
         &state.counters.generated_tokens,
@@ -489,6 +496,7 @@ fn produce_kv(
     Ok(KvPlan {
         kv_from: None,
         response_params,
+        loaded_cached_tokens: None,
     })
 }
 
@@ -525,6 +533,7 @@ async fn load_kv(
     Ok(KvPlan {
         kv_from: Some(entry.worker_id),
         response_params: Value::Null,
+        loaded_cached_tokens: Some(remote.cached_tokens.unwrap_or(request.prompt_tokens)),
     })
 }
 
@@ -580,6 +589,14 @@ fn build_generation(
         Endpoint::Responses => format!("msg_{}", fresh_suffix(state)),
         _ => String::new(),
     };
+    let mut kv_transfer_params = plan.response_params;
+    if let Some(params) = kv_transfer_params.as_object_mut() {
+        // vLLM's prefill names its prefix-cache hits for decode to report.
+        params.insert(
+            "remote_prefill_cached_tokens".into(),
+            prefilled.cached.into(),
+        );
+    }
     Generation {
         endpoint: request.endpoint,
         id: response_id(state, request, headers),
@@ -590,7 +607,7 @@ fn build_generation(
         include_usage: request.include_usage,
         cached_tokens: prefilled.cached,
         sim,
-        kv_transfer_params: plan.response_params,
+        kv_transfer_params,
         echo,
         item_id,
     }

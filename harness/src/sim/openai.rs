@@ -177,6 +177,8 @@ pub(crate) struct RemotePrefill {
     pub(crate) port: u16,
     pub(crate) request_id: String,
     pub(crate) engine_id: Option<String>,
+    /// `remote_prefill_cached_tokens`: the prefill's prefix-cache hits.
+    pub(crate) cached_tokens: Option<u64>,
 }
 
 /// Where a request's prompt is: a field of the body (not copied: benchmark prompts are
@@ -753,6 +755,9 @@ fn parse_remote_prefill(object: &Map<String, Value>) -> Result<KvRequest, String
         port,
         request_id: text("remote_request_id")?,
         engine_id: text("remote_engine_id").ok(),
+        cached_tokens: object
+            .get("remote_prefill_cached_tokens")
+            .and_then(Value::as_u64),
     }))
 }
 

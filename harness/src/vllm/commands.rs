@@ -73,6 +73,26 @@ pub struct ServeCommand {
     pub args: Vec<String>,
 }
 
+impl ServeCommand {
+    /// The engine also exports its spans (one `llm_request` a request, its parent the
+    /// `traceparent` the request carried) over OTLP/gRPC to `collector`, as
+    /// `vllm-<role>`, each within half a second.
+    pub fn traced(mut self, collector: SocketAddr) -> Self {
+        self.args.extend(words(&[
+            "--otlp-traces-endpoint",
+            &format!("http://{collector}"),
+        ]));
+        self.env.extend([
+            (
+                "OTEL_SERVICE_NAME".to_owned(),
+                format!("vllm-{}", self.role.as_str()),
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "500".to_owned()),
+        ]);
+        self
+    }
+}
+
 impl fmt::Display for ServeCommand {
     /// A line a POSIX shell runs as is.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -326,6 +346,8 @@ fn common_args(
 ) -> Vec<String> {
     // `--enable-scale-out` serves the token-in, token-out `/inference/v1/generate` (and the
     // prompt renderings), which the gateway disaggregates like the other generation APIs.
+    // `--enable-prompt-tokens-details` reports `usage.prompt_tokens_details.cached_tokens`:
+    // on decode, the prefill's prefix-cache hits it finds in the KV transfer parameters.
     let mut args = words(&[
         "--served-model-name",
         served_model_name,
@@ -334,6 +356,7 @@ fn common_args(
         "--port",
         &listen.port().to_string(),
         "--enable-scale-out",
+        "--enable-prompt-tokens-details",
     ]);
     if let Some(kv_config) = kv_config {
         args.extend(words(&["--kv-transfer-config", &kv_config.to_string()]));
@@ -513,7 +536,7 @@ mod tests {
             "CUDA_VISIBLE_DEVICES=1,2 VLLM_ENABLE_RESPONSES_API_STORE=1 \
              VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5 VLLM_NIXL_SIDE_CHANNEL_PORT=5602 \
              vllm serve Qwen/Qwen3-0.6B --served-model-name qwen --host 10.0.0.5 --port 8201 \
-             --enable-scale-out --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
+             --enable-scale-out --enable-prompt-tokens-details --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_consumer\"}' \
              --data-parallel-size 2"
         );
     }

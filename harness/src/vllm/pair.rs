@@ -64,6 +64,8 @@ pub struct VllmPairOptions {
     /// Each registry entry names the models its engine serves (`models`: the served model
     /// name, and the adapter's with `lora`); otherwise entries name none.
     pub registry_models: bool,
+    /// Both engines export their spans over OTLP/gRPC to this collector; none: no traces.
+    pub otlp: Option<SocketAddr>,
 }
 
 impl VllmPairOptions {
@@ -78,6 +80,7 @@ impl VllmPairOptions {
             tls: None,
             lora: false,
             registry_models: false,
+            otlp: None,
         }
     }
 }
@@ -442,6 +445,7 @@ pub fn cpu_dry_run_plan(options: &VllmPairOptions) -> PairPlan {
         tls: options.tls.clone(),
         adapter_dir: options.lora.then(|| tiny_adapter_dir(&options.repo_root)),
         registry_models: options.registry_models,
+        otlp: options.otlp,
     })
 }
 
@@ -480,6 +484,7 @@ fn prepare_cpu(options: &VllmPairOptions) -> Result<CpuPairLayout> {
         tls: options.tls.clone(),
         adapter_dir,
         registry_models: options.registry_models,
+        otlp: options.otlp,
     })
 }
 

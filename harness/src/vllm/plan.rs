@@ -142,6 +142,8 @@ pub struct CpuPairLayout {
     pub adapter_dir: Option<PathBuf>,
     /// Whether each registry entry names the models the engines serve (`models`).
     pub registry_models: bool,
+    /// The OTLP/gRPC collector both engines export their spans to; none: no traces.
+    pub otlp: Option<SocketAddr>,
 }
 
 impl CpuPairLayout {
@@ -225,17 +227,23 @@ pub fn cpu_plan(layout: &CpuPairLayout) -> PairPlan {
         },
         address: listen,
         dp_size: 1,
-        command: cpu_serve_command(&CpuInstance {
-            role,
-            tls: layout.tls.as_ref(),
-            listen,
-            vllm: &vllm_command(&layout.python),
-            model_dir: &layout.model_dir,
-            served_model_name: &layout.served_model_name,
-            kv: layout.kv(role),
-            dp_size: 1,
-            lora: layout.lora(),
-        }),
+        command: {
+            let command = cpu_serve_command(&CpuInstance {
+                role,
+                tls: layout.tls.as_ref(),
+                listen,
+                vllm: &vllm_command(&layout.python),
+                model_dir: &layout.model_dir,
+                served_model_name: &layout.served_model_name,
+                kv: layout.kv(role),
+                dp_size: 1,
+                lora: layout.lora(),
+            });
+            match layout.otlp {
+                Some(collector) => command.traced(collector),
+                None => command,
+            }
+        },
         models: layout.registry_models.then(|| served_models.clone()),
     };
     PairPlan {

@@ -82,6 +82,18 @@ impl Host for Envoy {
             .map_err(refused)
     }
 
+    fn dispatch_grpc(
+        &self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        message: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, HostError> {
+        hostcalls::dispatch_grpc_call(cluster, service, method, vec![], Some(message), timeout)
+            .map_err(refused)
+    }
+
     fn call_response_headers(&self) -> Result<Headers, HostError> {
         hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).map_err(refused)
     }

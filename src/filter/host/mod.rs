@@ -17,6 +17,8 @@ pub mod rules;
 
 use std::time::Duration;
 
+use crate::policy::trace::SpanIds;
+
 pub type Headers = Vec<(String, Vec<u8>)>;
 
 /// A shared-data value and its compare-and-swap token (`None`: no such key).
@@ -85,6 +87,17 @@ pub trait Host {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<u32, HostError>;
+    /// Starts a unary gRPC call whose answer the filter does not wait for.
+    fn dispatch_grpc(
+        &self,
+        _cluster: &str,
+        _service: &str,
+        _method: &str,
+        _message: &[u8],
+        _timeout: Duration,
+    ) -> Result<u32, HostError> {
+        Err(HostError::Refused("no gRPC calls"))
+    }
     fn call_response_headers(&self) -> Result<Headers, HostError>;
     fn call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
 
@@ -100,6 +113,20 @@ pub trait Host {
     /// Adds `offset` to a counter (positive) or a gauge.
     fn increment_metric(&self, id: u32, offset: i64) -> Result<(), HostError>;
     fn record_metric(&self, id: u32, value: u64) -> Result<(), HostError>;
+
+    /// Whether the host has spans of its own (the native module: Envoy's tracer; proxy-wasm
+    /// has none).
+    fn has_spans(&self) -> bool {
+        false
+    }
+    /// Opens the span of the filter's own call, a child of the request's span, where the host
+    /// has spans; its ids, for the call's `traceparent`. None: no span (the request is not
+    /// traced, or the host has none).
+    fn open_call_span(&self, _operation: &str) -> Option<SpanIds> {
+        None
+    }
+    /// Tags and ends the span [`Host::open_call_span`] opened; nothing if none is open.
+    fn close_call_span(&self, _tags: &[(&str, &str)]) {}
 
     /// Nanoseconds since the Unix epoch by the host's clock (0 if it cannot tell).
     fn now_nanos(&self) -> u64;

@@ -251,3 +251,21 @@ fn another_path_without_a_body_is_retried_without_one() {
     );
     assert_eq!(request.only_sent().status, 200);
 }
+
+#[test]
+fn the_filters_own_decode_retry_names_envoys_request_span() {
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let headers = [
+        ("x-pinroute-trace", &*format!("{trace}/b7ad6b7169203331")),
+        ("traceparent", &*format!("00-{trace}-00f067aa0ba902b7-01")),
+    ];
+    let mut request = routed(&headers);
+    request.refused();
+    let (call, _) = request.decode_call();
+    assert_eq!(
+        call.header("traceparent"),
+        Some(&*format!("00-{trace}-b7ad6b7169203331-01")),
+        "not the client's span"
+    );
+    assert_eq!(call.header("x-pinroute-trace"), None);
+}

@@ -10,6 +10,7 @@ use crate::filter::host::rules::{self as host_rules, Access, Direction};
 use crate::filter::host::{Flow, HostError, MetricKind};
 
 use crate::filter::host::{Headers, Host, SharedValue};
+use crate::policy::trace::SpanIds;
 
 /// A request the filter dispatched.
 #[derive(Debug, Clone)]
@@ -77,6 +78,13 @@ pub struct State {
     /// How often a call's answer body was copied into the VM.
     pub call_body_reads: usize,
     pub fail_dispatch: bool,
+    /// Call spans: the ids the next one gets (none: the host has no spans), the one open,
+    /// the tags of each closed one.
+    pub next_span: Option<SpanIds>,
+    pub open_span: Option<SpanIds>,
+    pub closed_spans: Vec<Vec<(String, String)>>,
+    /// gRPC calls: cluster, `service/method`, message.
+    pub grpc_calls: Vec<(String, String, Vec<u8>)>,
     /// Where the request and the response stand, for Envoy's rules (`host_rules`).
     pub request: Direction,
     pub response: Direction,
@@ -267,6 +275,47 @@ impl Host for FakeHost {
         }
         state.log_fields.insert(key.to_owned(), value.to_owned());
         Ok(())
+    }
+
+    fn dispatch_grpc(
+        &self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        message: &[u8],
+        _timeout: Duration,
+    ) -> Result<u32, HostError> {
+        let mut state = self.state();
+        let call = (
+            cluster.to_owned(),
+            format!("{service}/{method}"),
+            message.to_vec(),
+        );
+        state.grpc_calls.push(call);
+        Ok(u32::try_from(state.grpc_calls.len()).unwrap_or(u32::MAX) + 1000)
+    }
+
+    fn has_spans(&self) -> bool {
+        self.state().next_span.is_some()
+    }
+
+    fn open_call_span(&self, _operation: &str) -> Option<SpanIds> {
+        let mut state = self.state();
+        if state.open_span.is_some() {
+            state
+                .refusals
+                .push("open_call_span: one is open".to_owned());
+        }
+        state.open_span = state.next_span.clone();
+        state.open_span.clone()
+    }
+
+    fn close_call_span(&self, tags: &[(&str, &str)]) {
+        let mut state = self.state();
+        if state.open_span.take().is_some() {
+            let tags = tags.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            state.closed_spans.push(tags.collect());
+        }
     }
 
     fn replace_response_body(&self, old_size: usize, body: &[u8]) -> Result<(), HostError> {

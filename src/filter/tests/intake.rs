@@ -86,6 +86,26 @@ fn no_content_header_of_the_client_reaches_the_prefill_hop() {
     assert_eq!(call.header("traceparent"), Some("00-1-2-01"));
 }
 
+#[test]
+fn the_prefill_hop_names_envoys_request_span_as_its_parent() {
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let headers = [
+        ("x-pinroute-trace", &*format!("{trace}/b7ad6b7169203331")),
+        ("traceparent", &*format!("00-{trace}-00f067aa0ba902b7-00")),
+        ("tracestate", "vendor=1"),
+    ];
+    let request = Request::completion(REGISTRY, &headers, PROMPT);
+    assert_eq!(request.host.request_header("x-pinroute-trace"), None);
+    let call = request.prefill_call();
+    assert_eq!(
+        call.header("traceparent"),
+        Some(&*format!("00-{trace}-b7ad6b7169203331-00")),
+        "Envoy's span, the client's sampled flag"
+    );
+    assert_eq!(call.header("tracestate"), Some("vendor=1"));
+    assert_eq!(call.header("x-pinroute-trace"), None);
+}
+
 const CALLER_RULES: &str =
     r#""callers": {"may_pin": ["ops"], "may_use_sessions": ["ops", "chat"]}"#;
 

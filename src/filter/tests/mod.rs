@@ -24,6 +24,7 @@ use super::host::Flow;
 use super::env::Env;
 use super::metrics::Metrics;
 use super::shared::Slots;
+use super::span_export::SpanQueue;
 use super::stream::Stream;
 use crate::policy::config::Config;
 use fake_host::{Call, FakeHost, Part};
@@ -54,6 +55,8 @@ const COMPLETION_HEADERS: &[(&str, &str)] = &[
 struct Request {
     host: FakeHost,
     stream: Stream<FakeHost>,
+    /// The VM's spans waiting for its root's export.
+    spans: Rc<SpanQueue>,
 }
 
 impl Request {
@@ -82,7 +85,15 @@ impl Request {
     ) -> Self {
         let config = Rc::new(config);
         let metrics = Rc::new(Metrics::define(&host));
-        let env = Env::new(host.clone(), config, Rc::new(Cell::new(0)), metrics, slots);
+        let spans = Rc::new(SpanQueue::default());
+        let env = Env::new(
+            host.clone(),
+            config,
+            Rc::new(Cell::new(0)),
+            metrics,
+            slots,
+            spans.clone(),
+        );
         host.new_stream(
             headers
                 .iter()
@@ -92,6 +103,7 @@ impl Request {
         Self {
             host,
             stream: Stream::new(env),
+            spans,
         }
     }
 

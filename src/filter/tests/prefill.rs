@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::policy::trace::SpanIds;
 
 #[test]
 fn a_decode_pin_gets_a_free_prefill_hop_then_the_spliced_decode_body() {
@@ -268,4 +269,108 @@ fn a_body_arriving_in_pieces_is_read_once_whole() {
     assert!(request.host.take_calls().is_empty());
     assert_eq!(request.body_chunk(PROMPT.len(), true), Flow::Pause);
     assert_eq!(request.host.take_calls().len(), 1);
+}
+
+#[test]
+fn where_the_host_has_spans_each_prefill_attempt_is_one_naming_its_worker() {
+    let host = FakeHost::default();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let span = |id: &str| SpanIds::new(trace, id);
+    host.state().next_span = span("aaaaaaaaaaaaaaaa");
+    let client = [("traceparent", &*format!("00-{trace}-00f067aa0ba902b7-00"))];
+    let mut request = Request::completion_on(host, REGISTRY, &client, PROMPT);
+    let first = request.prefill_call();
+    assert_eq!(
+        first.header("traceparent"),
+        Some(&*format!("00-{trace}-aaaaaaaaaaaaaaaa-00")),
+        "the worker's parent is the hop's span; the client's flag stays"
+    );
+    let copies = first.headers.iter().filter(|(n, _)| n == "traceparent");
+    assert_eq!(copies.count(), 1);
+    request.host.state().next_span = span("bbbbbbbbbbbbbbbb");
+    request.answer(&first, Some(503), REFUSED);
+    let second = request.prefill_call();
+    assert_eq!(
+        second.header("traceparent"),
+        Some(&*format!("00-{trace}-bbbbbbbbbbbbbbbb-00"))
+    );
+    request.answer(
+        &second,
+        Some(200),
+        &format!(r#"{{"kv_transfer_params": {KV}}}"#),
+    );
+    let closed = request.host.state().closed_spans.clone();
+    let tag = |span: usize, key: &str| {
+        closed[span]
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(closed.len(), 2, "{closed:?}");
+    for (span, worker, outcome, status) in [(0, "101", "failed", "503"), (1, "102", "ok", "200")] {
+        assert_eq!(
+            tag(span, "pinroute.prefill_worker").as_deref(),
+            Some(worker)
+        );
+        assert_eq!(tag(span, "pinroute.outcome").as_deref(), Some(outcome));
+        assert_eq!(
+            tag(span, "http.response.status_code").as_deref(),
+            Some(status)
+        );
+    }
+    assert!(tag(0, "pinroute.failure").is_some());
+    assert_eq!(request.host.state().open_span, None);
+}
+
+#[test]
+fn without_host_spans_the_filter_exports_the_prefill_hops_span_when_sampled() {
+    let config = config_with(r#""trace_export_cluster": "otlp""#);
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let request_span = "b7ad6b7169203331";
+    for (flags, exported) in [("01", true), ("00", false)] {
+        let headers = [
+            ("x-pinroute-trace", &*format!("{trace}/{request_span}")),
+            (
+                "traceparent",
+                &*format!("00-{trace}-00f067aa0ba902b7-{flags}"),
+            ),
+        ];
+        let mut request = Request::completion(&config, &headers, PROMPT);
+        let call = request.prefill_call();
+        let (ids, _) = SpanIds::from_traceparent(call.header("traceparent").unwrap()).unwrap();
+        assert_eq!(ids.trace_id, trace);
+        assert_eq!(ids.span_id != request_span, exported, "flags {flags}");
+        request.answer(
+            &call,
+            Some(200),
+            &format!(r#"{{"kv_transfer_params": {KV}}}"#),
+        );
+        assert!(
+            request.host.state().grpc_calls.is_empty(),
+            "the stream exports nothing itself: its root does"
+        );
+        assert_eq!(request.spans.len(), usize::from(exported), "flags {flags}");
+        request.spans.export(&request.host, "otlp");
+        let grpc = request.host.state().grpc_calls.clone();
+        if !exported {
+            assert!(grpc.is_empty(), "an unsampled request exports nothing");
+            continue;
+        }
+        assert_eq!(grpc.len(), 1);
+        assert_eq!(request.spans.len(), 0, "exported once");
+        let (cluster, method, message) = &grpc[0];
+        assert_eq!(cluster, "otlp");
+        assert_eq!(
+            method,
+            "opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        );
+        let text = String::from_utf8_lossy(message);
+        for part in [
+            "pinroute prefill",
+            "pinroute.prefill_worker",
+            "pinroute.outcome",
+        ] {
+            assert!(text.contains(part), "{part}");
+        }
+    }
 }

@@ -283,7 +283,7 @@ pub(crate) fn color(scenario: Scenario) -> RGBColor {
     }
 }
 
-fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
+pub(crate) fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
     anyhow!("drawing a plot: {error:?}")
 }
 

@@ -343,4 +343,32 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
 
     pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
+
+    /// The stream's span; null when the request is not traced (Envoy's null span).
+    pub fn envoy_dynamic_module_callback_http_get_active_span(
+        filter: FilterEnvoyPtr,
+    ) -> *mut c_void;
+    /// A child of `span` (an egress span), the module's until `child_span_finish`; null if
+    /// none could be made.
+    pub fn envoy_dynamic_module_callback_http_span_spawn_child(
+        filter: FilterEnvoyPtr,
+        span: *mut c_void,
+        operation: ModuleBuffer,
+    ) -> *mut c_void;
+    /// Hex ids, in storage Envoy reuses at the next such call: copied at once.
+    pub fn envoy_dynamic_module_callback_http_span_get_trace_id(
+        span: *mut c_void,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_span_get_span_id(
+        span: *mut c_void,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_span_set_tag(
+        span: *mut c_void,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    );
+    /// Finishes a child span and frees it.
+    pub fn envoy_dynamic_module_callback_http_child_span_finish(span: *mut c_void);
 }

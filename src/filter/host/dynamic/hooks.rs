@@ -27,6 +27,7 @@ use super::host::{
     tick_period, with_call_answer,
 };
 use super::registry;
+use super::spans;
 use crate::filter::host::{Flow, MetricKind};
 use crate::filter::metrics::fixed_metrics;
 use crate::filter::root::Root;
@@ -194,6 +195,9 @@ struct FilterState {
     end_pending: Cell<bool>,
     /// A hook panicked: the state is left alone from then on.
     broken: Cell<bool>,
+    /// The stream's Envoy filter, as its last hook named it (for what outlives the hooks:
+    /// an open call span, [`spans::abandon`]).
+    filter: Cell<FilterEnvoyPtr>,
 }
 
 /// Restores [`CURRENT`] when a hook is over, however it ends.
@@ -221,6 +225,7 @@ impl FilterState {
         if self.broken.get() {
             return None;
         }
+        self.filter.set(filter);
         let result = {
             let _entered = Entered::new(filter);
             let Ok(mut stream) = self.stream.try_borrow_mut() else {
@@ -400,6 +405,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
                 ended: Cell::new(false),
                 end_pending: Cell::new(false),
                 broken: Cell::new(false),
+                filter: Cell::new(filter),
             });
             Box::into_raw(state).cast_const().cast::<c_void>()
         },
@@ -493,6 +499,11 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
     // SAFETY: `module` is the `FilterState` `http_filter_new` boxed; Envoy destroys it once,
     // after its last hook, and this takes it back.
     let state = unsafe { Box::from_raw(module.cast_mut().cast::<FilterState>()) };
+    guarded(
+        "http_filter_destroy",
+        || spans::abandon(state.filter.get()),
+        || (),
+    );
     guarded(
         "http_filter_destroy",
         || state.end(std::ptr::null_mut()),

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterEnvoyPtr, ModuleBuffer};
+use super::spans;
 use crate::filter::host::{Headers, Host, HostError, MetricKind, SharedValue};
+use crate::policy::trace::SpanIds;
 
 /// One filter configuration as Envoy created it on the main thread: shared by every worker
 /// thread, so it holds only what is `Send + Sync`.
@@ -390,6 +392,20 @@ impl Host for Dynamic {
             )
         };
         refused(ok, "the stream's filter state is not available")
+    }
+
+    fn has_spans(&self) -> bool {
+        true
+    }
+
+    fn open_call_span(&self, operation: &str) -> Option<SpanIds> {
+        spans::open(current().ok()?, operation)
+    }
+
+    fn close_call_span(&self, tags: &[(&str, &str)]) {
+        if let Ok(filter) = current() {
+            spans::close(filter, tags);
+        }
     }
 
     fn replace_response_body(&self, _old_size: usize, body: &[u8]) -> Result<(), HostError> {

@@ -19,3 +19,4 @@ mod guard;
 mod hooks;
 mod host;
 mod registry;
+mod spans;
