@@ -14,7 +14,12 @@
 //! - `GET /health`, `GET /v1/models`, `GET /metrics` (Prometheus text: `sim_requests_total`,
 //!   `sim_kv_produced_total`, `sim_kv_loaded_total`, `sim_generated_tokens_total`,
 //!   `sim_prompt_tokens_cached_total`, `sim_prompt_tokens_computed_total`,
-//!   `sim_kv_pending`, `sim_dp_rank_requests_total{dp_rank}`).
+//!   `sim_kv_pending`, `sim_dp_rank_requests_total{dp_rank}`; and, as vLLM publishes them
+//!   per data-parallel engine, `vllm:num_requests_running`, `vllm:num_requests_waiting`
+//!   and `vllm:kv_cache_usage_perc` with labels `engine="<rank>"` and
+//!   `model_name="<model>"`: a request waits from its arrival until its turn on the engine
+//!   (behind other prefills, or loading remote KV), then runs until its answer ends; the
+//!   KV-cache usage is the prefix cache's, 0 without one).
 //!
 //! With `cache_blocks` set, a worker models vLLM's prefix cache ([`PromptBlocks`]): a
 //! bounded LRU of 16-token prompt blocks; a prompt it prefills itself (a prefill hop, or a
@@ -70,6 +75,13 @@
 //!   - `DELETE /sim/requests`: forget them (204);
 //!   - `POST /sim/fault` with `{"fault": "none" | "hang" | "close" | {"status": 503}}`,
 //!     `GET /sim/fault` answers the same shape;
+//!   - `POST /sim/metrics-fault` with `{"fault": "none" | "garbage" | "huge" | "hang" |
+//!     {"status": 500}}` ([`MetricsFault`], `GET /sim/metrics-fault` answers the same
+//!     shape): fails `GET /metrics` only;
+//!   - `POST /sim/engine-load` with `{"waiting": 2, "running": 1, "kv_cache_usage": 0.5,
+//!     "rank": 0}` ([`EngineLoadOverride`]; without `rank`, every rank's): the published
+//!     counts of the rank are its real ones plus these, its KV-cache usage this one;
+//!     `DELETE /sim/engine-load` drops the overrides (204);
 //!   - `GET /sim/info`: `{"id", "role", "dp_size", "model", "address", ...}`;
 //!   - `GET /sim/kv/{id}`: takes a KV entry (prefill workers; 404 when absent).
 //!
@@ -80,7 +92,9 @@ mod completion;
 mod config;
 mod engine;
 mod kv;
+mod load;
 mod messages;
+mod metrics;
 mod openai;
 mod responses;
 mod routes;
@@ -101,9 +115,10 @@ use tokio::task::JoinHandle;
 
 pub use cache::{BLOCK_TOKENS, PromptBlocks};
 pub use completion::PREFILL_LATENCY_HEADER;
-pub use config::{Fault, RecordedRequest, SimConfig, SimRole};
+pub use config::{Fault, MetricsFault, RecordedRequest, SimConfig, SimRole};
 pub use kv::{KvEntry, prompt_hash};
-pub use routes::FaultRequest;
+pub use load::EngineLoadOverride;
+pub use routes::{FaultRequest, MetricsFaultRequest};
 
 use state::SimState;
 
@@ -173,6 +188,27 @@ impl SimWorker {
 
     pub fn set_fault(&self, fault: Fault) {
         self.state.set_fault(fault);
+    }
+
+    pub fn metrics_fault(&self) -> MetricsFault {
+        self.state.metrics_fault()
+    }
+
+    pub fn set_metrics_fault(&self, fault: MetricsFault) {
+        self.state.set_metrics_fault(fault);
+    }
+
+    /// As `POST /sim/engine-load`: refused for a rank the worker lacks.
+    pub fn set_engine_load(&self, update: EngineLoadOverride) -> anyhow::Result<()> {
+        self.state
+            .load
+            .set_override(update)
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// As `DELETE /sim/engine-load`.
+    pub fn clear_engine_load(&self) {
+        self.state.load.clear_overrides();
     }
 
     /// KV entries produced and not yet taken by a decode worker.
@@ -347,5 +383,49 @@ impl SimClient {
             .send()
             .await?;
         Ok(response.error_for_status()?.json().await?)
+    }
+    pub async fn set_metrics_fault(&self, fault: MetricsFault) -> anyhow::Result<()> {
+        let url = format!("{}/sim/metrics-fault", self.base);
+        self.http
+            .post(url)
+            .json(&MetricsFaultRequest { fault })
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    pub async fn metrics_fault(&self) -> anyhow::Result<MetricsFault> {
+        let response = self
+            .http
+            .get(format!("{}/sim/metrics-fault", self.base))
+            .send()
+            .await?;
+        Ok(response
+            .error_for_status()?
+            .json::<MetricsFaultRequest>()
+            .await?
+            .fault)
+    }
+
+    /// `POST /sim/engine-load`.
+    pub async fn set_engine_load(&self, update: EngineLoadOverride) -> anyhow::Result<()> {
+        self.http
+            .post(format!("{}/sim/engine-load", self.base))
+            .json(&update)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// `DELETE /sim/engine-load`.
+    pub async fn clear_engine_load(&self) -> anyhow::Result<()> {
+        self.http
+            .delete(format!("{}/sim/engine-load", self.base))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
     }
 }

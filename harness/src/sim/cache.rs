@@ -124,6 +124,11 @@ impl PrefixCache {
         *lock(&self.inner) = Lru::default();
     }
 
+    /// Its size in blocks.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         lock(&self.inner).used.len()

@@ -41,7 +41,7 @@ pub(crate) async fn handle_completion(
 ) -> Response {
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     state.record(endpoint.path(), headers, body.clone());
-    let in_flight = InFlight::start(state);
+    let mut in_flight = InFlight::start(state);
     let selection = state.select_rank(headers);
     let fault = match state.fault() {
         Fault::Hostile => {
@@ -68,6 +68,7 @@ pub(crate) async fn handle_completion(
         }
     };
     state.count_rank_request(rank);
+    in_flight.queue_on(state, rank);
     let padding = match fault {
         Fault::KvPadding(bytes) => bytes,
         _ => 0,
@@ -271,7 +272,7 @@ async fn generate(
     headers: &HeaderMap,
     body: &Value,
     rank: u32,
-    in_flight: InFlight,
+    mut in_flight: InFlight,
     kv_padding: usize,
 ) -> Result<Response, ApiError> {
     let model = body.get("model").and_then(Value::as_str);
@@ -291,7 +292,8 @@ async fn generate(
         None => prefill_latency(state, headers),
     };
     let prompt = request.prompt(body);
-    let mut prefilled = prefill(state, prompt, &request, plan.kv_from.is_some()).await;
+    let loaded = plan.kv_from.is_some();
+    let mut prefilled = prefill(state, prompt, &request, loaded, &mut in_flight).await;
     if let Some(cached) = plan.loaded_cached_tokens {
         prefilled.cached = cached;
     }
@@ -366,18 +368,23 @@ struct Prefilled {
 
 /// The prompt's part of the request: loaded from a prefill worker (the KV arrives, nothing
 /// is computed), or prefilled here, the tokens its prefix cache lacks computed on the
-/// engine. Either way the worker's cache holds the prompt afterwards.
+/// engine. Either way the worker's cache holds the prompt afterwards. The request runs
+/// from its turn on the engine on (at once when nothing is computed).
 async fn prefill(
     state: &SimState,
     prompt: &Value,
     request: &GenerationRequest,
     loaded: bool,
+    in_flight: &mut InFlight,
 ) -> Prefilled {
     let Some(cache) = &state.cache else {
+        in_flight.run(0);
         return Prefilled::default();
     };
     let blocks = PromptBlocks::of(prompt);
+    let held = blocks.hashes.len();
     if loaded {
+        in_flight.run(held);
         cache.store(&blocks.hashes);
         return Prefilled::default();
     }
@@ -388,7 +395,7 @@ async fn prefill(
         .config
         .prefill_per_token
         .saturating_mul(u32::try_from(computed).unwrap_or(u32::MAX));
-    state.engine.compute(work).await;
+    state.engine.compute(work, || in_flight.run(held)).await;
     cache.store(&blocks.hashes);
     bump(&state.counters.cached_prompt_tokens, cached);
     bump(&state.counters.computed_prompt_tokens, computed);

@@ -220,6 +220,28 @@ pub const HOSTILE_ANSWERS: [Fault; 4] = [
     Fault::GzipAlways,
 ];
 
+/// A failure injected into `GET /metrics` only: what a gateway scraping the worker's load
+/// must survive.
+///
+/// JSON shape (as used by `POST /sim/metrics-fault`, wrapped in `{"fault": ...}`):
+/// `"none"`, `"garbage"`, `"huge"`, `"hang"`, `{"status": 500}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsFault {
+    /// Serve the metrics.
+    #[default]
+    None,
+    /// Answer 200 with noise around malformed samples: NaN and huge values, an absurd
+    /// engine index, a sample without value, a 10 KB label, invalid UTF-8.
+    Garbage,
+    /// Answer 200 with over 100 MB of valid-looking vLLM samples, streamed.
+    Huge,
+    /// Never answer (until the worker stops).
+    Hang,
+    /// Answer this HTTP status.
+    Status(u16),
+}
+
 /// One request received on a completion path, as recorded by the simulator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedRequest {

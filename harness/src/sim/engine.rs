@@ -25,11 +25,17 @@ impl Default for Engine {
 }
 
 impl Engine {
-    /// Queues `work` after what is queued and returns once it is done.
-    pub async fn compute(&self, work: Duration) {
-        if !work.is_zero() {
-            tokio::time::sleep_until(self.reserve(Instant::now(), work)).await;
+    /// Queues `work` after what is queued, calls `started` when its turn comes and returns
+    /// once it is done.
+    pub async fn compute(&self, work: Duration, started: impl FnOnce()) {
+        if work.is_zero() {
+            started();
+            return;
         }
+        let done = self.reserve(Instant::now(), work);
+        tokio::time::sleep_until(done - work).await;
+        started();
+        tokio::time::sleep_until(done).await;
     }
 
     /// Queues `work` at `now`, after what is queued: when it will be done.

@@ -1,6 +1,5 @@
 //! The simulator's HTTP routes.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
@@ -17,11 +16,13 @@ use super::completion::{
     DP_RANK_RESPONSE_HEADER, WORKER_ID_HEADER, add_identity_headers, handle_completion,
     handle_side_request,
 };
-use super::config::Fault;
+use super::config::{Fault, MetricsFault};
+use super::load::EngineLoadOverride;
 use super::messages::count_tokens_response;
+use super::metrics;
 use super::openai::{ApiError, Endpoint, anthropic_input_tokens};
 use super::responses;
-use super::state::{SimState, read};
+use super::state::SimState;
 
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
@@ -33,11 +34,17 @@ pub struct FaultRequest {
     pub fault: Fault,
 }
 
+/// Body of `POST /sim/metrics-fault` and answer of `GET /sim/metrics-fault`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsFaultRequest {
+    pub fault: MetricsFault,
+}
+
 pub(crate) fn router(state: Arc<SimState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(serve_metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(create_response))
@@ -49,6 +56,14 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/sim/info", get(info))
         .route("/sim/requests", get(list_requests).delete(clear_requests))
         .route("/sim/fault", get(get_fault).post(set_fault))
+        .route(
+            "/sim/metrics-fault",
+            get(get_metrics_fault).post(set_metrics_fault),
+        )
+        .route(
+            "/sim/engine-load",
+            post(set_engine_load).delete(clear_engine_load),
+        )
         .route("/sim/kv/{id}", get(take_kv))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -256,83 +271,44 @@ async fn take_kv(State(state): SharedState, Path(id): Path<String>) -> Response 
     }
 }
 
-async fn metrics(State(state): SharedState) -> Response {
-    let headers = [(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    )];
-    (headers, metrics_text(&state)).into_response()
+async fn get_metrics_fault(State(state): SharedState) -> Response {
+    json_ok(&json!(MetricsFaultRequest {
+        fault: state.metrics_fault()
+    }))
 }
 
-fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
-    let _ = write!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-    );
-}
-
-fn metrics_text(state: &SimState) -> String {
-    let counters = &state.counters;
-    let mut out = String::new();
-    write_metric(
-        &mut out,
-        "sim_requests_total",
-        "counter",
-        "Completion requests received.",
-        read(&counters.requests),
-    );
-    write_metric(
-        &mut out,
-        "sim_kv_produced_total",
-        "counter",
-        "KV entries produced by prefill hops.",
-        read(&counters.kv_produced),
-    );
-    write_metric(
-        &mut out,
-        "sim_kv_loaded_total",
-        "counter",
-        "KV entries loaded from prefill workers.",
-        read(&counters.kv_loaded),
-    );
-    write_metric(
-        &mut out,
-        "sim_prompt_tokens_cached_total",
-        "counter",
-        "Prompt tokens this worker prefilled that its prefix cache held.",
-        read(&counters.cached_prompt_tokens),
-    );
-    write_metric(
-        &mut out,
-        "sim_prompt_tokens_computed_total",
-        "counter",
-        "Prompt tokens this worker computed.",
-        read(&counters.computed_prompt_tokens),
-    );
-    write_metric(
-        &mut out,
-        "sim_generated_tokens_total",
-        "counter",
-        "Tokens generated.",
-        read(&counters.generated_tokens),
-    );
-    write_metric(
-        &mut out,
-        "sim_kv_pending",
-        "gauge",
-        "KV entries waiting for a decode worker.",
-        state.kv.len() as u64,
-    );
-    out.push_str(
-        "# HELP sim_dp_rank_requests_total Completion requests served per data-parallel rank.\n",
-    );
-    out.push_str("# TYPE sim_dp_rank_requests_total counter\n");
-    for (rank, counter) in state.rank_requests.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "sim_dp_rank_requests_total{{dp_rank=\"{rank}\"}} {}",
-            read(counter)
-        );
+async fn set_metrics_fault(State(state): SharedState, body: Bytes) -> Response {
+    match serde_json::from_slice::<MetricsFaultRequest>(&body) {
+        Ok(request) => {
+            state.set_metrics_fault(request.fault);
+            json_ok(&json!(request))
+        }
+        Err(error) => json_error(&ApiError::bad_request(format!(
+            "expected {{\"fault\": \"none\" | \"garbage\" | \"huge\" | \"hang\" | {{\"status\": 500}}}}: {error}"
+        ))),
     }
-    out
+}
+
+async fn set_engine_load(State(state): SharedState, body: Bytes) -> Response {
+    let update = match serde_json::from_slice::<EngineLoadOverride>(&body) {
+        Ok(update) => update,
+        Err(error) => {
+            return json_error(&ApiError::bad_request(format!(
+                "expected {{\"waiting\": 0, \"running\": 0, \"kv_cache_usage\": 0.0, \"rank\": 0 (optional)}}: {error}"
+            )));
+        }
+    };
+    match state.load.set_override(update) {
+        Ok(()) => json_ok(&json!(update)),
+        Err(message) => json_error(&ApiError::bad_request(message)),
+    }
+}
+
+async fn clear_engine_load(State(state): SharedState) -> StatusCode {
+    state.load.clear_overrides();
+    StatusCode::NO_CONTENT
+}
+
+async fn serve_metrics(State(state): SharedState) -> Response {
+    metrics::answer(&state).await
 }

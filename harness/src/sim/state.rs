@@ -9,9 +9,10 @@ use axum::http::HeaderMap;
 use tokio::sync::watch;
 
 use super::cache::PrefixCache;
-use super::config::{Fault, RecordedRequest, SimConfig};
+use super::config::{Fault, MetricsFault, RecordedRequest, SimConfig};
 use super::engine::Engine;
 use super::kv::KvStore;
+use super::load::{EngineLoad, LoadGuard};
 use super::responses::ResponseStore;
 
 /// The header vLLM reads to pick a data-parallel engine.
@@ -81,10 +82,13 @@ pub(crate) struct SimState {
     pub(crate) engine: Arc<Engine>,
     /// Completion requests being served (a stream until its last chunk).
     pub(crate) in_flight: Arc<AtomicU64>,
+    /// The requests of each rank waiting for or running on its engine.
+    pub(crate) load: Arc<EngineLoad>,
     /// Responses API responses kept with `store: true`.
     pub(crate) responses: Arc<ResponseStore>,
     recorded: Mutex<Vec<RecordedRequest>>,
     fault: Mutex<Fault>,
+    metrics_fault: Mutex<MetricsFault>,
     next_rank: AtomicU32,
     next_id: AtomicU64,
     /// Distinguishes ids handed out by different runs of the same worker.
@@ -113,6 +117,7 @@ impl SimState {
             cache,
             engine: Arc::default(),
             in_flight: Arc::default(),
+            load: Arc::new(EngineLoad::new(config.dp_size)),
             responses: Arc::new(ResponseStore::new()),
             config,
             advertised: advertised_address(bound),
@@ -122,6 +127,7 @@ impl SimState {
             http,
             recorded: Mutex::new(Vec::new()),
             fault: Mutex::new(Fault::None),
+            metrics_fault: Mutex::new(MetricsFault::None),
             next_rank: AtomicU32::new(0),
             next_id: AtomicU64::new(0),
             epoch,
@@ -162,6 +168,24 @@ impl SimState {
     pub(crate) fn set_fault(&self, fault: Fault) {
         log::info!("sim worker {}: fault set to {fault:?}", self.config.id);
         *lock(&self.fault) = fault;
+    }
+
+    pub(crate) fn metrics_fault(&self) -> MetricsFault {
+        *lock(&self.metrics_fault)
+    }
+
+    pub(crate) fn set_metrics_fault(&self, fault: MetricsFault) {
+        log::info!(
+            "sim worker {}: metrics fault set to {fault:?}",
+            self.config.id
+        );
+        *lock(&self.metrics_fault) = fault;
+    }
+
+    /// The fraction of the prefix cache's blocks in use (0 without a cache).
+    /// The KV cache's size in blocks; none without a prefix cache.
+    pub(crate) fn kv_capacity_blocks(&self) -> Option<usize> {
+        self.cache.as_ref().map(PrefixCache::capacity)
     }
 
     /// vLLM's rule: a numeric `X-data-parallel-rank` must be in `[0, dp_size)`, a
@@ -208,19 +232,39 @@ impl SimState {
     }
 }
 
-/// Counts one completion request in flight until dropped.
-pub(crate) struct InFlight(Arc<AtomicU64>);
+/// Counts one completion request in flight until dropped and, once it has a rank, in
+/// that rank's engine load.
+pub(crate) struct InFlight {
+    counter: Arc<AtomicU64>,
+    load: Option<LoadGuard>,
+}
 
 impl InFlight {
     pub(crate) fn start(state: &SimState) -> Self {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(state.in_flight.clone())
+        InFlight {
+            counter: state.in_flight.clone(),
+            load: None,
+        }
+    }
+
+    /// Served on `rank`: waiting for its engine until [`InFlight::run`].
+    pub(crate) fn queue_on(&mut self, state: &SimState, rank: u32) {
+        self.load = Some(state.load.arrive(rank));
+    }
+
+    /// Its compute starts: running on its rank rather than waiting, holding `blocks` of
+    /// the KV cache.
+    pub(crate) fn run(&mut self, blocks: usize) {
+        if let Some(load) = &mut self.load {
+            load.run(blocks as u64);
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.counter.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

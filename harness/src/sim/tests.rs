@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use super::{Fault, SimClient, SimConfig, SimRole, SimWorker};
+use super::{EngineLoadOverride, Fault, MetricsFault, SimClient, SimConfig, SimRole, SimWorker};
 
 const PROMPT: &str = "the quick brown fox jumps over the lazy dog";
 
@@ -1729,4 +1729,334 @@ async fn kv_prefilled_for_one_model_is_not_loaded_for_another() {
         "{}",
         refused.text
     );
+}
+
+async fn start_config(config: SimConfig) -> SimWorker {
+    SimWorker::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// The value of a vLLM gauge's sample for the engine of `rank`.
+fn vllm_gauge(text: &str, name: &str, rank: u32) -> f64 {
+    let labels = format!("{name}{{engine=\"{rank}\",model_name=");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&labels)?.rsplit_once("} "))
+        .unwrap_or_else(|| panic!("no {name} for rank {rank}:\n{text}"))
+        .1
+        .parse()
+        .unwrap()
+}
+
+/// `(waiting, running)` as the worker publishes them for `rank`.
+async fn engine_queue(worker: &SimWorker, rank: u32) -> (f64, f64) {
+    let text = get(worker, "/metrics").await.text;
+    (
+        vllm_gauge(&text, "vllm:num_requests_waiting", rank),
+        vllm_gauge(&text, "vllm:num_requests_running", rank),
+    )
+}
+
+/// Polls `/metrics` until `rank` publishes `(waiting, running)`.
+async fn wait_for_queue(worker: &SimWorker, rank: u32, expected: (f64, f64)) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let queue = engine_queue(worker, rank).await;
+        if queue == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank {rank} publishes (waiting, running) {queue:?}, not {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A streamed completion on `rank`, answered up to its headers.
+async fn open_stream(worker: &SimWorker, rank: u32, tokens: u32) -> reqwest::Response {
+    let response = client()
+        .post(format!("{}/v1/completions", worker.url()))
+        .header("x-data-parallel-rank", rank.to_string())
+        .json(&json!({"prompt": PROMPT, "max_tokens": tokens, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response
+}
+
+#[tokio::test]
+async fn vllm_load_gauges_are_published_per_rank() {
+    let config = SimConfig::new(350, SimRole::Aggregated)
+        .with_dp_size(2)
+        .with_served_models(&["org/served", "adapter"])
+        .with_cache_blocks(8)
+        .with_token_latency(Duration::from_millis(1));
+    let worker = start_config(config).await;
+    let idle = get(&worker, "/metrics").await.text;
+    assert_eq!(metric(&idle, "sim_requests_total"), 0, "sim metrics kept");
+    let expected = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="org/served"} 0.0
+vllm:num_requests_running{engine="1",model_name="org/served"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="org/served"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="org/served"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="org/served"} 0.0
+vllm:kv_cache_usage_perc{engine="1",model_name="org/served"} 0.0
+"#;
+    assert!(idle.ends_with(expected), "{idle}");
+
+    let two_blocks = long_prompt(31, "why");
+    let body =
+        json!({"model": "adapter", "prompt": two_blocks, "max_tokens": 2000, "stream": true});
+    let stream = client()
+        .post(format!("{}/v1/completions", worker.url()))
+        .header("x-data-parallel-rank", "1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let used = get(&worker, "/metrics").await.text;
+    assert_eq!(
+        vllm_gauge(&used, "vllm:kv_cache_usage_perc", 0),
+        0.0,
+        "{used}"
+    );
+    assert!(
+        used.contains("vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"org/served\"} 0.25\n"),
+        "its 2 blocks of 8, on its rank, while it runs:\n{used}"
+    );
+    drop(stream);
+    wait_for_queue(&worker, 1, (0.0, 0.0)).await;
+    let after = get(&worker, "/metrics").await.text;
+    assert_eq!(
+        vllm_gauge(&after, "vllm:kv_cache_usage_perc", 1),
+        0.0,
+        "cached blocks no request holds are free, as vLLM counts them"
+    );
+}
+
+#[tokio::test]
+async fn requests_queued_behind_a_prefill_wait_while_it_runs() {
+    let config = SimConfig::new(351, SimRole::Aggregated)
+        .with_dp_size(2)
+        .with_cache_blocks(1000)
+        .with_prefill_per_token(Duration::from_millis(2))
+        .with_token_latency(Duration::from_millis(1));
+    let worker = start_config(config).await;
+    let url = format!("{}/v1/completions", worker.url());
+    let requests: Vec<_> = (0..3)
+        .map(|i| {
+            // ~400 ms of compute each, none sharing a block with another.
+            let body = json!({"prompt": format!("{i} {}", long_prompt(200, "q")), "max_tokens": 2});
+            let request = client()
+                .post(url.clone())
+                .header("x-data-parallel-rank", "0")
+                .json(&body);
+            tokio::spawn(request.send())
+        })
+        .collect();
+    wait_for_queue(&worker, 0, (2.0, 1.0)).await;
+    assert_eq!(engine_queue(&worker, 1).await, (0.0, 0.0), "another rank");
+    for request in requests {
+        assert_eq!(request.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(engine_queue(&worker, 0).await, (0.0, 0.0));
+}
+
+#[tokio::test]
+async fn a_stream_runs_until_its_end_and_a_cancelled_one_leaves_the_counts() {
+    let config = SimConfig::new(352, SimRole::Aggregated)
+        .with_dp_size(2)
+        .with_token_latency(Duration::from_millis(30));
+    let worker = start_config(config).await;
+    let stream = open_stream(&worker, 1, 10).await;
+    wait_for_queue(&worker, 1, (0.0, 1.0)).await;
+    assert_eq!(engine_queue(&worker, 0).await, (0.0, 0.0));
+    let text = stream.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(engine_queue(&worker, 1).await, (0.0, 0.0), "done");
+
+    let cancelled = open_stream(&worker, 1, 100).await;
+    wait_for_queue(&worker, 1, (0.0, 1.0)).await;
+    drop(cancelled);
+    wait_for_queue(&worker, 1, (0.0, 0.0)).await;
+    assert_eq!(worker.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn engine_load_overrides_add_to_the_real_counts() {
+    let worker = start_config(
+        SimConfig::new(353, SimRole::Aggregated)
+            .with_dp_size(2)
+            .with_token_latency(Duration::from_millis(30)),
+    )
+    .await;
+    let control = SimClient::new(worker.addr()).unwrap();
+    let on_rank_1 = EngineLoadOverride {
+        waiting: 5,
+        running: 2,
+        kv_cache_usage: 0.5,
+        rank: Some(1),
+    };
+    control.set_engine_load(on_rank_1).await.unwrap();
+    let text = get(&worker, "/metrics").await.text;
+    assert_eq!(vllm_gauge(&text, "vllm:kv_cache_usage_perc", 1), 0.5);
+    assert_eq!(vllm_gauge(&text, "vllm:kv_cache_usage_perc", 0), 0.0);
+    assert_eq!(engine_queue(&worker, 1).await, (5.0, 2.0));
+    assert_eq!(engine_queue(&worker, 0).await, (0.0, 0.0));
+
+    let stream = open_stream(&worker, 1, 100).await;
+    wait_for_queue(&worker, 1, (5.0, 3.0)).await;
+
+    let everywhere = json!({"waiting": 1, "running": 0, "kv_cache_usage": 0.125});
+    let reply = post(&worker, "/sim/engine-load", &[], &everywhere).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.json(), everywhere);
+    assert_eq!(engine_queue(&worker, 0).await, (1.0, 0.0));
+    assert_eq!(engine_queue(&worker, 1).await, (1.0, 1.0), "replaced");
+    let text = get(&worker, "/metrics").await.text;
+    assert_eq!(vllm_gauge(&text, "vllm:kv_cache_usage_perc", 0), 0.125);
+
+    let unknown_rank = json!({"waiting": 1, "running": 0, "kv_cache_usage": 0.0, "rank": 2});
+    let reply = post(&worker, "/sim/engine-load", &[], &unknown_rank).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(reply.error_message().contains("rank 2 is out of range"));
+    let incomplete = post(&worker, "/sim/engine-load", &[], &json!({"waiting": 1})).await;
+    assert_eq!(incomplete.status, StatusCode::BAD_REQUEST);
+    assert!(
+        worker
+            .set_engine_load(EngineLoadOverride {
+                rank: Some(7),
+                ..on_rank_1
+            })
+            .is_err()
+    );
+
+    control.clear_engine_load().await.unwrap();
+    assert_eq!(engine_queue(&worker, 0).await, (0.0, 0.0));
+    assert_eq!(
+        engine_queue(&worker, 1).await,
+        (0.0, 1.0),
+        "the real stream"
+    );
+    let text = get(&worker, "/metrics").await.text;
+    assert_eq!(vllm_gauge(&text, "vllm:kv_cache_usage_perc", 1), 0.0);
+    drop(stream);
+}
+
+#[tokio::test]
+async fn metrics_faults_fail_only_the_metrics() {
+    let worker = start(354, SimRole::Aggregated, 1).await;
+    let control = SimClient::new(worker.addr()).unwrap();
+    let completion = json!({"prompt": PROMPT, "max_tokens": 2});
+
+    control
+        .set_metrics_fault(MetricsFault::Garbage)
+        .await
+        .unwrap();
+    assert_eq!(
+        control.metrics_fault().await.unwrap(),
+        MetricsFault::Garbage
+    );
+    let response = client()
+        .get(format!("{}/metrics", worker.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let garbage = response.bytes().await.unwrap();
+    assert!(std::str::from_utf8(&garbage).is_err(), "invalid UTF-8");
+    let lines: Vec<&[u8]> = garbage.split(|byte| *byte == b'\n').collect();
+    let has_line = |line: &str| lines.contains(&line.as_bytes());
+    assert!(has_line(r#"vllm:num_requests_waiting{engine="0"} NaN"#));
+    assert!(has_line(
+        r#"vllm:num_requests_waiting{engine="99999999999"} 1e308"#
+    ));
+    assert!(has_line(
+        r#"vllm:kv_cache_usage_perc{engine="0",model_name="sim-model"}"#
+    ));
+    assert!(
+        lines.iter().any(|line| line.len() > 10 << 10),
+        "a 10 KB label"
+    );
+    post_ok(&worker, "/v1/completions", &[], &completion).await;
+
+    worker.set_metrics_fault(MetricsFault::Status(500));
+    let reply = get(&worker, "/sim/metrics-fault").await;
+    assert_eq!(reply.json(), json!({"fault": {"status": 500}}));
+    assert_eq!(
+        get(&worker, "/metrics").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(get(&worker, "/health").await.status, StatusCode::OK);
+
+    let reply = post(
+        &worker,
+        "/sim/metrics-fault",
+        &[],
+        &json!({"fault": "hang"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(worker.metrics_fault(), MetricsFault::Hang);
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let error = impatient
+        .get(format!("{}/metrics", worker.url()))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(error.is_timeout(), "{error:?}");
+    post_ok(&worker, "/v1/completions", &[], &completion).await;
+
+    let refused = post(
+        &worker,
+        "/sim/metrics-fault",
+        &[],
+        &json!({"fault": "slow"}),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    control.set_metrics_fault(MetricsFault::None).await.unwrap();
+    assert_eq!(engine_queue(&worker, 0).await, (0.0, 0.0));
+    assert_eq!(worker.fault(), Fault::None, "the other faults untouched");
+}
+
+#[tokio::test]
+async fn a_huge_metrics_fault_streams_over_100_mb_of_samples() {
+    let worker = start(355, SimRole::Aggregated, 1).await;
+    worker.set_metrics_fault(MetricsFault::Huge);
+    let mut response = client()
+        .get(format!("{}/metrics", worker.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let length = response.content_length().unwrap();
+    assert!(length >= 100 << 20, "{length} bytes");
+    let mut head = Vec::new();
+    while head.len() < 1 << 20 {
+        let chunk = response.chunk().await.unwrap().expect("more body");
+        head.extend_from_slice(&chunk);
+    }
+    drop(response);
+    let line = "vllm:num_requests_waiting{engine=\"0\",model_name=\"sim-model\"} 1.0";
+    let text = String::from_utf8(head).unwrap();
+    let (whole, _partial) = text.rsplit_once('\n').unwrap();
+    assert!(
+        whole.lines().all(|sample| sample == line),
+        "{}",
+        &whole[..200]
+    );
+    worker.stop().await;
 }
