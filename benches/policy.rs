@@ -198,6 +198,7 @@ fn resolver(config: &Config, turn: u64) -> Resolver<'_, RegistryOnly> {
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     }
 }
 
@@ -224,6 +225,7 @@ fn by_load(config: &Config, loads: &LoadTable, turn: u64) -> Result<(), String> 
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     };
     let route = resolver
         .resolve(&Pins::default())
@@ -264,6 +266,7 @@ fn by_affinity(
         },
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     };
     let route = resolver
         .resolve(&Pins::default())

@@ -9,6 +9,7 @@ use pinroute::policy::json::JsonObjectError;
 pub mod config;
 pub mod headers;
 pub mod json_object;
+pub mod metrics_page;
 pub mod nvext;
 pub mod resolve;
 pub mod rewrite;

@@ -634,6 +634,7 @@ impl World<'_> {
             prompt: self.prompt,
             picked: &picker::NOTHING,
             model: self.model,
+            rank_loads: None,
         }
     }
 

@@ -53,6 +53,11 @@ fn rewrite() {
 }
 
 #[test]
+fn metrics_page() {
+    replay("metrics_page", crate::metrics_page::check);
+}
+
+#[test]
 fn trace() {
     replay("trace", crate::trace::check);
 }

@@ -13,6 +13,7 @@ use super::span_export::SpanQueue;
 use crate::policy::api::ErrorShape;
 use crate::policy::availability::Observed;
 use crate::policy::config::Config;
+use crate::policy::engine_load::{EngineLoads, EngineTable};
 use crate::policy::error::RouteError;
 use crate::policy::headers;
 use crate::policy::load::LoadTable;
@@ -61,6 +62,8 @@ pub struct Env<H: Host> {
     pub holds_slot: bool,
     /// This VM's spans waiting for its root to export them.
     pub spans: Rc<SpanQueue>,
+    /// The engines' load as this thread last read it (`docs/semantics.md` §5).
+    engine: Rc<EngineTable>,
 }
 
 impl<H: Host> Env<H> {
@@ -71,6 +74,7 @@ impl<H: Host> Env<H> {
         metrics: Rc<Metrics>,
         slots: Rc<Slots>,
         spans: Rc<SpanQueue>,
+        engine: Rc<EngineTable>,
     ) -> Self {
         Self {
             host,
@@ -84,6 +88,7 @@ impl<H: Host> Env<H> {
             slots,
             holds_slot: false,
             spans,
+            engine,
         }
     }
 
@@ -244,30 +249,39 @@ impl<H: Host> Env<H> {
     ) -> T {
         let rotation = self.rotation.get();
         self.rotation.set(rotation.wrapping_add(1));
-        let loads = SharedLoads {
+        let now = self.host.now_nanos();
+        let sent = SharedLoads {
             host: &self.host,
             table: OnceCell::new(),
         };
         let settings = &self.config.settings;
+        let engine = settings.engine_load.as_ref().map(|source| EngineLoads {
+            sent: &sent,
+            table: &self.engine,
+            rule: source.rule(),
+            now,
+            rotation,
+        });
+        let loads: &dyn Loads = match &engine {
+            Some(engine) => engine,
+            None => &sent,
+        };
         let remembered = prompt.map_or_else(Vec::new, RequestPrompt::remembered);
         let affinity = prompt.map(|p| Affinity {
             depths: p.prefix.depths(settings.prefix_min_bytes),
             remembered: &remembered,
             busy: settings.busy(),
             rotation,
-            outstanding: &loads,
+            outstanding: loads,
         });
         let session = hints.session.as_deref();
-        let choice = select::unpinned_choice(session, affinity, rotation, &loads);
+        let choice = select::unpinned_choice(session, affinity, rotation, loads);
         let facts = prompt.map_or_else(PromptFacts::default, |p| PromptFacts {
             bytes: p.raw.len(),
             last_turn: p.last_turn,
         });
         let table = shared::health(&self.host);
-        let availability = Observed {
-            table: &table,
-            now: self.host.now_nanos(),
-        };
+        let availability = Observed { table: &table, now };
         resolve(&Resolver {
             registry: &self.config.registry,
             settings: &self.config.settings,
@@ -276,6 +290,7 @@ impl<H: Host> Env<H> {
             prompt: facts,
             picked: &hints.picked,
             model: self.model.as_deref(),
+            rank_loads: engine.as_ref().map(|e| e as &dyn Loads),
         })
     }
 

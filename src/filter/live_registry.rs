@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::host::Host;
+use super::shared;
 use crate::policy::config::RegistrySource;
 use crate::policy::registry::Registry;
 
@@ -33,20 +34,7 @@ pub fn newer_shared(host: &impl Host, known_version: Option<u32>) -> Option<(Reg
 
 /// Claims the next fetch for this thread when it is due; true when this thread should fetch.
 pub fn claim_fetch(host: &impl Host, source: &RegistrySource) -> bool {
-    let now = host.now_nanos();
-    let Ok((bytes, cas)) = host.shared_data(LEASE_KEY) else {
-        return false;
-    };
-    let due = bytes
-        .as_deref()
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes);
-    if now < due {
-        return false;
-    }
-    let next = now.saturating_add(u64::try_from(source.refresh().as_nanos()).unwrap_or(u64::MAX));
-    host.set_shared_data(LEASE_KEY, &next.to_le_bytes(), cas.or(Some(0)))
-        .is_ok()
+    shared::claim_period(host, LEASE_KEY, source.refresh())
 }
 
 /// The largest registry read (about 20,000 workers): a registry service cannot make every

@@ -32,6 +32,8 @@ pub enum Counter {
     PanicDecode,
     RegistryRefreshed,
     RegistryRefreshFailed,
+    EngineScraped,
+    EngineScrapeFailed,
     LocalShortPrompt,
     LocalNextTurn,
     LocalByPicker,
@@ -79,6 +81,8 @@ const COUNTERS: &[(Counter, &str)] = &[
         Counter::RegistryRefreshFailed,
         "pinroute.registry.refresh_failed",
     ),
+    (Counter::EngineScraped, "pinroute.engine.scraped"),
+    (Counter::EngineScrapeFailed, "pinroute.engine.scrape_failed"),
     (
         Counter::LocalShortPrompt,
         "pinroute.prefill.local_short_prompt",

@@ -14,8 +14,9 @@
 //! | [`span_export`] | the filter's own spans, queued by streams and exported by the root |
 //! | [`intake`] | what the client sent: admitted paths, methods and sizes, request id, forwarded headers, whole body |
 //! | [`env`] | what every phase works with: host, configuration, counters, request id, the choice of workers |
-//! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory |
+//! | [`shared`] | state all Envoy threads see: passive health, requests in flight, the turn memory, the engines' load |
 //! | [`live_registry`] | the registry fetched on a period and shared by all threads |
+//! | [`engine_scrape`] | the engines' load scraped from the workers on a period and shared by all threads |
 //! | [`metrics`] | the filter's stats |
 //! | [`access_log`] | what the filter tells Envoy's access log about a request |
 //!
@@ -32,6 +33,7 @@ mod access_log;
 mod call;
 mod call_span;
 mod decode_retry;
+mod engine_scrape;
 mod env;
 mod host;
 mod intake;

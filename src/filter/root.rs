@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
+use super::engine_scrape::EngineScraper;
 use super::env::Env;
 use super::host::Host;
 use super::live_registry;
@@ -34,6 +35,8 @@ pub struct Root<H: Host> {
     slots: Rc<Slots>,
     /// Spans this VM's streams made, exported on the tick.
     spans: Rc<SpanQueue>,
+    /// The engines' load, as this thread last read or scraped it.
+    engine: EngineScraper,
 }
 
 impl<H: Host + Clone> Root<H> {
@@ -47,6 +50,7 @@ impl<H: Host + Clone> Root<H> {
             fetch: None,
             slots: Rc::default(),
             spans: Rc::default(),
+            engine: EngineScraper::default(),
         }
     }
 
@@ -70,10 +74,16 @@ impl<H: Host + Clone> Root<H> {
                 ""
             }
         );
-        let ticks = config.settings.registry.is_some()
-            || config.settings.in_flight_limit().is_some()
-            || !config.settings.trace_export_cluster.is_empty();
-        if ticks && let Err(error) = self.host.set_tick_period(TICK_PERIOD) {
+        let settings = &config.settings;
+        let ticks = settings.registry.is_some()
+            || settings.in_flight_limit().is_some()
+            || !settings.trace_export_cluster.is_empty()
+            || settings.engine_load.is_some();
+        let period = settings
+            .engine_load
+            .as_ref()
+            .map_or(TICK_PERIOD, |e| e.period().min(TICK_PERIOD));
+        if ticks && let Err(error) = self.host.set_tick_period(period) {
             log::error!("pinroute: cannot start the timer: {error}");
             return false;
         }
@@ -97,6 +107,9 @@ impl<H: Host + Clone> Root<H> {
             if !cluster.is_empty() {
                 self.spans.export(&self.host, cluster);
             }
+            if let Some(source) = &config.settings.engine_load {
+                self.engine.tick(&self.host, config, source);
+            }
         }
         let Some(source) = self
             .config
@@ -106,7 +119,7 @@ impl<H: Host + Clone> Root<H> {
             return;
         };
         self.adopt_shared();
-        let fetches = self.host.fetches_registry() && self.fetch.is_none();
+        let fetches = self.host.polls_sources() && self.fetch.is_none();
         if fetches && live_registry::claim_fetch(&self.host, &source) {
             self.fetch = live_registry::dispatch_fetch(&self.host, &source);
         }
@@ -122,8 +135,15 @@ impl<H: Host + Clone> Root<H> {
         }
     }
 
-    /// The answer of a call the root made: the live registry's fetch.
+    /// The answer of a call the root made: the live registry's fetch, or a worker's scrape.
     pub fn on_call_answer(&mut self, token: u32, body_size: usize) {
+        if let Some(config) = &self.config
+            && self
+                .engine
+                .on_answer(&self.host, token, body_size, config, &self.metrics)
+        {
+            return;
+        }
         if self.fetch != Some(token) {
             return;
         }
@@ -153,6 +173,7 @@ impl<H: Host + Clone> Root<H> {
             self.metrics.clone(),
             self.slots.clone(),
             self.spans.clone(),
+            self.engine.table(),
         );
         Some(Stream::new(env))
     }

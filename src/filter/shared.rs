@@ -1,9 +1,11 @@
 //! State every Envoy worker thread sees alike, in proxy-wasm shared data (one map per VM id).
 
 use std::cell::{Cell, RefCell};
+use std::time::Duration;
 
 use super::host::{Host, HostError, SharedValue};
 
+use crate::policy::engine_load::{EngineReport, EngineTable};
 use crate::policy::health::{Ejection, HealthTable, Recorded};
 use crate::policy::inflight::{self, InFlightTable};
 use crate::policy::load::LoadTable;
@@ -135,6 +137,26 @@ fn rewrite_from<R>(
         }
     }
     Err(HostError::CasMismatch)
+}
+
+/// Claims the periodic work whose next turn `lease_key` holds (u64 LE nanoseconds) when it
+/// is due, moving the turn a `period` on: true when this thread should do it. The thread
+/// whose compare-and-swap moves it does the work, so one thread at a time does.
+pub fn claim_period(host: &impl Host, lease_key: &str, period: Duration) -> bool {
+    let now = host.now_nanos();
+    let Ok((bytes, cas)) = host.shared_data(lease_key) else {
+        return false;
+    };
+    let due = bytes
+        .as_deref()
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    if now < due {
+        return false;
+    }
+    let next = now.saturating_add(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX));
+    host.set_shared_data(lease_key, &next.to_le_bytes(), cas.or(Some(0)))
+        .is_ok()
 }
 
 /// Versioned with `LoadTable`'s encoding, like the health table.
@@ -271,4 +293,35 @@ impl Slots {
             log::warn!("pinroute: in-flight count not published: {status:?}");
         }
     }
+}
+
+/// The engines' load (`docs/semantics.md` §5), versioned with `EngineTable`'s encoding.
+const ENGINE_KEY: &str = "pinroute.engine.v1";
+
+/// The engines' last reports, if the table changed since `known_version`, with its version.
+pub fn engine_table(host: &impl Host, known_version: Option<u32>) -> Option<(EngineTable, u32)> {
+    let (bytes, version) = host.shared_data(ENGINE_KEY).ok()?;
+    let version = version?;
+    if Some(version) == known_version {
+        return None;
+    }
+    let table = bytes
+        .as_deref()
+        .map(EngineTable::decode)
+        .unwrap_or_default();
+    Some((table, version))
+}
+
+/// Takes a scrape round's reports into the shared table, over older ones, forgetting the
+/// workers `listed` no longer names; the table as written.
+pub fn merge_engine_reports(
+    host: &impl Host,
+    reports: Vec<EngineReport>,
+    listed: impl Fn(WorkerId) -> bool,
+) -> Result<EngineTable, HostError> {
+    rewrite(host, ENGINE_KEY, |bytes| {
+        let mut table = bytes.map(EngineTable::decode).unwrap_or_default();
+        table.merge(reports.clone(), &listed);
+        Ok((table.encode(), table))
+    })
 }

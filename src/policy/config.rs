@@ -9,6 +9,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::callers::CallerRules;
+use super::engine_load::EngineLoadSource;
 use super::headers::must_strip;
 use super::health::Ejection;
 use super::paths::INFERENCE_PATHS;
@@ -133,6 +134,9 @@ pub struct Settings {
     pub panic_threshold_percent: u32,
     /// A live registry replacing `workers` as it changes.
     pub registry: Option<RegistrySource>,
+    /// Load as the engines report it (`docs/semantics.md` §5): scraped from each worker's
+    /// metrics page. Off: the gateway's own counts alone.
+    pub engine_load: Option<EngineLoadSource>,
     /// The paths besides the completion paths that reach a worker (exact, or `/prefix/*`);
     /// any other answers 404 `unknown_path`.
     pub routed_paths: Vec<String>,
@@ -179,6 +183,7 @@ impl Default for Settings {
             eject_after_failures: 3,
             panic_threshold_percent: 50,
             registry: None,
+            engine_load: None,
             routed_paths: INFERENCE_PATHS.iter().map(|p| p.to_string()).collect(),
             prefix_affinity_bytes: 4096,
             prefix_min_bytes: 1024,
@@ -325,6 +330,9 @@ impl Settings {
             return Err(ConfigError::Setting(
                 "upstream_header must be a lowercase header name",
             ));
+        }
+        if let Some(why) = settings.engine_load.as_ref().and_then(|e| e.invalid()) {
+            return Err(ConfigError::Setting(why));
         }
         if settings.routed_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(ConfigError::Setting("routed_paths must start with /"));

@@ -12,6 +12,7 @@
 //! | §3 The model a request names; `GET /v1/models` | [`models`] |
 //! | §3, §5 Whether a worker can take a request (draining, passive health, panic mode) | [`availability`], [`health`] |
 //! | §5 Requests in flight per worker | [`load`] |
+//! | §5 Load as the engines report it: the scrape, its table, the load a choice reads | [`engine_load`], [`metrics_text`] |
 //! | §1, §5 The byte encoding of the tables threads share | [`words`] |
 //! | §4 The two hops and how one fails | [`hop`] |
 //! | §4 Who retries a refused decode connection: Envoy on pool members, the filter on the rest | [`retries`] |
@@ -35,6 +36,7 @@ pub mod api;
 pub mod availability;
 pub mod callers;
 pub mod config;
+pub mod engine_load;
 pub mod error;
 pub mod headers;
 pub mod health;
@@ -42,6 +44,7 @@ pub mod hop;
 pub mod inflight;
 pub mod json;
 pub mod load;
+pub mod metrics_text;
 pub mod models;
 pub mod otlp;
 pub mod passthrough;

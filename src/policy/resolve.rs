@@ -13,7 +13,7 @@ use super::hop::Hop;
 use super::picker::{self, Allowed, Picked, RoutingMode};
 use super::pins::Pins;
 use super::registry::{Deployment, Pool, Registry, Role, Worker, WorkerId};
-use super::select::{Choice, Placement, rank_candidates, rank_pool};
+use super::select::{Choice, Loads, Placement, rank_candidates, rank_pool};
 use super::turns::LastTurn;
 
 /// A worker chosen for a hop, with the rank to send it as `X-data-parallel-rank`.
@@ -171,6 +171,9 @@ pub struct Resolver<'a, A: Availability> {
     /// The model the request names: only workers serving it are candidates (§3). `None`:
     /// every worker is.
     pub model: Option<&'a str>,
+    /// The load that names an unpinned hop's rank ([`Loads::rank`], the engines' figures);
+    /// `None`: unpinned hops name none.
+    pub rank_loads: Option<&'a dyn Loads>,
 }
 
 impl<A: Availability> Resolver<'_, A> {
@@ -433,7 +436,7 @@ impl<A: Availability> Resolver<'_, A> {
             .into_iter()
             .map(|worker| Target {
                 worker: worker.clone(),
-                rank: None,
+                rank: self.rank_loads.and_then(|loads| loads.rank(worker)),
                 pinned: false,
             })
             .collect();

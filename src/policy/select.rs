@@ -16,6 +16,18 @@ pub trait Loads {
             .map(|w| self.outstanding(w))
             .fold(0, u64::saturating_add)
     }
+
+    /// Whether the engine reports every rank of `worker` full (`docs/semantics.md` §5): busy
+    /// for prefix affinity whatever its share. Only engine figures can tell.
+    fn full(&self, _worker: &Worker) -> bool {
+        false
+    }
+
+    /// The rank an unpinned hop to `worker` names; `None`: the worker balances over its own
+    /// ranks.
+    fn rank(&self, _worker: &Worker) -> Option<u32> {
+        None
+    }
 }
 
 impl<F: Fn(&Worker) -> u64> Loads for F {
@@ -67,6 +79,18 @@ pub struct Busy {
 }
 
 impl Busy {
+    /// Whether `worker` is busy by `loads`, in a pool of `workers` with `total` in flight:
+    /// over its share, or full by its engine's own figures.
+    fn worker_is_busy(
+        &self,
+        worker: &Worker,
+        loads: &dyn Loads,
+        total: u64,
+        workers: usize,
+    ) -> bool {
+        self.is_busy(loads.outstanding(worker), total, workers) || loads.full(worker)
+    }
+
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
     /// `total` in flight. With `percent` at least 100, the least loaded worker never is.
     pub fn is_busy(&self, load: u64, total: u64, workers: usize) -> bool {
@@ -289,11 +313,7 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     };
     let order = top(eligible(), limit.max(1), weigh);
     let count = count.get();
-    let busy = |w: &Worker| {
-        affinity
-            .busy
-            .is_busy(outstanding.outstanding(w), total, count)
-    };
+    let busy = |w: &Worker| affinity.busy.worker_is_busy(w, outstanding, total, count);
     let remembered = remembered
         .iter()
         .copied()
@@ -381,7 +401,9 @@ fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
     let busy: Vec<WorkerId> = pool
         .iter()
         .zip(&loads)
-        .filter(|(_, load)| affinity.busy.is_busy(**load, total, pool.len()))
+        .filter(|(w, load)| {
+            affinity.busy.is_busy(**load, total, pool.len()) || affinity.outstanding.full(w)
+        })
         .map(|(w, _)| w.id)
         .collect();
     let deepest = affinity.depths.last().copied().unwrap_or(0);

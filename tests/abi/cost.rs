@@ -6,7 +6,7 @@
 
 use pinroute_tests::{CallCounts, Host, HostOptions};
 
-use crate::{REGISTRY, send_completion, wasm};
+use crate::{REGISTRY, engine_load, send_completion, wasm};
 
 const PREFILL_ANSWER: &str = r#"{"id": "cmpl-1", "choices": [{"text": "x"}], "kv_transfer_params": {"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}}"#;
 /// A 1 KB completion, as `pinroute-lab bench` sends at its smallest size.
@@ -92,7 +92,11 @@ struct Bound {
 const WARM_UP_REQUESTS: usize = 3;
 
 fn check(label: &str, config: &str, pins: &[(&str, &str)], bound: Bound) -> CallCounts {
-    let mut host = counting_host(config);
+    check_on(counting_host(config), label, pins, bound)
+}
+
+/// [`check`] on `host`, configured and prepared already.
+fn check_on(mut host: Host, label: &str, pins: &[(&str, &str)], bound: Bound) -> CallCounts {
     for _ in 0..WARM_UP_REQUESTS {
         one_request(&mut host, pins);
     }
@@ -136,6 +140,28 @@ fn an_unpinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_
             host_calls: 39,
             log_fields: 6,
         },
+    );
+}
+
+#[test]
+fn the_engines_load_costs_a_request_no_crossing() {
+    let bound = || Bound {
+        vm_entries: 26,
+        host_calls: 39,
+        log_fields: 6,
+    };
+    let without = check("unpinned, engine load off", REGISTRY, &[], bound());
+    let mut host = counting_host(&engine_load::engine_config());
+    let scraped = engine_load::scrape_round(&mut host, |_| {
+        Some(("200", engine_load::page(2, 1).into_bytes()))
+    });
+    assert_eq!(scraped, 4);
+    assert_eq!(host.counter("pinroute.engine.scraped"), Some(4));
+    let with = check_on(host, "unpinned, engine load on", &[], bound());
+    assert_eq!(
+        (with.vm_entries_total(), with.host_calls_total()),
+        (without.vm_entries_total(), without.host_calls_total()),
+        "the figures are read from the thread's copy"
     );
 }
 

@@ -12,6 +12,7 @@
 
 mod apis;
 mod cost;
+mod engine_load;
 mod flow;
 mod models;
 mod robustness;

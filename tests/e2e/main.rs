@@ -21,6 +21,7 @@ mod cancelled;
 mod client;
 mod dashboard;
 mod edge;
+mod engine_load;
 mod errors;
 mod hostile;
 mod inflight;

@@ -12,10 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 8] = [
     "config",
     "headers",
     "json_object",
+    "metrics_page",
     "nvext",
     "resolve",
     "rewrite",

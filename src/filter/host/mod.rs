@@ -136,10 +136,10 @@ pub trait Host {
     /// Calls the root's tick every `period` (root context only).
     fn set_tick_period(&self, period: Duration) -> Result<(), HostError>;
 
-    /// Whether this root fetches the live registry when its turn comes: every proxy-wasm VM
-    /// may (one at a time); in the native module, the configuration's root on Envoy's main
-    /// thread alone, the others adopt what it fetched.
-    fn fetches_registry(&self) -> bool {
+    /// Whether this root fetches the live registry and scrapes the engines' load when its
+    /// turn comes: every proxy-wasm VM may (one at a time); in the native module, the
+    /// configuration's root on Envoy's main thread alone, the others adopt what it fetched.
+    fn polls_sources(&self) -> bool {
         true
     }
 }

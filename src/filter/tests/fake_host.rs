@@ -91,6 +91,8 @@ pub struct State {
     pub log_phase: bool,
     /// Host calls Envoy would have refused, as `what: why`.
     pub refusals: Vec<String>,
+    /// The plugin configuration a root reads.
+    pub plugin_configuration: Option<Vec<u8>>,
     shared: HashMap<String, (Vec<u8>, u32)>,
     /// The name of each metric the filter defined, by id.
     pub metric_names: Vec<String>,
@@ -423,7 +425,7 @@ impl Host for FakeHost {
     }
 
     fn plugin_configuration(&self) -> Option<Vec<u8>> {
-        None
+        self.0.borrow().plugin_configuration.clone()
     }
 
     fn set_tick_period(&self, _period: Duration) -> Result<(), HostError> {

@@ -8,6 +8,7 @@ mod access_log;
 mod affinity;
 mod apis;
 mod decode_retry;
+mod engine_load;
 mod fake_host;
 mod inflight;
 mod intake;
@@ -23,6 +24,7 @@ use super::host::Flow;
 
 use super::env::Env;
 use super::metrics::Metrics;
+use super::root::Root;
 use super::shared::Slots;
 use super::span_export::SpanQueue;
 use super::stream::Stream;
@@ -93,6 +95,7 @@ impl Request {
             metrics,
             slots,
             spans.clone(),
+            Rc::default(),
         );
         host.new_stream(
             headers
@@ -104,6 +107,23 @@ impl Request {
             host,
             stream: Stream::new(env),
             spans,
+        }
+    }
+
+    /// A request with these headers on `host` and the thread of `root` (its configuration
+    /// and its copies of the shared tables).
+    fn on_root(root: &Root<FakeHost>, host: FakeHost, headers: &[(&str, &str)]) -> Self {
+        let stream = root.new_stream().unwrap();
+        host.new_stream(
+            headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        );
+        Self {
+            host,
+            stream,
+            spans: Rc::default(),
         }
     }
 

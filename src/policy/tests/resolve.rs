@@ -40,6 +40,7 @@ fn resolve_with(
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     }
     .resolve(pins)
 }
@@ -257,6 +258,7 @@ fn with_no_worker_at_all_a_pin_is_503_not_the_clients_fault() {
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     };
     assert_eq!(
         resolver.resolve(&decode_pin(201)),
@@ -377,6 +379,7 @@ fn unhealthy_workers_are_unavailable_when_pinned_and_skipped_when_not() {
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     };
     let down = Down(101);
     let pins = Pins {
@@ -558,6 +561,7 @@ fn the_token_hop_alone_ignores_prefill_pins() {
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     };
     let pins = Pins {
         prefill_worker_id: Some(999),
@@ -627,6 +631,7 @@ fn resolve_down(down: &Down, threshold: u32, pins: &Pins) -> Result<Route, Route
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     }
     .resolve(pins)
 }
@@ -773,6 +778,7 @@ fn resolve_prompt(
         prompt,
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     }
     .resolve(pins)
     .unwrap()
@@ -965,6 +971,7 @@ fn an_aggregated_deployment_is_never_local_by_choice() {
         },
         picked: &picker::NOTHING,
         model: None,
+        rank_loads: None,
     }
     .resolve(&Pins::default())
     .unwrap();
@@ -1032,6 +1039,7 @@ fn resolve_model<A: Availability>(
         prompt: PromptFacts::default(),
         picked: &picker::NOTHING,
         model: Some(model),
+        rank_loads: None,
     }
     .resolve(pins)
 }

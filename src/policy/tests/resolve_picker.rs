@@ -33,6 +33,7 @@ fn resolve_picked(settings: &Settings, picked: &Picked, pins: &Pins) -> Result<R
         },
         picked,
         model: None,
+        rank_loads: None,
     }
     .resolve(pins)
 }

@@ -26,7 +26,7 @@ use super::host::{
     CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len, response_body_len,
     tick_period, with_call_answer,
 };
-use super::registry;
+use super::poller;
 use super::spans;
 use crate::filter::host::{Flow, MetricKind};
 use crate::filter::metrics::fixed_metrics;
@@ -142,8 +142,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             if !root.configure() {
                 return std::ptr::null();
             }
-            if let Some(source) = parsed.and_then(|c| c.settings.registry) {
-                registry::start(&shared, root, source.refresh());
+            if let Some(period) = parsed.and_then(|c| poller::period(&c.settings)) {
+                poller::start(&shared, root, period);
             }
             Arc::into_raw(shared).cast::<c_void>()
         },
@@ -163,7 +163,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *co
             // once, and this takes back that reference.
             let shared = unsafe { Arc::from_raw(config.cast::<ModuleConfig>()) };
             shared.alive.store(false, Ordering::Release);
-            registry::stop(shared.key);
+            poller::stop(shared.key);
         },
         || (),
     );

@@ -645,7 +645,7 @@ impl Host for Dynamic {
         Ok(())
     }
 
-    fn fetches_registry(&self) -> bool {
+    fn polls_sources(&self) -> bool {
         self.fetcher
     }
 }

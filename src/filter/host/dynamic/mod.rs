@@ -3,13 +3,13 @@
 //! --profile dynamic-module --features dynamic-module` makes `libpinroute.so`).
 //!
 //! [`abi`] declares the part of Envoy's C ABI the module uses, [`host`] is the [`super::Host`]
-//! over it, [`hooks`] the functions Envoy calls for streams, [`registry`] those that fetch the
-//! live registry on the main thread. Only this folder names the ABI; every `unsafe` of the
+//! over it, [`hooks`] the functions Envoy calls for streams, [`poller`] those that fetch the
+//! live registry and scrape the engines' load on the main thread. Only this folder names the ABI; every `unsafe` of the
 //! native module is here.
 //!
 //! What the proxy-wasm host has that this one has not: a timer for each thread's root (one is
 //! ticked from its streams' hooks once the period passed, which keeps the in-flight limit's
-//! shares fresh and adopts a new live registry while requests run), and metrics defined after
+//! shares fresh and adopts a new live registry and the engines' figures while requests run), and metrics defined after
 //! configuration: Envoy 1.40 defines a dynamic module's metrics only in `config_new`, so every
 //! metric is defined there, the per-model counters for each model the registry names (a model
 //! only a later registry names would go uncounted).
@@ -18,5 +18,5 @@ mod abi;
 mod guard;
 mod hooks;
 mod host;
-mod registry;
+mod poller;
 mod spans;

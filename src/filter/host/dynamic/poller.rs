@@ -1,7 +1,8 @@
-//! The live registry in the native module: fetched by the configuration's root on Envoy's main
-//! thread, through the configuration's own callouts to the registry's cluster (as a proxy-wasm
-//! root fetches through its VM's), and shared with the worker threads' roots in the
-//! process-wide table, where they adopt it on their next tick.
+//! The periodic calls in the native module — the live registry's fetch and the engines'
+//! scrapes: made by the configuration's root on Envoy's main thread, through the
+//! configuration's own callouts (as a proxy-wasm root calls through its VM's), and shared
+//! with the worker threads' roots in the process-wide tables, where they adopt what it got
+//! on their next tick.
 //!
 //! Envoy gives a dynamic module no timer: a thread of the module's own sleeps through the
 //! period and commits an event to the configuration's scheduler, which runs
@@ -18,14 +19,15 @@ use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr};
 use super::guard::guarded;
 use super::host::{Dynamic, ModuleConfig, with_call_answer};
 use crate::filter::root::Root;
+use crate::policy::config::Settings;
 
-/// The shortest wait between two looks at whether a fetch is due.
+/// The shortest wait between two looks at whether a call is due.
 const MIN_TIMER_PERIOD: Duration = Duration::from_millis(50);
 /// How often the timer thread checks that its configuration is still alive.
 const ALIVE_CHECK: Duration = Duration::from_millis(100);
 
 thread_local! {
-    /// The main thread's roots of the configurations with a live registry, by key.
+    /// The main thread's roots of the configurations with periodic calls, by key.
     static FETCHERS: RefCell<Vec<(u64, Root<Dynamic>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -36,27 +38,37 @@ struct Scheduler(*mut c_void);
 // timer thread holds it, and deletes it once.
 unsafe impl Send for Scheduler {}
 
-/// Keeps `root` (configured, on the main thread) as the fetcher of `config`'s live registry
-/// and starts the thread that asks for a fetch every half `refresh` (a fetch happens when
-/// the root's turn is due).
-pub fn start(config: &Arc<ModuleConfig>, root: Root<Dynamic>, refresh: Duration) {
+/// How often the main thread's root of a configuration with `settings` looks whether a
+/// call is due: every half registry refresh and every engine scrape period, whichever is
+/// shorter; `None` when it makes no periodic call.
+pub fn period(settings: &Settings) -> Option<Duration> {
+    let registry = settings.registry.as_ref().map(|r| r.refresh() / 2);
+    let engines = settings.engine_load.as_ref().map(|e| e.period());
+    let period = registry.into_iter().chain(engines).min()?;
+    Some(period.max(MIN_TIMER_PERIOD))
+}
+
+/// Keeps `root` (configured, on the main thread) as the poller of `config` and starts the
+/// thread that asks it to tick every `period` (a call happens when the root's turn is due).
+pub fn start(config: &Arc<ModuleConfig>, root: Root<Dynamic>, period: Duration) {
     // SAFETY: the configuration Envoy is creating (`config_new` runs on the main thread).
     let scheduler = unsafe {
         abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(config.envoy())
     };
     if scheduler.is_null() {
-        log::error!("pinroute: Envoy gave no scheduler: the live registry is not fetched");
+        log::error!(
+            "pinroute: Envoy gave no scheduler: no live registry fetch nor engine scrape is made"
+        );
         return;
     }
     FETCHERS.with(|fetchers| fetchers.borrow_mut().push((config.key, root)));
-    let period = (refresh / 2).max(MIN_TIMER_PERIOD);
     let scheduler = Scheduler(scheduler);
     let alive = config.clone();
     let spawned = std::thread::Builder::new()
-        .name("pinroute-registry".into())
+        .name("pinroute-poller".into())
         .spawn(move || ask_for_fetches(&alive, &scheduler, period));
     if let Err(error) = spawned {
-        log::error!("pinroute: cannot start the live registry's timer: {error}");
+        log::error!("pinroute: cannot start the periodic calls' timer: {error}");
     }
 }
 
@@ -76,7 +88,7 @@ fn ask_for_fetches(config: &ModuleConfig, scheduler: &Scheduler, period: Duratio
     unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler.0) };
 }
 
-/// Forgets the fetcher of a configuration Envoy destroyed (main thread).
+/// Forgets the poller of a configuration Envoy destroyed (main thread).
 pub fn stop(key: u64) {
     FETCHERS.with(|fetchers| {
         if let Ok(mut fetchers) = fetchers.try_borrow_mut() {
@@ -85,7 +97,7 @@ pub fn stop(key: u64) {
     });
 }
 
-/// Runs `event` on the fetcher of the configuration `module` points to.
+/// Runs `event` on the poller of the configuration `module` points to.
 fn with_fetcher(module: *const c_void, event: impl FnOnce(&mut Root<Dynamic>)) {
     // SAFETY: `module` is the `ModuleConfig` `config_new` returned, alive while Envoy calls
     // its hooks.

@@ -1,0 +1,334 @@
+//! Load as the engines report it (`docs/semantics.md` §5): where it is scraped from, the
+//! table every thread shares, and the load a choice reads — the engine's figures plus what
+//! this gateway sent since they were taken, or this gateway's own counts where they are
+//! stale.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::metrics_text::RankLoad;
+use super::registry::{Worker, WorkerId};
+use super::select::Loads;
+use super::words;
+
+/// Where and how often the engines' metrics are scraped, and when their figures make a
+/// worker busy (`docs/semantics.md` §8, `engine_load`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineLoadSource {
+    /// The Envoy cluster scrapes go through, ORIGINAL_DST like the prefill hop's; empty:
+    /// `prefill_cluster`.
+    #[serde(default)]
+    pub cluster: String,
+    #[serde(default = "default_path")]
+    pub path: String,
+    #[serde(default = "default_period_ms")]
+    pub period_ms: u64,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Figures older than this are not used: the worker's load is this gateway's own count.
+    #[serde(default = "default_stale_ms")]
+    pub stale_ms: u64,
+    /// The largest metrics page read; a larger one fails the scrape.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: usize,
+    /// A rank with this many requests waiting is full.
+    #[serde(default = "default_busy_waiting")]
+    pub busy_waiting: u64,
+    /// A rank with this much of its KV cache in use (percent) is full.
+    #[serde(default = "default_busy_kv_percent")]
+    pub busy_kv_percent: u64,
+}
+
+fn default_path() -> String {
+    "/metrics".into()
+}
+
+fn default_period_ms() -> u64 {
+    500
+}
+
+fn default_timeout_ms() -> u64 {
+    250
+}
+
+fn default_stale_ms() -> u64 {
+    2_000
+}
+
+fn default_max_bytes() -> usize {
+    1 << 20
+}
+
+fn default_busy_waiting() -> u64 {
+    8
+}
+
+fn default_busy_kv_percent() -> u64 {
+    95
+}
+
+/// The largest `max_bytes` an operator may set: a page is read whole into the VM.
+pub const MAX_PAGE_BYTES: usize = 16 << 20;
+/// The shortest scrape period.
+pub const MIN_PERIOD_MS: u64 = 50;
+
+impl EngineLoadSource {
+    pub fn period(&self) -> Duration {
+        Duration::from_millis(self.period_ms)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// `cluster`, or the prefill hop's.
+    pub fn cluster<'a>(&'a self, prefill_cluster: &'a str) -> &'a str {
+        if self.cluster.is_empty() {
+            prefill_cluster
+        } else {
+            &self.cluster
+        }
+    }
+
+    pub fn rule(&self) -> FullRule {
+        FullRule {
+            stale_nanos: self.stale_ms.saturating_mul(1_000_000),
+            waiting: self.busy_waiting,
+            kv_permille: self.busy_kv_percent.saturating_mul(10),
+        }
+    }
+
+    /// What is wrong with these settings, if anything.
+    pub fn invalid(&self) -> Option<&'static str> {
+        if !self.path.starts_with('/') {
+            return Some("engine_load.path must start with /");
+        }
+        if !(MIN_PERIOD_MS..=3_600_000).contains(&self.period_ms) {
+            return Some("engine_load.period_ms must be in 50..=3600000");
+        }
+        if self.timeout_ms == 0 || self.timeout_ms > self.period_ms.max(1_000) {
+            return Some("engine_load.timeout_ms must be positive and at most period_ms (or 1000)");
+        }
+        if self.stale_ms < self.period_ms {
+            return Some("engine_load.stale_ms must be at least period_ms");
+        }
+        if self.max_bytes == 0 || self.max_bytes > MAX_PAGE_BYTES {
+            return Some("engine_load.max_bytes must be in 1..=16777216");
+        }
+        if self.busy_waiting == 0 {
+            return Some("engine_load.busy_waiting must be at least 1");
+        }
+        if !(1..=100).contains(&self.busy_kv_percent) {
+            return Some("engine_load.busy_kv_percent must be in 1..=100");
+        }
+        None
+    }
+}
+
+/// When the engines' figures are used, and when they say a rank is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullRule {
+    pub stale_nanos: u64,
+    pub waiting: u64,
+    pub kv_permille: u64,
+}
+
+impl FullRule {
+    pub fn is_full(&self, rank: &RankLoad) -> bool {
+        rank.waiting >= self.waiting || rank.kv_permille >= self.kv_permille
+    }
+}
+
+/// One worker's figures from one scrape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineReport {
+    pub worker: WorkerId,
+    /// When its answer came (host clock, nanoseconds).
+    pub scraped_at: u64,
+    /// This gateway's requests in flight to the worker when the scrape was sent: the
+    /// engine's figures count them already.
+    pub sent: u64,
+    /// The ranks it reported, by rank.
+    pub ranks: Vec<RankLoad>,
+}
+
+impl EngineReport {
+    /// Requests the engine holds over all its ranks.
+    pub fn requests(&self) -> u64 {
+        self.ranks
+            .iter()
+            .map(RankLoad::requests)
+            .fold(0, u64::saturating_add)
+    }
+}
+
+/// Every worker's last report, in the byte encoding threads share: one entry per rank of
+/// `[worker, rank, waiting, running, kv_permille, scraped_at, sent]`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EngineTable {
+    /// Sorted by worker.
+    reports: Vec<EngineReport>,
+}
+
+impl EngineTable {
+    /// Reads the encoding `encode` wrote; entries out of order or repeated are dropped.
+    pub fn decode(bytes: &[u8]) -> Self {
+        let mut reports: Vec<EngineReport> = Vec::new();
+        for [
+            worker,
+            rank,
+            waiting,
+            running,
+            kv_permille,
+            scraped_at,
+            sent,
+        ] in words::decode(bytes)
+        {
+            let Ok(rank) = u32::try_from(rank) else {
+                continue;
+            };
+            let load = RankLoad {
+                rank,
+                waiting,
+                running,
+                kv_permille,
+            };
+            match reports.last_mut() {
+                Some(last) if last.worker == worker => {
+                    if last.ranks.last().is_some_and(|r| r.rank < rank) {
+                        last.ranks.push(load);
+                    }
+                }
+                Some(last) if last.worker > worker => {}
+                _ => reports.push(EngineReport {
+                    worker,
+                    scraped_at,
+                    sent,
+                    ranks: vec![load],
+                }),
+            }
+        }
+        Self { reports }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        words::encode(self.reports.iter().flat_map(|report| {
+            report.ranks.iter().map(|r| {
+                [
+                    report.worker,
+                    u64::from(r.rank),
+                    r.waiting,
+                    r.running,
+                    r.kv_permille,
+                    report.scraped_at,
+                    report.sent,
+                ]
+            })
+        }))
+    }
+
+    pub fn report(&self, worker: WorkerId) -> Option<&EngineReport> {
+        let at = self
+            .reports
+            .binary_search_by_key(&worker, |r| r.worker)
+            .ok()?;
+        self.reports.get(at)
+    }
+
+    pub fn len(&self) -> usize {
+        self.reports.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty()
+    }
+
+    /// Takes `fresh` reports over older ones of the same workers, and forgets the workers
+    /// `listed` no longer names.
+    pub fn merge(&mut self, fresh: Vec<EngineReport>, listed: impl Fn(WorkerId) -> bool) {
+        for report in fresh {
+            match self
+                .reports
+                .binary_search_by_key(&report.worker, |r| r.worker)
+            {
+                Ok(at) => {
+                    if let Some(old) = self.reports.get_mut(at)
+                        && old.scraped_at <= report.scraped_at
+                    {
+                        *old = report;
+                    }
+                }
+                Err(at) => self.reports.insert(at, report),
+            }
+        }
+        self.reports.retain(|r| listed(r.worker));
+    }
+}
+
+/// The load a choice reads when the engines' figures are on: a worker with a fresh report
+/// holds what its engine reported plus what this gateway sent it since (its requests in
+/// flight above those counted when the scrape was sent); any other holds what this gateway
+/// counts in flight.
+pub struct EngineLoads<'a> {
+    /// This gateway's requests in flight per worker.
+    pub sent: &'a dyn Loads,
+    pub table: &'a EngineTable,
+    pub rule: FullRule,
+    pub now: u64,
+    /// Which two ranks a multi-rank worker's request chooses between.
+    pub rotation: u64,
+}
+
+impl EngineLoads<'_> {
+    fn fresh(&self, worker: &Worker) -> Option<&EngineReport> {
+        self.table
+            .report(worker.id)
+            .filter(|r| self.now.saturating_sub(r.scraped_at) <= self.rule.stale_nanos)
+    }
+}
+
+impl Loads for EngineLoads<'_> {
+    fn outstanding(&self, worker: &Worker) -> u64 {
+        let sent = self.sent.outstanding(worker);
+        match self.fresh(worker) {
+            Some(report) => report
+                .requests()
+                .saturating_add(sent.saturating_sub(report.sent)),
+            None => sent,
+        }
+    }
+
+    fn full(&self, worker: &Worker) -> bool {
+        self.fresh(worker)
+            .is_some_and(|r| !r.ranks.is_empty() && r.ranks.iter().all(|k| self.rule.is_full(k)))
+    }
+
+    /// Of the two ranks in rotation, the one whose engine holds fewer requests (then uses
+    /// less KV cache); `None` unless the worker has several ranks and reported both.
+    fn rank(&self, worker: &Worker) -> Option<u32> {
+        if worker.dp_size < 2 {
+            return None;
+        }
+        let report = self.fresh(worker)?;
+        let size = u64::from(worker.dp_size);
+        let first = self.rotation % size;
+        let candidates = [first, (first + 1) % size].map(|rank| {
+            report
+                .ranks
+                .iter()
+                .find(|r| u64::from(r.rank) == rank)
+                .copied()
+        });
+        let [Some(a), Some(b)] = candidates else {
+            return None;
+        };
+        let key = |r: &RankLoad| (r.requests(), r.kv_permille);
+        Some(if key(&b) < key(&a) { b.rank } else { a.rank })
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/engine_load.rs"]
+mod tests;

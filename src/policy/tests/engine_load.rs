@@ -1,0 +1,224 @@
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use super::*;
+use crate::policy::load::LoadTable;
+use crate::policy::registry::Role;
+use crate::policy::testing::test;
+
+fn worker(id: WorkerId, dp_size: u32) -> Worker {
+    Worker {
+        id,
+        role: Role::Prefill,
+        address: format!("127.0.0.1:{}", 9000 + id).parse().unwrap(),
+        dp_size,
+        draining: false,
+        models: None,
+        unlisted: false,
+    }
+}
+
+fn rank(rank: u32, waiting: u64, running: u64, kv_permille: u64) -> RankLoad {
+    RankLoad {
+        rank,
+        waiting,
+        running,
+        kv_permille,
+    }
+}
+
+fn report(worker: WorkerId, scraped_at: u64, sent: u64, ranks: Vec<RankLoad>) -> EngineReport {
+    EngineReport {
+        worker,
+        scraped_at,
+        sent,
+        ranks,
+    }
+}
+
+const SECOND: u64 = 1_000_000_000;
+
+fn rule() -> FullRule {
+    FullRule {
+        stale_nanos: 2 * SECOND,
+        waiting: 8,
+        kv_permille: 950,
+    }
+}
+
+fn table(reports: Vec<EngineReport>) -> EngineTable {
+    let mut table = EngineTable::default();
+    table.merge(reports, |_| true);
+    table
+}
+
+#[test]
+fn reports_survive_encoding_and_torn_or_disordered_entries_are_dropped() {
+    let written = table(vec![
+        report(7, 10, 1, vec![rank(0, 1, 2, 300), rank(1, 0, 4, 10)]),
+        report(3, 11, 0, vec![rank(0, 5, 5, 999)]),
+    ]);
+    let mut bytes = written.encode();
+    assert_eq!(EngineTable::decode(&bytes), written);
+    assert_eq!(written.report(3).unwrap().requests(), 10);
+    bytes.extend_from_slice(&bytes.clone()[..56]);
+    bytes.extend_from_slice(&[1, 2, 3]);
+    assert_eq!(
+        EngineTable::decode(&bytes),
+        written,
+        "a repeated worker and torn bytes"
+    );
+}
+
+#[test]
+fn a_newer_report_replaces_an_older_one_and_unlisted_workers_are_forgotten() {
+    let mut shared = table(vec![
+        report(1, 20, 0, vec![rank(0, 1, 0, 0)]),
+        report(2, 20, 0, vec![rank(0, 2, 0, 0)]),
+    ]);
+    shared.merge(
+        vec![
+            report(1, 10, 0, vec![rank(0, 9, 0, 0)]),
+            report(2, 30, 0, vec![rank(0, 3, 0, 0)]),
+            report(4, 30, 0, vec![rank(0, 4, 0, 0)]),
+        ],
+        |id| id != 4,
+    );
+    assert_eq!(
+        shared.report(1).unwrap().ranks[0].waiting,
+        1,
+        "older kept out"
+    );
+    assert_eq!(shared.report(2).unwrap().ranks[0].waiting, 3);
+    assert_eq!(shared.report(4), None);
+}
+
+#[test]
+fn a_fresh_report_counts_the_engine_plus_what_was_sent_since() {
+    let mut sent = LoadTable::default();
+    sent.add(1, 5);
+    sent.add(2, 5);
+    let engine = table(vec![report(1, 10 * SECOND, 3, vec![rank(0, 4, 6, 0)])]);
+    let loads = EngineLoads {
+        sent: &sent,
+        table: &engine,
+        rule: rule(),
+        now: 11 * SECOND,
+        rotation: 0,
+    };
+    assert_eq!(
+        loads.outstanding(&worker(1, 1)),
+        10 + 2,
+        "engine 10, 2 sent since"
+    );
+    assert_eq!(loads.outstanding(&worker(2, 1)), 5, "no report: own count");
+    let stale = EngineLoads {
+        now: 13 * SECOND,
+        ..loads
+    };
+    assert_eq!(stale.outstanding(&worker(1, 1)), 5, "stale: own count");
+    assert!(!stale.full(&worker(1, 1)));
+}
+
+#[test]
+fn two_replicas_with_different_own_counts_read_one_scrape_alike() {
+    let engine = table(vec![
+        report(1, SECOND, 0, vec![rank(0, 20, 8, 0)]),
+        report(2, SECOND, 0, vec![rank(0, 0, 2, 0)]),
+    ]);
+    let [mut a, mut b] = [LoadTable::default(), LoadTable::default()];
+    a.add(2, 3);
+    b.add(1, 3);
+    for sent in [&a, &b] {
+        let loads = EngineLoads {
+            sent,
+            table: &engine,
+            rule: rule(),
+            now: SECOND,
+            rotation: 0,
+        };
+        let (busy, idle) = (
+            loads.outstanding(&worker(1, 1)),
+            loads.outstanding(&worker(2, 1)),
+        );
+        assert!(busy > idle, "{busy} > {idle}");
+    }
+}
+
+#[test]
+fn a_worker_is_full_when_every_rank_is_past_a_threshold() {
+    let engine = table(vec![
+        report(1, SECOND, 0, vec![rank(0, 8, 0, 0), rank(1, 0, 0, 950)]),
+        report(2, SECOND, 0, vec![rank(0, 8, 0, 0), rank(1, 7, 0, 949)]),
+    ]);
+    let sent = LoadTable::default();
+    let loads = EngineLoads {
+        sent: &sent,
+        table: &engine,
+        rule: rule(),
+        now: SECOND,
+        rotation: 0,
+    };
+    assert!(loads.full(&worker(1, 2)));
+    assert!(!loads.full(&worker(2, 2)), "rank 1 has room");
+}
+
+#[test]
+fn a_multi_rank_worker_gets_the_less_loaded_of_two_ranks_in_rotation() {
+    let engine = table(vec![report(
+        1,
+        SECOND,
+        0,
+        vec![
+            rank(0, 4, 0, 0),
+            rank(1, 1, 0, 0),
+            rank(2, 1, 0, 500),
+            rank(3, 0, 0, 0),
+        ],
+    )]);
+    let sent = LoadTable::default();
+    let chosen = |rotation| {
+        EngineLoads {
+            sent: &sent,
+            table: &engine,
+            rule: rule(),
+            now: SECOND,
+            rotation,
+        }
+        .rank(&worker(1, 4))
+    };
+    assert_eq!(
+        (0..5).map(chosen).collect::<Vec<_>>(),
+        vec![Some(1), Some(1), Some(3), Some(3), Some(1)],
+        "0 vs 1, 1 vs 2 (less KV), 2 vs 3, 3 vs 0, again"
+    );
+    let single = EngineLoads {
+        sent: &sent,
+        table: &engine,
+        rule: rule(),
+        now: SECOND,
+        rotation: 0,
+    };
+    assert_eq!(single.rank(&worker(1, 1)), None, "one rank: none named");
+    assert_eq!(single.rank(&worker(2, 4)), None, "no report: vLLM balances");
+}
+
+#[test]
+fn settings_out_of_range_are_refused() {
+    let valid: EngineLoadSource = serde_json::from_str("{}").unwrap();
+    assert_eq!(valid.invalid(), None);
+    assert_eq!(valid.cluster("pinroute_prefill"), "pinroute_prefill");
+    for (json, why) in [
+        (r#"{"path":"metrics"}"#, "path"),
+        (r#"{"period_ms":10}"#, "period_ms"),
+        (r#"{"timeout_ms":0}"#, "timeout_ms"),
+        (r#"{"period_ms":1000,"stale_ms":500}"#, "stale_ms"),
+        (r#"{"max_bytes":0}"#, "max_bytes"),
+        (r#"{"max_bytes":100000000}"#, "max_bytes"),
+        (r#"{"busy_waiting":0}"#, "busy_waiting"),
+        (r#"{"busy_kv_percent":101}"#, "busy_kv_percent"),
+    ] {
+        let source: EngineLoadSource = serde_json::from_str(json).unwrap();
+        assert!(source.invalid().is_some_and(|w| w.contains(why)), "{json}");
+    }
+    assert!(serde_json::from_str::<EngineLoadSource>(r#"{"perod_ms":1}"#).is_err());
+}
