@@ -236,13 +236,18 @@ impl<A: Availability> Resolver<'_, A> {
             placement,
         } = self.candidates(role, DECODE_ATTEMPTS);
         let mut candidates = targets.into_iter();
-        let target = candidates
+        let mut target = candidates
             .next()
             .ok_or(RouteError::NoWorkerAvailable { hop, role })?;
+        let alternates: Vec<Worker> = candidates.map(|t| t.worker).collect();
+        // A retry, Envoy's or the filter's, carries the hop's rank header to an alternate.
+        target.rank = target
+            .rank
+            .filter(|rank| alternates.iter().all(|w| *rank < w.dp_size));
         Ok(TokenHop {
             target,
             hop,
-            alternates: candidates.map(|t| t.worker).collect(),
+            alternates,
             panic,
             placement: Some(placement),
         })

@@ -196,16 +196,15 @@ fn affinity_passes_over_a_worker_its_engine_reports_full_and_takes_it_back_when_
     assert_eq!(back, home, "stale figures: the gateway's own counts");
 }
 
-#[test]
-fn an_unpinned_multi_rank_worker_gets_the_rank_its_engine_reports_less_loaded() {
+/// The rank an unpinned request's decode hop names when decode worker 202's two ranks
+/// report `ranks` and worker 201 (one rank, its fallback) is loaded.
+fn decode_rank(ranks: &'static str) -> Option<String> {
     let host = FakeHost::default();
     let mut root = root(&host, &config(""), SECOND);
     root.tick();
-    let two_ranks =
-        "vllm:num_requests_waiting{engine=\"0\"} 5\nvllm:num_requests_running{engine=\"1\"} 1\n";
     answer_all(&mut root, &host, |address| match address {
         "10.0.0.21:8000" => Some((200, page(50, 50))),
-        "10.0.0.22:8000" => Some((200, two_ranks.to_owned())),
+        "10.0.0.22:8000" => Some((200, ranks.to_owned())),
         _ => Some((200, page(0, 0))),
     });
     let (_, rank) = prefill_worker(&root, &host, &long_chat(2));
@@ -213,10 +212,20 @@ fn an_unpinned_multi_rank_worker_gets_the_rank_its_engine_reports_less_loaded() 
         host.request_header("x-pinroute-upstream").as_deref(),
         Some("10.0.0.22:8000")
     );
+    rank
+}
+
+#[test]
+fn an_unpinned_multi_rank_worker_gets_the_rank_its_engine_reports_less_loaded() {
+    let rank_1_busy =
+        "vllm:num_requests_waiting{engine=\"1\"} 5\nvllm:num_requests_running{engine=\"0\"} 1\n";
+    assert_eq!(decode_rank(rank_1_busy).as_deref(), Some("0"));
+    let rank_0_busy =
+        "vllm:num_requests_waiting{engine=\"0\"} 5\nvllm:num_requests_running{engine=\"1\"} 1\n";
     assert_eq!(
-        rank.as_deref(),
-        Some("1"),
-        "rank 0 has 5 waiting, rank 1 one running"
+        decode_rank(rank_0_busy),
+        None,
+        "a retry on worker 201, which has no rank 1, would carry the header"
     );
 }
 
