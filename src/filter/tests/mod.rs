@@ -97,23 +97,22 @@ impl Request {
             spans.clone(),
             Rc::default(),
         );
-        host.new_stream(
-            headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-                .collect(),
-        );
-        Self {
-            host,
-            stream: Stream::new(env),
-            spans,
-        }
+        Self::started(host, Stream::new(env), spans, headers)
     }
 
     /// A request with these headers on `host` and the thread of `root` (its configuration
     /// and its copies of the shared tables).
     fn on_root(root: &Root<FakeHost>, host: FakeHost, headers: &[(&str, &str)]) -> Self {
-        let stream = root.new_stream().unwrap();
+        Self::started(host, root.new_stream().unwrap(), Rc::default(), headers)
+    }
+
+    /// `stream`, on `host`, whose request has these headers.
+    fn started(
+        host: FakeHost,
+        stream: Stream<FakeHost>,
+        spans: Rc<SpanQueue>,
+        headers: &[(&str, &str)],
+    ) -> Self {
         host.new_stream(
             headers
                 .iter()
@@ -123,7 +122,7 @@ impl Request {
         Self {
             host,
             stream,
-            spans: Rc::default(),
+            spans,
         }
     }
 
