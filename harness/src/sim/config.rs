@@ -73,6 +73,9 @@ pub struct SimConfig {
     pub prefill_per_token: Duration,
     /// Blocks of 16 tokens the worker's prefix cache holds; 0: no cache.
     pub cache_blocks: usize,
+    /// Requests a rank's engine batches at once (vLLM's `--max-num-seqs`): more are published
+    /// as waiting.
+    pub max_num_seqs: u64,
     /// The model names it serves (vLLM's `--served-model-name` and `--lora-modules` names),
     /// checked as vLLM does: another `model` is a 404. `None`: any model is served.
     pub served_models: Option<Vec<String>>,
@@ -83,6 +86,8 @@ impl SimConfig {
     pub const DEFAULT_TOKEN_LATENCY: Duration = Duration::from_millis(2);
     /// Tokio's own default backlog for `TcpListener::bind`.
     pub const DEFAULT_BACKLOG: u32 = 1024;
+    /// vLLM's default `--max-num-seqs`.
+    pub const DEFAULT_MAX_NUM_SEQS: u64 = 256;
 
     /// A worker with one rank and default model and latencies.
     pub fn new(id: u64, role: SimRole) -> Self {
@@ -96,6 +101,7 @@ impl SimConfig {
             backlog: Self::DEFAULT_BACKLOG,
             prefill_per_token: Duration::ZERO,
             cache_blocks: 0,
+            max_num_seqs: Self::DEFAULT_MAX_NUM_SEQS,
             served_models: None,
         }
     }
@@ -119,6 +125,11 @@ impl SimConfig {
 
     pub fn with_prefill_per_token(mut self, compute: Duration) -> Self {
         self.prefill_per_token = compute;
+        self
+    }
+
+    pub fn with_max_num_seqs(mut self, requests: u64) -> Self {
+        self.max_num_seqs = requests.max(1);
         self
     }
 

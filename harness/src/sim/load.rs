@@ -1,6 +1,6 @@
 //! The engine load a worker publishes per data-parallel rank, as vLLM's scheduler counts
-//! it: requests waiting for their engine (queued behind other prefills, loading remote
-//! KV) and requests running on it, until their answer ends; the share of the KV cache the
+//! it: a rank's requests, from their arrival to the end of their answer, run in one batch
+//! of at most `max_num_seqs` (vLLM's `--max-num-seqs`), the rest wait; the share of the KV cache the
 //! running requests hold (as vLLM counts it: cached blocks no request holds are free); plus
 //! the figures
 //! `POST /sim/engine-load` adds to them for deterministic tests.
@@ -42,14 +42,17 @@ struct RankCounts {
 /// Requests per rank waiting for or running on its engine, and the overrides of each rank.
 pub(crate) struct EngineLoad {
     ranks: Vec<RankCounts>,
+    /// Requests one rank's batch holds.
+    max_num_seqs: u64,
     overrides: Mutex<Vec<Option<EngineLoadOverride>>>,
 }
 
 impl EngineLoad {
-    pub(crate) fn new(dp_size: u32) -> Self {
+    pub(crate) fn new(dp_size: u32, max_num_seqs: u64) -> Self {
         let ranks = dp_size as usize;
         EngineLoad {
             ranks: (0..ranks).map(|_| RankCounts::default()).collect(),
+            max_num_seqs,
             overrides: Mutex::new(vec![None; ranks]),
         }
     }
@@ -101,9 +104,12 @@ impl EngineLoad {
             .map(|(counts, extra)| {
                 let held = counts.held_blocks.load(Ordering::Relaxed) as f64;
                 let kv_cache_usage = capacity_blocks.map_or(0.0, |c| (held / c as f64).min(1.0));
+                let requests =
+                    counts.waiting.load(Ordering::Relaxed) + counts.running.load(Ordering::Relaxed);
+                let running = requests.min(self.max_num_seqs);
                 let real = RankLoad {
-                    running: counts.running.load(Ordering::Relaxed),
-                    waiting: counts.waiting.load(Ordering::Relaxed),
+                    running,
+                    waiting: requests - running,
                     kv_cache_usage,
                 };
                 match extra {
@@ -190,11 +196,11 @@ mod tests {
     }
 
     #[test]
-    fn a_request_waits_then_runs_on_its_rank_until_dropped() {
-        let load = Arc::new(EngineLoad::new(2));
+    fn a_rank_runs_a_batch_of_max_num_seqs_and_the_rest_wait_until_dropped() {
+        let load = Arc::new(EngineLoad::new(2, 1));
         let mut first = load.arrive(1);
         let second = load.arrive(1);
-        assert_eq!(counts(&load), [(0, 0), (2, 0)]);
+        assert_eq!(counts(&load), [(0, 0), (1, 1)], "one in the batch");
         first.run(2);
         first.run(5);
         assert_eq!(counts(&load), [(0, 0), (1, 1)]);
@@ -207,9 +213,10 @@ mod tests {
         assert_eq!(
             usage(&load),
             [0.0, 0.25],
-            "the running request's 2 blocks of 8"
+            "the computing request's 2 blocks of 8"
         );
         drop(second);
+        assert_eq!(counts(&load), [(0, 0), (0, 1)]);
         drop(first);
         assert_eq!(counts(&load), [(0, 0), (0, 0)]);
         assert_eq!(usage(&load), [0.0, 0.0], "released with it");
@@ -217,7 +224,7 @@ mod tests {
 
     #[test]
     fn overrides_add_counts_and_replace_the_cache_usage() {
-        let load = Arc::new(EngineLoad::new(2));
+        let load = Arc::new(EngineLoad::new(2, 256));
         let _running = {
             let mut guard = load.arrive(1);
             guard.run(4);

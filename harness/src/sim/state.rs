@@ -117,7 +117,7 @@ impl SimState {
             cache,
             engine: Arc::default(),
             in_flight: Arc::default(),
-            load: Arc::new(EngineLoad::new(config.dp_size)),
+            load: Arc::new(EngineLoad::new(config.dp_size, config.max_num_seqs)),
             responses: Arc::new(ResponseStore::new()),
             config,
             advertised: advertised_address(bound),

@@ -1843,9 +1843,10 @@ vllm:kv_cache_usage_perc{engine="1",model_name="org/served"} 0.0
 }
 
 #[tokio::test]
-async fn requests_queued_behind_a_prefill_wait_while_it_runs() {
+async fn requests_beyond_a_ranks_batch_wait_while_it_runs() {
     let config = SimConfig::new(351, SimRole::Aggregated)
         .with_dp_size(2)
+        .with_max_num_seqs(1)
         .with_cache_blocks(1000)
         .with_prefill_per_token(Duration::from_millis(2))
         .with_token_latency(Duration::from_millis(1));
