@@ -82,7 +82,7 @@ impl<H: Host + Clone> Root<H> {
         let period = settings
             .engine_load
             .as_ref()
-            .map_or(TICK_PERIOD, |e| e.period().min(TICK_PERIOD));
+            .map_or(TICK_PERIOD, |e| e.look_period().min(TICK_PERIOD));
         if ticks && let Err(error) = self.host.set_tick_period(period) {
             log::error!("pinroute: cannot start the timer: {error}");
             return false;

@@ -140,8 +140,9 @@ fn rewrite_from<R>(
 }
 
 /// Claims the periodic work whose next turn `lease_key` holds (u64 LE nanoseconds) when it
-/// is due, moving the turn a `period` on: true when this thread should do it. The thread
-/// whose compare-and-swap moves it does the work, so one thread at a time does.
+/// is due, moving the turn to the next multiple of `period` on the host's clock: true when
+/// this thread should do it. The thread whose compare-and-swap moves it does the work, so
+/// one thread at a time does; and replicas whose clocks agree do it at the same moments.
 pub fn claim_period(host: &impl Host, lease_key: &str, period: Duration) -> bool {
     let now = host.now_nanos();
     let Ok((bytes, cas)) = host.shared_data(lease_key) else {
@@ -154,7 +155,8 @@ pub fn claim_period(host: &impl Host, lease_key: &str, period: Duration) -> bool
     if now < due {
         return false;
     }
-    let next = now.saturating_add(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX));
+    let period = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let next = (now / period).saturating_add(1).saturating_mul(period);
     host.set_shared_data(lease_key, &next.to_le_bytes(), cas.or(Some(0)))
         .is_ok()
 }

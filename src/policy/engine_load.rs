@@ -73,6 +73,8 @@ fn default_busy_kv_percent() -> u64 {
 pub const MAX_PAGE_BYTES: usize = 16 << 20;
 /// The shortest scrape period.
 pub const MIN_PERIOD_MS: u64 = 50;
+/// The shortest wait between two looks at whether a scrape is due.
+const MIN_LOOK: Duration = Duration::from_millis(20);
 
 impl EngineLoadSource {
     pub fn period(&self) -> Duration {
@@ -81,6 +83,13 @@ impl EngineLoadSource {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    /// How often each thread looks whether a scrape is due and takes the newest figures: a
+    /// tenth of the period, so that replicas scrape, and threads read a scrape, within that
+    /// of one another.
+    pub fn look_period(&self) -> Duration {
+        (self.period() / 10).max(MIN_LOOK)
     }
 
     /// `cluster`, or the prefill hop's.
@@ -268,9 +277,9 @@ impl EngineTable {
 }
 
 /// The load a choice reads when the engines' figures are on: a worker with a fresh report
-/// holds what its engine reported plus what this gateway sent it since (its requests in
-/// flight above those counted when the scrape was sent); any other holds what this gateway
-/// counts in flight.
+/// holds what its engine reported plus the change in this gateway's requests in flight to
+/// it since the scrape was sent (more when it sent more, fewer when its requests ended);
+/// any other holds what this gateway counts in flight.
 pub struct EngineLoads<'a> {
     /// This gateway's requests in flight per worker.
     pub sent: &'a dyn Loads,
@@ -293,16 +302,20 @@ impl Loads for EngineLoads<'_> {
     fn outstanding(&self, worker: &Worker) -> u64 {
         let sent = self.sent.outstanding(worker);
         match self.fresh(worker) {
-            Some(report) => report
-                .requests()
-                .saturating_add(sent.saturating_sub(report.sent)),
+            Some(report) => {
+                let since = i128::from(sent) - i128::from(report.sent);
+                let load = i128::from(report.requests()) + since;
+                u64::try_from(load.max(0)).unwrap_or(u64::MAX)
+            }
             None => sent,
         }
     }
 
-    fn full(&self, worker: &Worker) -> bool {
-        self.fresh(worker)
-            .is_some_and(|r| !r.ranks.is_empty() && r.ranks.iter().all(|k| self.rule.is_full(k)))
+    /// Every rank past a threshold, by fresh figures.
+    fn full(&self, worker: &Worker) -> Option<bool> {
+        let report = self.fresh(worker)?;
+        let full = |rank: &RankLoad| self.rule.is_full(rank);
+        Some(!report.ranks.is_empty() && report.ranks.iter().all(full))
     }
 
     /// Of the two ranks in rotation, the one whose engine holds fewer requests (then uses

@@ -1,6 +1,6 @@
 //! Choosing a worker for a hop that is not pinned (`docs/semantics.md` §5).
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 
 use super::registry::{Pool, Worker, WorkerId};
 
@@ -17,10 +17,11 @@ pub trait Loads {
             .fold(0, u64::saturating_add)
     }
 
-    /// Whether the engine reports every rank of `worker` full (`docs/semantics.md` §5): busy
-    /// for prefix affinity whatever its share. Only engine figures can tell.
-    fn full(&self, _worker: &Worker) -> bool {
-        false
+    /// Whether the engine's own fresh figures say `worker` is full (`docs/semantics.md` §5):
+    /// then they alone judge it busy for prefix affinity, alike on every replica that reads
+    /// them. `None`: no such figures, its share of the requests in flight judges.
+    fn full(&self, _worker: &Worker) -> Option<bool> {
+        None
     }
 
     /// The rank an unpinned hop to `worker` names; `None`: the worker balances over its own
@@ -80,7 +81,7 @@ pub struct Busy {
 
 impl Busy {
     /// Whether `worker` is busy by `loads`, in a pool of `workers` with `total` in flight:
-    /// over its share, or full by its engine's own figures.
+    /// full by its engine's own figures, or, without them, over its share.
     fn worker_is_busy(
         &self,
         worker: &Worker,
@@ -88,7 +89,9 @@ impl Busy {
         total: u64,
         workers: usize,
     ) -> bool {
-        self.is_busy(loads.outstanding(worker), total, workers) || loads.full(worker)
+        loads
+            .full(worker)
+            .unwrap_or_else(|| self.is_busy(loads.outstanding(worker), total, workers))
     }
 
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
@@ -313,7 +316,10 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     };
     let order = top(eligible(), limit.max(1), weigh);
     let count = count.get();
-    let busy = |w: &Worker| affinity.busy.worker_is_busy(w, outstanding, total, count);
+    let over = |w: &Worker| affinity.busy.worker_is_busy(w, outstanding, total, count);
+    // A pool whose every worker is busy has none: moving would lose the prefix for nothing.
+    let all_busy = OnceCell::new();
+    let busy = |w: &Worker| over(w) && !*all_busy.get_or_init(|| eligible().all(&over));
     let remembered = remembered
         .iter()
         .copied()
@@ -402,10 +408,16 @@ fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
         .iter()
         .zip(&loads)
         .filter(|(w, load)| {
-            affinity.busy.is_busy(**load, total, pool.len()) || affinity.outstanding.full(w)
+            let full = affinity.outstanding.full(w);
+            full.unwrap_or_else(|| affinity.busy.is_busy(**load, total, pool.len()))
         })
         .map(|(w, _)| w.id)
         .collect();
+    let busy = if busy.len() == pool.len() {
+        Vec::new()
+    } else {
+        busy
+    };
     let deepest = affinity.depths.last().copied().unwrap_or(0);
     pool.sort_by_cached_key(|w| std::cmp::Reverse((prefix_weight(deepest, w), w.id)));
     let remembered = pool

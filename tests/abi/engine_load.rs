@@ -50,7 +50,8 @@ fn the_timer_scrapes_every_worker_and_the_figures_are_counted() {
     let mut host = host(&engine_config());
     assert_eq!(
         host.tick_period(),
-        Some(std::time::Duration::from_millis(500))
+        Some(std::time::Duration::from_millis(50)),
+        "a tenth of the scrape period"
     );
     let scraped = scrape_round(&mut host, |_| Some(("200", page(2, 1).into_bytes())));
     assert_eq!(scraped, 4);

@@ -110,13 +110,23 @@ fn a_fresh_report_counts_the_engine_plus_what_was_sent_since() {
         10 + 2,
         "engine 10, 2 sent since"
     );
+    let drained = table(vec![report(1, 10 * SECOND, 8, vec![rank(0, 1, 1, 0)])]);
+    let after_drain = EngineLoads {
+        table: &drained,
+        ..loads
+    };
+    assert_eq!(
+        after_drain.outstanding(&worker(1, 1)),
+        0,
+        "engine 2, and 3 of this gateway's ended since: never below 0"
+    );
     assert_eq!(loads.outstanding(&worker(2, 1)), 5, "no report: own count");
     let stale = EngineLoads {
         now: 13 * SECOND,
         ..loads
     };
     assert_eq!(stale.outstanding(&worker(1, 1)), 5, "stale: own count");
-    assert!(!stale.full(&worker(1, 1)));
+    assert_eq!(stale.full(&worker(1, 1)), None, "stale: the share judges");
 }
 
 #[test]
@@ -158,8 +168,8 @@ fn a_worker_is_full_when_every_rank_is_past_a_threshold() {
         now: SECOND,
         rotation: 0,
     };
-    assert!(loads.full(&worker(1, 2)));
-    assert!(!loads.full(&worker(2, 2)), "rank 1 has room");
+    assert_eq!(loads.full(&worker(1, 2)), Some(true));
+    assert_eq!(loads.full(&worker(2, 2)), Some(false), "rank 1 has room");
 }
 
 #[test]
@@ -221,4 +231,50 @@ fn settings_out_of_range_are_refused() {
         assert!(source.invalid().is_some_and(|w| w.contains(why)), "{json}");
     }
     assert!(serde_json::from_str::<EngineLoadSource>(r#"{"perod_ms":1}"#).is_err());
+}
+
+#[test]
+fn affinity_passes_over_a_full_worker_unless_every_worker_is_full() {
+    use crate::policy::select::{Affinity, Busy, Choice, Placement, rank_candidates};
+    let pool: Vec<Worker> = (1..=3).map(|id| worker(id, 1)).collect();
+    let depths = [42u64];
+    let place = |engine: &EngineTable| {
+        let sent = LoadTable::default();
+        let loads = EngineLoads {
+            sent: &sent,
+            table: engine,
+            rule: rule(),
+            now: SECOND,
+            rotation: 0,
+        };
+        let choice = Choice::Prefix(Affinity {
+            depths: &depths,
+            remembered: &[],
+            busy: Busy {
+                excess: 8,
+                percent: 200,
+            },
+            rotation: 0,
+            outstanding: &loads,
+        });
+        let ranked = rank_candidates(pool.iter().collect(), choice);
+        (ranked.order[0].id, ranked.placement)
+    };
+    let waiting = |full: &[WorkerId]| {
+        let reports = (1..=3).map(|id| {
+            let queued = if full.contains(&id) { 8 } else { 0 };
+            report(id, SECOND, 0, vec![rank(0, queued, 1, 0)])
+        });
+        table(reports.collect())
+    };
+    let (home, placement) = place(&waiting(&[]));
+    assert_eq!(placement, Placement::Affinity);
+    let (moved, placement) = place(&waiting(&[home]));
+    assert_ne!(moved, home);
+    assert_eq!(placement, Placement::Spilled);
+    assert_eq!(
+        place(&waiting(&[1, 2, 3])),
+        (home, Placement::Affinity),
+        "every worker full: moving would lose the prefix for nothing"
+    );
 }

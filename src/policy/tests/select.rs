@@ -1,7 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use super::*;
+use crate::policy::engine_load::{EngineLoads, EngineReport, EngineTable, FullRule};
 use crate::policy::load::LoadTable;
+use crate::policy::metrics_text::RankLoad;
 use crate::policy::registry::{Registry, Role};
 use crate::policy::testing::test;
 
@@ -406,7 +408,40 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
         for id in (100..135).chain([7]) {
             table.add(id, i64::try_from(draw(seed, 400 + id) % 6).unwrap());
         }
-        let loads: &dyn Loads = if seed % 3 == 0 { &table } else { &closure };
+        // Or the engines' figures, some workers full, in some cases every one.
+        let mut engine = EngineTable::default();
+        let reports = (100..135).map(|id| EngineReport {
+            worker: id,
+            scraped_at: 0,
+            sent: 0,
+            ranks: vec![RankLoad {
+                rank: 0,
+                waiting: if seed % 7 == 0 {
+                    9
+                } else {
+                    draw(seed, 500 + id) % 10
+                },
+                running: 1,
+                kv_permille: 0,
+            }],
+        });
+        engine.merge(reports.collect(), |_| true);
+        let engine_loads = EngineLoads {
+            sent: &table,
+            table: &engine,
+            rule: FullRule {
+                stale_nanos: u64::MAX,
+                waiting: 8,
+                kv_permille: 1000,
+            },
+            now: 0,
+            rotation: 0,
+        };
+        let loads: &dyn Loads = match seed % 4 {
+            0 => &table,
+            1 => &engine_loads,
+            _ => &closure,
+        };
         let busy = if seed % 2 == 0 {
             BUSY
         } else {

@@ -39,11 +39,11 @@ struct Scheduler(*mut c_void);
 unsafe impl Send for Scheduler {}
 
 /// How often the main thread's root of a configuration with `settings` looks whether a
-/// call is due: every half registry refresh and every engine scrape period, whichever is
-/// shorter; `None` when it makes no periodic call.
+/// call is due: every half registry refresh and every look for an engine scrape, whichever
+/// is shorter; `None` when it makes no periodic call.
 pub fn period(settings: &Settings) -> Option<Duration> {
     let registry = settings.registry.as_ref().map(|r| r.refresh() / 2);
-    let engines = settings.engine_load.as_ref().map(|e| e.period());
+    let engines = settings.engine_load.as_ref().map(|e| e.look_period());
     let period = registry.into_iter().chain(engines).min()?;
     Some(period.max(MIN_TIMER_PERIOD))
 }
