@@ -26,6 +26,7 @@ const FULL_REGISTRY: [u64; 4] = [1, 10, 100, 1000];
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
 const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
+const AGREEMENT_CONCURRENCY: [usize; 4] = [8, 32, 64, 128];
 
 /// What `bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -140,10 +141,15 @@ pub struct Args {
     /// than the defaults.
     #[arg(long, value_name = "JSON", default_value = "{}")]
     pinroute_settings: String,
-    /// Prefix workload: seconds of each replica-agreement run, one per traffic and
-    /// concurrency (0: none).
-    #[arg(long, value_name = "SECONDS", default_value_t = 6.0)]
-    agreement_seconds: f64,
+    /// Prefix workload: seconds measured in each replica-agreement run, after the warm-up;
+    /// one run per traffic, --agreement-concurrency and engine_load off and on (0: none)
+    /// [default: 6, quick: 2].
+    #[arg(long, value_name = "SECONDS")]
+    agreement_seconds: Option<f64>,
+    /// Prefix workload: users of the replica-agreement runs, comma-separated
+    /// [default: 8,32,64,128; quick: 16].
+    #[arg(long, value_delimiter = ',', value_name = "USERS")]
+    agreement_concurrency: Option<Vec<usize>>,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -237,14 +243,16 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
 }
 
 async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
-    let (concurrencies, duration, warmup, agreement) = if args.quick {
-        (QUICK_PREFIX_CONCURRENCY.to_vec(), 2.0, 1.0, 2.0)
+    let (concurrencies, agreement_users, duration, warmup, agreement) = if args.quick {
+        let quick = QUICK_PREFIX_CONCURRENCY.to_vec();
+        (quick.clone(), quick, 2.0, 1.0, 2.0)
     } else {
         (
             PREFIX_CONCURRENCY.to_vec(),
+            AGREEMENT_CONCURRENCY.to_vec(),
             6.0,
             2.0,
-            args.agreement_seconds,
+            6.0,
         )
     };
     let options = PrefixOptions {
@@ -275,16 +283,26 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
         }),
         pinroute_settings: serde_json::from_str(&args.pinroute_settings)
             .map_err(|e| anyhow::anyhow!("--pinroute-settings: {e}"))?,
-        agreement: seconds(agreement)?,
+        agreement: seconds(args.agreement_seconds.unwrap_or(agreement))?,
+        agreement_concurrencies: args
+            .agreement_concurrency
+            .clone()
+            .unwrap_or(agreement_users),
         request_timeout: REQUEST_TIMEOUT,
         out_dir,
     };
     if options.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
     }
+    if options.agreement_concurrencies.contains(&0) {
+        bail!("--agreement-concurrency must be at least 1");
+    }
     let results = run_prefix_bench(&options).await?;
     println!("{}", prefix_report::render(&results, table::Style::Text));
-    let failed: u64 = results.runs.iter().map(|r| r.unexpected).sum();
+    let runs = results.runs.iter().map(|r| r.unexpected);
+    let failed: u64 = runs
+        .chain(results.agreement.iter().map(|a| a.unexpected))
+        .sum();
     if failed > 0 {
         bail!("{failed} requests failed their check (see the errors column and prefix.json)");
     }

@@ -2,7 +2,8 @@
 //! long prompt beginnings, on the same sim workers with a prefix cache ([`fleet`]), for the
 //! traffic of [`traffic`]: prefix-cache hit rate, time to first token and throughput, side
 //! by side with round robin, sessions, vllm-router's `cache_aware` and an oracle; and how
-//! often two pinroute replicas agree ([`report`] has the targets).
+//! often two pinroute replicas agree, on their own in-flight counts and on the engines' load
+//! ([`report`] has the targets).
 
 pub mod fleet;
 pub mod report;
@@ -11,7 +12,6 @@ pub mod traffic;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -28,7 +28,7 @@ use pinroute_harness::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
 };
 use report::{PrefixResults, PrefixRun, ReplicaAgreement, check_targets};
-use traffic::{PrefixTraffic, Target, Traffic};
+use traffic::{Agreed, PrefixTraffic, Target, Traffic};
 
 /// A way of choosing the workers, compared in the prefix benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -111,6 +111,50 @@ impl std::fmt::Display for Chooser {
     }
 }
 
+/// Whether a pinroute gateway reads the engines' load from their metrics (`engine_load`,
+/// `docs/semantics.md` §5) or counts only its own requests in flight.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scrape {
+    #[default]
+    Off,
+    On,
+}
+
+impl Scrape {
+    pub const BOTH: [Scrape; 2] = [Scrape::Off, Scrape::On];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scrape::Off => "off",
+            Scrape::On => "on",
+        }
+    }
+
+    /// `settings` without `engine_load`, or with it (the given one, else every default).
+    fn apply(self, settings: &mut Value) {
+        let Some(settings) = settings.as_object_mut() else {
+            return;
+        };
+        match self {
+            Scrape::Off => {
+                settings.remove("engine_load");
+            }
+            Scrape::On => {
+                settings.entry("engine_load").or_insert_with(|| json!({}));
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The pinroute configurations the choosers need: one Envoy each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -136,8 +180,10 @@ pub struct PrefixOptions {
     pub local_settings: Value,
     /// Filter settings given to every pinroute gateway (before each one's own).
     pub pinroute_settings: Value,
-    /// Length of each replica-agreement run (one per traffic and concurrency).
+    /// Measured length of each replica-agreement run: one per traffic, user count of
+    /// `agreement_concurrencies` and [`Scrape`], after `warmup`.
     pub agreement: Duration,
+    pub agreement_concurrencies: Vec<usize>,
     pub request_timeout: Duration,
     pub out_dir: PathBuf,
 }
@@ -186,6 +232,8 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             local_settings: options.local_settings.clone(),
             pinroute_settings: options.pinroute_settings.clone(),
             vllm_router: super::vllm_router::VERSION.to_string(),
+            agreement_s: options.agreement.as_secs_f64(),
+            agreement_concurrencies: options.agreement_concurrencies.clone(),
         },
         runs,
         agreement,
@@ -237,7 +285,9 @@ async fn run_matrix(
                     PrefixTraffic::new(*traffic, target, *salt, options.max_tokens, models);
                 let envoy = chooser.pinroute().and_then(|v| gateways.envoy(v));
                 let users = concurrency * usize::try_from(models).unwrap_or(1);
-                let run = measure(fleet, Arc::new(workload), options, users, envoy).await?;
+                let duration = options.duration;
+                let run = measure(fleet, Arc::new(workload), options, users, duration, envoy);
+                let run = run.await?;
                 let run = PrefixRun::new(*traffic, *chooser, *concurrency, models, run);
                 progress.suspend(|| eprintln!("{}", run.one_line()));
                 runs.push(run);
@@ -251,7 +301,9 @@ async fn run_matrix(
 
 /// The gateways of the run, each started once.
 struct Gateways {
-    envoys: Vec<(Variant, Envoy, String)>,
+    envoys: Vec<(Variant, Envoy)>,
+    /// The filter, when a pinroute gateway is among them.
+    wasm: Option<PathBuf>,
     round_robin: Option<VllmRouter>,
     cache_aware: Option<VllmRouter>,
 }
@@ -267,23 +319,20 @@ impl Gateways {
         let mut variants: Vec<Variant> = choosers.iter().filter_map(|c| c.pinroute()).collect();
         variants.dedup();
         let mut envoys = Vec::new();
+        let mut wasm = None;
         if !variants.is_empty() {
-            let wasm = pinroute_harness::wasm::build_filter()?;
+            let filter = pinroute_harness::wasm::build_filter()?;
             let binary = envoy_binary(root)?;
             for variant in [Variant::Load, Variant::Prefix, Variant::Local] {
                 if !variants.contains(&variant) {
                     continue;
                 }
-                let mut settings = options.pinroute_settings.clone();
-                merge(
-                    &mut settings,
-                    &variant_settings(variant, &options.local_settings),
-                );
-                let yaml = bootstrap(fleet, &settings, &wasm)?;
+                let yaml = bootstrap(fleet, &gateway_settings(options, variant), &filter)?;
                 let dir = work_dir.join(format!("envoy-{variant:?}").to_lowercase());
                 std::fs::create_dir_all(&dir)?;
-                envoys.push((variant, Envoy::start(&binary, &yaml, &dir).await?, yaml));
+                envoys.push((variant, Envoy::start(&binary, &yaml, &dir).await?));
             }
+            wasm = Some(filter);
         }
         let wants = |chooser| choosers.contains(&chooser);
         let router = |policy| async move {
@@ -301,6 +350,7 @@ impl Gateways {
         };
         Ok(Gateways {
             envoys,
+            wasm,
             round_robin,
             cache_aware,
         })
@@ -309,8 +359,8 @@ impl Gateways {
     fn envoy(&self, variant: Variant) -> Option<&Envoy> {
         self.envoys
             .iter()
-            .find(|(v, _, _)| *v == variant)
-            .map(|(_, envoy, _)| envoy)
+            .find(|(v, _)| *v == variant)
+            .map(|(_, envoy)| envoy)
     }
 
     fn target(&self, chooser: Chooser, fleet: &Arc<Fleet>) -> Result<Target> {
@@ -336,6 +386,16 @@ impl Gateways {
             }
         })
     }
+}
+
+/// The filter settings of a variant's gateway: every pinroute gateway's, then its own.
+fn gateway_settings(options: &PrefixOptions, variant: Variant) -> Value {
+    let mut settings = options.pinroute_settings.clone();
+    merge(
+        &mut settings,
+        &variant_settings(variant, &options.local_settings),
+    );
+    settings
 }
 
 fn variant_settings(variant: Variant, local: &Value) -> Value {
@@ -373,35 +433,47 @@ pub struct Measured {
     /// pinroute's counters over the measured period (`wasmcustom.pinroute.` left out), when
     /// the chooser is pinroute.
     pub counters: BTreeMap<String, u64>,
+    /// The pairs compared over the measured period, when sent to two replicas.
+    pub agreement: Agreed,
 }
 
-/// One closed-loop run on cold caches, with the fleet's cache counters and pinroute's own
-/// read at the edges of the measured period.
+/// One closed-loop run on cold caches, with the fleet's cache counters, pinroute's own and
+/// the replicas' agreement read at the edges of the measured period.
 async fn measure(
     fleet: &Arc<Fleet>,
     workload: Arc<PrefixTraffic>,
     options: &PrefixOptions,
     concurrency: usize,
+    duration: Duration,
     envoy: Option<&Envoy>,
 ) -> Result<Measured> {
     fleet.clear_caches();
     let spec = LoadSpec {
         concurrency,
-        stop: Stop::Duration(options.duration),
+        stop: Stop::Duration(duration),
         warmup: options.warmup,
         request_timeout: options.request_timeout,
     };
     let from = Instant::now() + options.warmup;
-    let until = from + options.duration;
+    let until = from + duration;
+    let agreement = &workload.agreement;
     let edges = async {
         tokio::time::sleep_until(from).await;
-        let first = (fleet.prefilled(), counters(envoy).await?);
+        let first = (
+            fleet.prefilled(),
+            counters(envoy).await?,
+            agreement.so_far(),
+        );
         tokio::time::sleep_until(until).await;
-        let last = (fleet.prefilled(), counters(envoy).await?);
+        let last = (
+            fleet.prefilled(),
+            counters(envoy).await?,
+            agreement.so_far(),
+        );
         Ok::<_, anyhow::Error>((first, last))
     };
-    let (report, edges) = tokio::join!(run_load(workload, &spec), edges);
-    let ((first, before), (last, after)) = edges?;
+    let (report, edges) = tokio::join!(run_load(workload.clone(), &spec), edges);
+    let ((first, before, agreed_before), (last, after, agreed_after)) = edges?;
     let counters = after
         .into_iter()
         .map(|(name, value)| {
@@ -419,6 +491,7 @@ async fn measure(
         hit_rate: Prefilled::total(&last).hit_rate_since(&Prefilled::total(&first)),
         hit_rates,
         counters,
+        agreement: agreed_after.since(agreed_before),
     })
 }
 
@@ -438,7 +511,9 @@ async fn counters(envoy: Option<&Envoy>) -> Result<BTreeMap<String, u64>> {
         .collect())
 }
 
-/// Two replicas of `pinroute-prefix` with no shared state, every request sent to both.
+/// Two replicas of `pinroute-prefix` with no shared state, every request sent to both: for
+/// each traffic and user count, a pair on its own in-flight counts and a pair reading the
+/// engines' load, one after the other.
 async fn replica_agreement(
     options: &PrefixOptions,
     gateways: &Gateways,
@@ -447,55 +522,93 @@ async fn replica_agreement(
     work_dir: &Path,
     salt: &mut u64,
 ) -> Result<Vec<ReplicaAgreement>> {
-    let Some((_, first, yaml)) = gateways
-        .envoys
-        .iter()
-        .find(|(v, _, _)| *v == Variant::Prefix)
-    else {
+    let (Some(wasm), Some(_)) = (&gateways.wasm, gateways.envoy(Variant::Prefix)) else {
         return Ok(Vec::new());
     };
-    let dir = work_dir.join("envoy-replica");
-    std::fs::create_dir_all(&dir)?;
-    let second = Envoy::start(&envoy_binary(root)?, yaml, &dir).await?;
-    let duration = options.agreement;
-    if duration.is_zero() {
+    if options.agreement.is_zero() {
         return Ok(Vec::new());
     }
-    let mut agreements = Vec::new();
-    let runs = options
-        .traffics
-        .iter()
-        .flat_map(|t| options.concurrencies.iter().map(move |c| (t, *c)));
-    for (traffic, concurrency) in runs {
-        *salt += 1;
-        fleet.clear_caches();
-        let target = Target::Pair {
-            first: first.listen(),
-            second: second.listen(),
-        };
-        let workload = Arc::new(PrefixTraffic::new(
-            *traffic,
-            target,
-            *salt,
-            options.max_tokens,
-            fleet.models(),
-        ));
-        let spec = LoadSpec {
-            concurrency,
-            stop: Stop::Duration(duration),
-            warmup: Duration::ZERO,
-            request_timeout: options.request_timeout,
-        };
-        run_load(workload.clone(), &spec).await;
-        let agreement = &workload.agreement;
-        agreements.push(ReplicaAgreement {
-            traffic: traffic.as_str().to_string(),
-            concurrency,
-            pairs: agreement.pairs.load(Ordering::Relaxed),
-            agreed: agreement.agreed.load(Ordering::Relaxed),
-        });
+    let mut pairs = Vec::new();
+    for scrape in Scrape::BOTH {
+        pairs.push(ReplicaPair::start(options, fleet, scrape, wasm, root, work_dir).await?);
     }
+    let users = &options.agreement_concurrencies;
+    let progress = progress_bar((options.traffics.len() * users.len() * pairs.len()) as u64);
+    let mut agreements = Vec::new();
+    for traffic in &options.traffics {
+        for users in users {
+            for pair in &pairs {
+                progress.set_message(format!("{traffic} users={users} scrape {}", pair.scrape));
+                *salt += 1;
+                let agreement = pair
+                    .measure(options, fleet, *traffic, *users, *salt)
+                    .await?;
+                progress.suspend(|| eprintln!("{}", agreement.one_line()));
+                agreements.push(agreement);
+                progress.inc(1);
+            }
+        }
+    }
+    progress.finish_and_clear();
     Ok(agreements)
+}
+
+/// Two Envoys with the same `pinroute-prefix` configuration, reading the engines' load or not.
+struct ReplicaPair {
+    scrape: Scrape,
+    first: Envoy,
+    second: Envoy,
+}
+
+impl ReplicaPair {
+    async fn start(
+        options: &PrefixOptions,
+        fleet: &Fleet,
+        scrape: Scrape,
+        wasm: &Path,
+        root: &Path,
+        work_dir: &Path,
+    ) -> Result<ReplicaPair> {
+        let mut settings = gateway_settings(options, Variant::Prefix);
+        scrape.apply(&mut settings);
+        let yaml = bootstrap(fleet, &settings, wasm)?;
+        let binary = envoy_binary(root)?;
+        let start = |replica: &str| {
+            let dir = work_dir.join(format!("envoy-replica-{replica}-scrape-{scrape}"));
+            let (binary, yaml) = (&binary, &yaml);
+            async move {
+                std::fs::create_dir_all(&dir)?;
+                Envoy::start(binary, yaml, &dir).await
+            }
+        };
+        Ok(ReplicaPair {
+            scrape,
+            first: start("a").await?,
+            second: start("b").await?,
+        })
+    }
+
+    /// One run of `traffic` by `users` through both replicas; the latency and the placements
+    /// are the first replica's, the hit rate the whole fleet's.
+    async fn measure(
+        &self,
+        options: &PrefixOptions,
+        fleet: &Arc<Fleet>,
+        traffic: Traffic,
+        users: usize,
+        salt: u64,
+    ) -> Result<ReplicaAgreement> {
+        let target = Target::Pair {
+            first: self.first.listen(),
+            second: self.second.listen(),
+        };
+        let workload =
+            PrefixTraffic::new(traffic, target, salt, options.max_tokens, fleet.models());
+        let workload = Arc::new(workload);
+        let envoy = Some(&self.first);
+        let measured = measure(fleet, workload, options, users, options.agreement, envoy).await?;
+        Ok(ReplicaAgreement::new(traffic, users, self.scrape, measured))
+    }
 }
 
 fn unix_seconds() -> u64 {

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::fleet::FleetSpec;
 use super::traffic::{LABELS, Traffic};
-use super::{Chooser, Measured};
+use super::{Chooser, Measured, Scrape};
 use crate::bench::plot::{Line, Panel, draw_panels};
 use crate::bench::results::TargetCheck;
 use crate::bench::table::{Style, grid, ms, targets, title_mark};
@@ -46,6 +46,11 @@ pub struct Meta {
     #[serde(default)]
     pub pinroute_settings: Value,
     pub vllm_router: String,
+    /// Seconds measured per replica-agreement run, and the user counts they ran at.
+    #[serde(default)]
+    pub agreement_s: f64,
+    #[serde(default)]
+    pub agreement_concurrencies: Vec<usize>,
 }
 
 fn one_model() -> Vec<u64> {
@@ -92,16 +97,51 @@ pub struct ModelShare {
     pub hit_rate: f64,
 }
 
-/// How often two pinroute replicas chose the same prefill worker for the same request.
+/// How often two pinroute replicas chose the same prefill worker for the same request, and
+/// what they gave: the hit rate over the fleet (both replicas' prefills; the second of a pair
+/// finds the first's blocks where they agreed), the first replica's TTFT and placements.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaAgreement {
-    pub traffic: String,
+    pub traffic: Traffic,
+    /// Users, each sending its requests to both replicas.
     pub concurrency: usize,
+    /// Whether the replicas read the engines' load (`engine_load`).
+    #[serde(default)]
+    pub scrape: Scrape,
     pub pairs: u64,
     pub agreed: u64,
+    #[serde(default)]
+    pub hit_rate: f64,
+    #[serde(default)]
+    pub ttfb: LatencySummary,
+    #[serde(default)]
+    pub prefill_placements: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub unexpected: u64,
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 impl ReplicaAgreement {
+    pub fn new(traffic: Traffic, concurrency: usize, scrape: Scrape, measured: Measured) -> Self {
+        let report = &measured.report;
+        ReplicaAgreement {
+            traffic,
+            concurrency,
+            scrape,
+            pairs: measured.agreement.pairs,
+            agreed: measured.agreement.agreed,
+            hit_rate: measured.hit_rate,
+            ttfb: report.first_byte_summary(),
+            prefill_placements: prefill_placements(&measured.counters),
+            counters: measured.counters,
+            unexpected: report.outcomes.unexpected,
+            problems: report.problems.clone(),
+        }
+    }
+
     pub fn share(&self) -> f64 {
         if self.pairs == 0 {
             0.0
@@ -109,6 +149,49 @@ impl ReplicaAgreement {
             self.agreed as f64 / self.pairs as f64
         }
     }
+
+    pub fn one_line(&self) -> String {
+        format!(
+            "{:<15} replicas c={:<3} scrape {:<3} agreed {:>5.1}% of {:>5}  TTFT p50 {} p99 {} ms  hit rate {:.2}{}",
+            self.traffic.as_str(),
+            self.concurrency,
+            self.scrape.as_str(),
+            100.0 * self.share(),
+            self.pairs,
+            ms(self.ttfb.p50_ms),
+            ms(self.ttfb.p99_ms),
+            self.hit_rate,
+            errors(self.unexpected, &self.problems),
+        )
+    }
+}
+
+/// ` ERRORS n: the problems`; empty when none.
+fn errors(unexpected: u64, problems: &[String]) -> String {
+    match unexpected {
+        0 => String::new(),
+        n => format!(" ERRORS {n}: {}", problems.join("; ")),
+    }
+}
+
+/// `n` as a share of the requests pinroute counted (0 when none).
+fn share_of_requests(counters: &BTreeMap<String, u64>, n: u64) -> f64 {
+    match counters.get("requests").copied().unwrap_or(0) {
+        0 => 0.0,
+        requests => n as f64 / requests as f64,
+    }
+}
+
+/// How pinroute chose the prefill worker, as shares of its requests (those above 0).
+fn prefill_placements(counters: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
+    counters
+        .iter()
+        .filter_map(|(name, n)| {
+            let how = name.strip_prefix("placement.prefill.")?;
+            Some((how.to_string(), share_of_requests(counters, *n)))
+        })
+        .filter(|(_, share)| *share > 0.0)
+        .collect()
 }
 
 impl PrefixRun {
@@ -135,28 +218,10 @@ impl PrefixRun {
             .collect();
         let total = report.outcomes.total;
         let counters = measured.counters;
-        let requests = counters.get("requests").copied().unwrap_or(0);
-        let share = |n: u64| {
-            if requests > 0 {
-                n as f64 / requests as f64
-            } else {
-                0.0
-            }
-        };
         let skipped = ["prefill.local_short_prompt", "prefill.local_next_turn"]
             .iter()
             .map(|name| counters.get(*name).copied().unwrap_or(0))
             .sum();
-        let prefill_placements = counters
-            .iter()
-            .filter_map(|(name, n)| {
-                Some((
-                    name.strip_prefix("placement.prefill.")?.to_string(),
-                    share(*n),
-                ))
-            })
-            .filter(|(_, share)| *share > 0.0)
-            .collect();
         PrefixRun {
             traffic,
             chooser,
@@ -168,8 +233,8 @@ impl PrefixRun {
             ttfb: report.first_byte_summary(),
             last_byte: report.last_byte_summary(),
             hit_rate: measured.hit_rate,
-            skipped_share: (!counters.is_empty()).then(|| share(skipped)),
-            prefill_placements,
+            skipped_share: (!counters.is_empty()).then(|| share_of_requests(&counters, skipped)),
+            prefill_placements: prefill_placements(&counters),
             counters,
             unexpected: report.outcomes.unexpected,
             problems: report.problems.clone(),
@@ -177,12 +242,8 @@ impl PrefixRun {
     }
 
     pub fn one_line(&self) -> String {
-        let errors = match self.unexpected {
-            0 => String::new(),
-            n => format!(" ERRORS {n}: {}", self.problems.join("; ")),
-        };
         format!(
-            "{:<15} {:<22} c={:<3} models={} {:>6.0} req/s  TTFT p50 {} p99 {} ms  hit rate {:.2}{errors}",
+            "{:<15} {:<22} c={:<3} models={} {:>6.0} req/s  TTFT p50 {} p99 {} ms  hit rate {:.2}{}",
             self.traffic.as_str(),
             self.chooser.as_str(),
             self.concurrency,
@@ -191,6 +252,7 @@ impl PrefixRun {
             ms(self.ttfb.p50_ms),
             ms(self.ttfb.p99_ms),
             self.hit_rate,
+            errors(self.unexpected, &self.problems),
         )
     }
 }
@@ -216,11 +278,30 @@ impl PrefixResults {
     }
 
     fn traffics(&self) -> Vec<Traffic> {
-        let mut traffics: Vec<Traffic> = self.runs.iter().map(|r| r.traffic).collect();
-        traffics.sort();
-        traffics.dedup();
-        traffics
+        sorted(self.runs.iter().map(|r| r.traffic))
     }
+
+    fn agreement_traffics(&self) -> Vec<Traffic> {
+        sorted(self.agreement.iter().map(|a| a.traffic))
+    }
+
+    fn agreement_of(
+        &self,
+        traffic: Traffic,
+        users: usize,
+        scrape: Scrape,
+    ) -> Option<&ReplicaAgreement> {
+        self.agreement
+            .iter()
+            .find(|a| (a.traffic, a.concurrency, a.scrape) == (traffic, users, scrape))
+    }
+}
+
+fn sorted(traffics: impl Iterator<Item = Traffic>) -> Vec<Traffic> {
+    let mut traffics: Vec<Traffic> = traffics.collect();
+    traffics.sort();
+    traffics.dedup();
+    traffics
 }
 
 /// The prefix-aware pinroute configurations the targets are checked for.
@@ -257,21 +338,125 @@ pub fn check_targets(results: &PrefixResults) -> Vec<TargetCheck> {
     if results.meta.models.len() > 1 {
         checks.push(models_alike(results));
     }
-    for agreement in &results.agreement {
-        checks.push(TargetCheck {
-            target: format!(
-                "two pinroute replicas choose the same prefill worker for at least 90% of {} requests (concurrency {})",
-                agreement.traffic, agreement.concurrency
-            ),
-            measured: format!(
-                "{:.1}% of {} pairs",
-                100.0 * agreement.share(),
-                agreement.pairs
-            ),
-            met: Some(agreement.pairs > 0 && agreement.share() >= 0.9),
-        });
+    for traffic in results.agreement_traffics() {
+        checks.push(agreement_under_load(results, traffic));
+        checks.push(scrape_keeps(results, traffic, Kept::HitRate));
+        checks.push(scrape_keeps(results, traffic, Kept::TtftP50));
     }
     checks
+}
+
+/// Two replicas reading the engines' load agree at least this often at [`CROWDED_USERS`].
+const AGREEMENT_WITH_SCRAPE: f64 = 0.95;
+const CROWDED_USERS: [usize; 2] = [64, 128];
+/// Where the replicas agree anyway, reading the engines' load may cost at most this much
+/// hit rate (absolute) and TTFT p50 (relative).
+const CALM_USERS: [usize; 2] = [8, 32];
+const HIT_RATE_SLACK: f64 = 0.01;
+const TTFT_SLACK: f64 = 0.10;
+
+/// A target judged at several user counts: each count's figures, and whether it was met.
+type Judged = (String, Option<bool>);
+
+fn agreement_under_load(results: &PrefixResults, traffic: Traffic) -> TargetCheck {
+    let target = format!(
+        "with engine_load, two pinroute replicas choose the same prefill worker for at least {:.0}% of {traffic} requests at {} users",
+        100.0 * AGREEMENT_WITH_SCRAPE,
+        users_list(&CROWDED_USERS)
+    );
+    let judged =
+        CROWDED_USERS.map(
+            |users| match results.agreement_of(traffic, users, Scrape::On) {
+                Some(on) => (
+                    format!(
+                        "{users} users: {:.1}% of {} pairs",
+                        100.0 * on.share(),
+                        on.pairs
+                    ),
+                    Some(on.pairs > 0 && on.share() >= AGREEMENT_WITH_SCRAPE),
+                ),
+                None => not_measured(users),
+            },
+        );
+    judgement(target, &judged)
+}
+
+/// What reading the engines' load must not cost.
+#[derive(Debug, Clone, Copy)]
+enum Kept {
+    HitRate,
+    TtftP50,
+}
+
+fn scrape_keeps(results: &PrefixResults, traffic: Traffic, kept: Kept) -> TargetCheck {
+    let what = match kept {
+        Kept::HitRate => format!("a prefix-cache hit rate at most {HIT_RATE_SLACK} below"),
+        Kept::TtftP50 => format!("a TTFT p50 at most {:.0}% above", 100.0 * TTFT_SLACK),
+    };
+    let target = format!(
+        "with engine_load, two pinroute replicas give {traffic} {what} what they give without it, at {} users",
+        users_list(&CALM_USERS)
+    );
+    let judged = CALM_USERS.map(|users| {
+        let on = results.agreement_of(traffic, users, Scrape::On);
+        let off = results.agreement_of(traffic, users, Scrape::Off);
+        match on.zip(off) {
+            Some((on, off)) => kept.judge(users, on, off),
+            None => not_measured(users),
+        }
+    });
+    judgement(target, &judged)
+}
+
+impl Kept {
+    fn judge(self, users: usize, on: &ReplicaAgreement, off: &ReplicaAgreement) -> Judged {
+        let both_ran = on.pairs > 0 && off.pairs > 0;
+        match self {
+            Kept::HitRate => (
+                format!(
+                    "{users} users: {:.3} vs {:.3} off",
+                    on.hit_rate, off.hit_rate
+                ),
+                Some(both_ran && on.hit_rate >= off.hit_rate - HIT_RATE_SLACK),
+            ),
+            Kept::TtftP50 => (
+                format!(
+                    "{users} users: {} vs {} ms off",
+                    ms(on.ttfb.p50_ms),
+                    ms(off.ttfb.p50_ms)
+                ),
+                Some(both_ran && on.ttfb.p50_ms <= off.ttfb.p50_ms * (1.0 + TTFT_SLACK)),
+            ),
+        }
+    }
+}
+
+fn not_measured(users: usize) -> Judged {
+    (format!("{users} users: not measured"), None)
+}
+
+/// Missed if missed anywhere; not judged while a user count was not measured.
+fn judgement(target: String, judged: &[Judged]) -> TargetCheck {
+    let met: Vec<Option<bool>> = judged.iter().map(|(_, met)| *met).collect();
+    let met = if met.contains(&Some(false)) {
+        Some(false)
+    } else if met.contains(&None) {
+        None
+    } else {
+        Some(true)
+    };
+    let measured: Vec<&str> = judged.iter().map(|(figures, _)| figures.as_str()).collect();
+    TargetCheck {
+        target,
+        measured: measured.join(", "),
+        met,
+    }
+}
+
+/// `64 and 128`.
+fn users_list(users: &[usize]) -> String {
+    let users: Vec<String> = users.iter().map(usize::to_string).collect();
+    users.join(" and ")
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -532,6 +717,13 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     for (name, shape) in &meta.traffics {
         let _ = writeln!(out, "- {name}: {shape}");
     }
+    if !results.agreement.is_empty() {
+        let _ = writeln!(
+            out,
+            "- two replicas: {:.1} s measured per run after the same warm-up, every request sent to both; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
+            meta.agreement_s
+        );
+    }
     for traffic in results.traffics() {
         let _ = writeln!(out, "\n{}{traffic}\n", title_mark(style));
         let header: Vec<String> = [
@@ -567,23 +759,7 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
             "\n{}Two replicas, no shared state\n",
             title_mark(style)
         );
-        let header: Vec<String> = ["traffic", "conc", "pairs", "same prefill worker"]
-            .iter()
-            .map(|h| h.to_string())
-            .collect();
-        let rows: Vec<Vec<String>> = results
-            .agreement
-            .iter()
-            .map(|a| {
-                vec![
-                    a.traffic.clone(),
-                    a.concurrency.to_string(),
-                    a.pairs.to_string(),
-                    format!("{:.1}%", 100.0 * a.share()),
-                ]
-            })
-            .collect();
-        out.push_str(&grid(&header, &rows, style));
+        out.push_str(&agreement_table(results, style));
     }
     if results.meta.models.len() > 1 {
         let _ = writeln!(
@@ -596,6 +772,43 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     let _ = writeln!(out, "\n{}Targets\n", title_mark(style));
     out.push_str(&targets(&results.targets, style));
     out
+}
+
+fn agreement_table(results: &PrefixResults, style: Style) -> String {
+    let header: Vec<String> = [
+        "traffic",
+        "users",
+        "scrape",
+        "agreement",
+        "pairs",
+        "hit rate",
+        "TTFT p50",
+        "TTFT p99",
+        "prefill placed by",
+        "errors",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect();
+    let rows: Vec<Vec<String>> = results
+        .agreement
+        .iter()
+        .map(|a| {
+            vec![
+                a.traffic.to_string(),
+                a.concurrency.to_string(),
+                a.scrape.to_string(),
+                format!("{:.1}%", 100.0 * a.share()),
+                a.pairs.to_string(),
+                format!("{:.3}", a.hit_rate),
+                ms(a.ttfb.p50_ms),
+                ms(a.ttfb.p99_ms),
+                placements(&a.prefill_placements),
+                a.unexpected.to_string(),
+            ]
+        })
+        .collect();
+    grid(&header, &rows, style)
 }
 
 fn row(results: &PrefixResults, run: &PrefixRun) -> Vec<String> {
@@ -698,5 +911,215 @@ fn color(chooser: Chooser) -> RGBColor {
         Chooser::PinrouteLocal => RGBColor(140, 86, 75),
         Chooser::VllmRouter => RGBColor(255, 127, 14),
         Chooser::Oracle => RGBColor(40, 40, 40),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    const PAIRS: u64 = 1000;
+
+    fn agreement(
+        traffic: Traffic,
+        users: usize,
+        scrape: Scrape,
+        share: f64,
+        hit_rate: f64,
+        ttft_p50_ms: f64,
+    ) -> ReplicaAgreement {
+        ReplicaAgreement {
+            traffic,
+            concurrency: users,
+            scrape,
+            pairs: PAIRS,
+            agreed: (share * PAIRS as f64).round() as u64,
+            hit_rate,
+            ttfb: LatencySummary {
+                p50_ms: ttft_p50_ms,
+                p99_ms: 3.0 * ttft_p50_ms,
+                ..LatencySummary::default()
+            },
+            prefill_placements: BTreeMap::from([("affinity".to_string(), 1.0)]),
+            counters: BTreeMap::new(),
+            unexpected: 0,
+            problems: Vec::new(),
+        }
+    }
+
+    /// Both settings at every user count of a full run, on system prompts: every target met.
+    fn all_met() -> Vec<ReplicaAgreement> {
+        let mut agreements = Vec::new();
+        for users in [8, 32, 64, 128] {
+            let off = agreement(Traffic::SystemPrompts, users, Scrape::Off, 0.9, 0.95, 10.0);
+            let on = agreement(Traffic::SystemPrompts, users, Scrape::On, 0.97, 0.95, 10.0);
+            agreements.extend([off, on]);
+        }
+        agreements
+    }
+
+    fn results(agreement: Vec<ReplicaAgreement>) -> PrefixResults {
+        PrefixResults {
+            meta: Meta {
+                unix_time: 0,
+                cpus: 2,
+                load_average_before: [0.0; 3],
+                traffics: Vec::new(),
+                choosers: vec![Chooser::PinroutePrefix],
+                concurrencies: vec![8],
+                warmup_s: 1.0,
+                duration_s: 2.0,
+                max_tokens: 8,
+                fleet: FleetSpec {
+                    prefill_workers: 4,
+                    decode_workers: 2,
+                    models: 1,
+                    cache_blocks: 1024,
+                    prefill_us_per_token: 20,
+                    token_latency_us: 1000,
+                },
+                models: vec![1],
+                local_settings: Value::Null,
+                pinroute_settings: Value::Null,
+                vllm_router: String::new(),
+                agreement_s: 6.0,
+                agreement_concurrencies: vec![8, 32, 64, 128],
+            },
+            runs: Vec::new(),
+            agreement,
+            targets: Vec::new(),
+        }
+    }
+
+    /// The agreement targets of system prompts: under load, hit rate kept, TTFT kept.
+    fn judged(agreement: Vec<ReplicaAgreement>) -> [TargetCheck; 3] {
+        let checks = check_targets(&results(agreement));
+        let ours: Vec<TargetCheck> = checks
+            .into_iter()
+            .filter(|c| c.target.contains("engine_load"))
+            .collect();
+        ours.try_into().unwrap()
+    }
+
+    /// The entry of `users` and `scrape` in `agreements`.
+    fn entry(
+        agreements: &mut [ReplicaAgreement],
+        users: usize,
+        scrape: Scrape,
+    ) -> &mut ReplicaAgreement {
+        agreements
+            .iter_mut()
+            .find(|a| (a.concurrency, a.scrape) == (users, scrape))
+            .unwrap()
+    }
+
+    #[test]
+    fn every_agreement_target_is_met_with_its_figures_shown() {
+        let [under_load, hit_rate, ttft] = judged(all_met());
+        assert_eq!(under_load.met, Some(true), "{under_load:?}");
+        assert!(
+            under_load
+                .target
+                .contains("95% of system-prompts requests at 64 and 128")
+        );
+        assert_eq!(
+            under_load.measured,
+            "64 users: 97.0% of 1000 pairs, 128 users: 97.0% of 1000 pairs"
+        );
+        assert_eq!(hit_rate.met, Some(true), "{hit_rate:?}");
+        assert_eq!(
+            hit_rate.measured,
+            "8 users: 0.950 vs 0.950 off, 32 users: 0.950 vs 0.950 off"
+        );
+        assert_eq!(ttft.met, Some(true), "{ttft:?}");
+        assert!(
+            ttft.measured.starts_with("8 users: 10.00 vs 10.00 ms off"),
+            "{ttft:?}"
+        );
+    }
+
+    #[test]
+    fn under_load_the_replicas_reading_the_engines_must_agree_at_each_user_count() {
+        let mut agreements = all_met();
+        entry(&mut agreements, 128, Scrape::On).agreed = 949;
+        let [under_load, ..] = judged(agreements);
+        assert_eq!(under_load.met, Some(false), "{under_load:?}");
+        assert!(
+            under_load
+                .measured
+                .contains("128 users: 94.9% of 1000 pairs")
+        );
+    }
+
+    #[test]
+    fn agreement_without_the_engines_load_is_not_judged() {
+        let mut agreements = all_met();
+        for users in [64, 128] {
+            entry(&mut agreements, users, Scrape::Off).agreed = 0;
+        }
+        let [under_load, ..] = judged(agreements);
+        assert_eq!(under_load.met, Some(true), "{under_load:?}");
+    }
+
+    #[test]
+    fn a_user_count_not_run_leaves_a_target_unjudged_unless_another_missed() {
+        let crowded = |a: &ReplicaAgreement| a.concurrency != 128;
+        let agreements: Vec<ReplicaAgreement> = all_met().into_iter().filter(crowded).collect();
+        let [under_load, ..] = judged(agreements.clone());
+        assert_eq!(under_load.met, None, "{under_load:?}");
+        assert!(under_load.measured.ends_with("128 users: not measured"));
+        let mut agreements = agreements;
+        entry(&mut agreements, 64, Scrape::On).agreed = 500;
+        let [under_load, ..] = judged(agreements);
+        assert_eq!(under_load.met, Some(false), "{under_load:?}");
+    }
+
+    #[test]
+    fn the_hit_rate_may_fall_by_a_hundredth_at_most() {
+        let mut agreements = all_met();
+        entry(&mut agreements, 32, Scrape::On).hit_rate = 0.941;
+        let [_, hit_rate, _] = judged(agreements.clone());
+        assert_eq!(hit_rate.met, Some(true), "{hit_rate:?}");
+        entry(&mut agreements, 32, Scrape::On).hit_rate = 0.939;
+        let [_, hit_rate, _] = judged(agreements);
+        assert_eq!(hit_rate.met, Some(false), "{hit_rate:?}");
+        assert!(hit_rate.measured.contains("32 users: 0.939 vs 0.950 off"));
+    }
+
+    #[test]
+    fn the_ttft_may_rise_by_a_tenth_at_most() {
+        let mut agreements = all_met();
+        entry(&mut agreements, 8, Scrape::On).ttfb.p50_ms = 10.9;
+        let [.., ttft] = judged(agreements.clone());
+        assert_eq!(ttft.met, Some(true), "{ttft:?}");
+        entry(&mut agreements, 8, Scrape::On).ttfb.p50_ms = 11.1;
+        let [.., ttft] = judged(agreements);
+        assert_eq!(ttft.met, Some(false), "{ttft:?}");
+        assert!(ttft.measured.contains("8 users: 11.10 vs 10.00 ms off"));
+    }
+
+    #[test]
+    fn a_run_without_pairs_misses_what_it_was_to_keep() {
+        let mut agreements = all_met();
+        entry(&mut agreements, 8, Scrape::On).pairs = 0;
+        let [_, hit_rate, ttft] = judged(agreements);
+        assert_eq!((hit_rate.met, ttft.met), (Some(false), Some(false)));
+    }
+
+    #[test]
+    fn the_table_shows_each_setting_and_the_json_names_it() {
+        let results = results(all_met());
+        let table = render(&results, Style::Markdown);
+        assert!(
+            table.contains("| system-prompts | 64 | on | 97.0% | 1000 | 0.950 | 10.00 | 30.00 | affinity 100% | 0 |"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&results.agreement[1]).unwrap();
+        assert_eq!(json["scrape"], "on");
+        let mut older = serde_json::to_value(&results.agreement[0]).unwrap();
+        older.as_object_mut().unwrap().remove("scrape");
+        let older: ReplicaAgreement = serde_json::from_value(older).unwrap();
+        assert_eq!(older.scrape, Scrape::Off);
     }
 }

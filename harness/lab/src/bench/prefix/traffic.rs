@@ -143,6 +143,31 @@ pub struct Agreement {
     pub agreed: AtomicU64,
 }
 
+/// Pairs compared, and those where both replicas chose the same prefill worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Agreed {
+    pub pairs: u64,
+    pub agreed: u64,
+}
+
+impl Agreement {
+    pub fn so_far(&self) -> Agreed {
+        Agreed {
+            pairs: self.pairs.load(Ordering::Relaxed),
+            agreed: self.agreed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Agreed {
+    pub fn since(self, earlier: Agreed) -> Agreed {
+        Agreed {
+            pairs: self.pairs.saturating_sub(earlier.pairs),
+            agreed: self.agreed.saturating_sub(earlier.agreed),
+        }
+    }
+}
+
 pub struct PrefixTraffic {
     traffic: Traffic,
     target: Target,
