@@ -43,15 +43,20 @@ impl EngineScraper {
     /// Takes the table another thread wrote, and starts a round when this thread's turn
     /// has come.
     pub fn tick(&mut self, host: &impl Host, config: &Config, source: &EngineLoadSource) {
-        if let Some((table, version)) = shared::engine_table(host, self.version) {
-            self.table = Rc::new(table);
-            self.version = Some(version);
-        }
+        self.adopt_shared(host);
         if self.in_flight.is_empty()
             && host.polls_sources()
             && shared::claim_period(host, LEASE_KEY, source.period())
         {
             self.start_round(host, config, source);
+        }
+    }
+
+    /// Takes the table another thread wrote, if newer than this thread's.
+    pub fn adopt_shared(&mut self, host: &impl Host) {
+        if let Some((table, version)) = shared::engine_table(host, self.version) {
+            self.table = Rc::new(table);
+            self.version = Some(version);
         }
     }
 

@@ -97,6 +97,14 @@ impl<H: Host + Clone> Root<H> {
             // A root made after another one fetched serves that registry from its first request.
             self.adopt_shared();
         }
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.settings.engine_load.is_some())
+        {
+            // And the engines' figures another thread scraped.
+            self.engine.adopt_shared(&self.host);
+        }
         true
     }
 
