@@ -36,9 +36,11 @@ pub struct EngineLoadSource {
     /// A rank with this many requests waiting is full.
     #[serde(default = "default_busy_waiting")]
     pub busy_waiting: u64,
-    /// A rank with this much of its KV cache in use (percent) is full.
-    #[serde(default = "default_busy_kv_percent")]
-    pub busy_kv_percent: u64,
+    /// A rank with this much of its KV cache in use (percent) is full; `None` (the default):
+    /// KV use alone never makes it full — vLLM fills its KV cache by design, and makes
+    /// requests wait once it is full.
+    #[serde(default)]
+    pub busy_kv_percent: Option<u64>,
 }
 
 fn default_path() -> String {
@@ -63,10 +65,6 @@ fn default_max_bytes() -> usize {
 
 fn default_busy_waiting() -> u64 {
     8
-}
-
-fn default_busy_kv_percent() -> u64 {
-    95
 }
 
 /// The largest `max_bytes` an operator may set: a page is read whole into the VM.
@@ -105,7 +103,7 @@ impl EngineLoadSource {
         FullRule {
             stale_nanos: self.stale_ms.saturating_mul(1_000_000),
             waiting: self.busy_waiting,
-            kv_permille: self.busy_kv_percent.saturating_mul(10),
+            kv_permille: self.busy_kv_percent.map(|p| p.saturating_mul(10)),
         }
     }
 
@@ -129,7 +127,10 @@ impl EngineLoadSource {
         if self.busy_waiting == 0 {
             return Some("engine_load.busy_waiting must be at least 1");
         }
-        if !(1..=100).contains(&self.busy_kv_percent) {
+        if self
+            .busy_kv_percent
+            .is_some_and(|p| !(1..=100).contains(&p))
+        {
             return Some("engine_load.busy_kv_percent must be in 1..=100");
         }
         None
@@ -141,12 +142,12 @@ impl EngineLoadSource {
 pub struct FullRule {
     pub stale_nanos: u64,
     pub waiting: u64,
-    pub kv_permille: u64,
+    pub kv_permille: Option<u64>,
 }
 
 impl FullRule {
     pub fn is_full(&self, rank: &RankLoad) -> bool {
-        rank.waiting >= self.waiting || rank.kv_permille >= self.kv_permille
+        rank.waiting >= self.waiting || self.kv_permille.is_some_and(|kv| rank.kv_permille >= kv)
     }
 }
 

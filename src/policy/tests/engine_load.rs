@@ -41,7 +41,7 @@ fn rule() -> FullRule {
     FullRule {
         stale_nanos: 2 * SECOND,
         waiting: 8,
-        kv_permille: 950,
+        kv_permille: Some(950),
     }
 }
 

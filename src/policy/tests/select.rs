@@ -432,7 +432,7 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
             rule: FullRule {
                 stale_nanos: u64::MAX,
                 waiting: 8,
-                kv_permille: 1000,
+                kv_permille: None,
             },
             now: 0,
             rotation: 0,
