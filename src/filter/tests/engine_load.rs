@@ -192,7 +192,10 @@ fn affinity_passes_over_a_worker_its_engine_reports_full_and_takes_it_back_when_
     assert_eq!(host.metric("pinroute.placement.prefill.spilled"), 1);
     let new_thread = self::root(&host, &config(""), SECOND);
     let (first_request, _) = prefill_worker(&new_thread, &host, &body);
-    assert_eq!(first_request, moved, "a root made later reads the figures at once");
+    assert_eq!(
+        first_request, moved,
+        "a root made later reads the figures at once"
+    );
 
     host.state().now += 3 * SECOND;
     let (back, _) = prefill_worker(&root, &host, &body);
