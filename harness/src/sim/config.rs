@@ -76,6 +76,10 @@ pub struct SimConfig {
     /// Requests a rank's engine batches at once (vLLM's `--max-num-seqs`): more are published
     /// as waiting.
     pub max_num_seqs: u64,
+    /// Prompt tokens one engine step computes (vLLM's `--max-num-batched-tokens`): a prefill
+    /// is scheduled, and published as running, once the compute queued ahead of it fits in
+    /// one step; until then it waits, as in vLLM's scheduler.
+    pub max_num_batched_tokens: u32,
     /// The model names it serves (vLLM's `--served-model-name` and `--lora-modules` names),
     /// checked as vLLM does: another `model` is a 404. `None`: any model is served.
     pub served_models: Option<Vec<String>>,
@@ -88,6 +92,8 @@ impl SimConfig {
     pub const DEFAULT_BACKLOG: u32 = 1024;
     /// vLLM's default `--max-num-seqs`.
     pub const DEFAULT_MAX_NUM_SEQS: u64 = 256;
+    /// vLLM's default `--max-num-batched-tokens` for its API server (on CPU and most GPUs).
+    pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 2048;
 
     /// A worker with one rank and default model and latencies.
     pub fn new(id: u64, role: SimRole) -> Self {
@@ -102,6 +108,7 @@ impl SimConfig {
             prefill_per_token: Duration::ZERO,
             cache_blocks: 0,
             max_num_seqs: Self::DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens: Self::DEFAULT_MAX_NUM_BATCHED_TOKENS,
             served_models: None,
         }
     }
@@ -131,6 +138,17 @@ impl SimConfig {
     pub fn with_max_num_seqs(mut self, requests: u64) -> Self {
         self.max_num_seqs = requests.max(1);
         self
+    }
+
+    pub fn with_max_num_batched_tokens(mut self, tokens: u32) -> Self {
+        self.max_num_batched_tokens = tokens;
+        self
+    }
+
+    /// The compute one engine step holds: what may be queued ahead of a scheduled prefill.
+    pub fn step(&self) -> Duration {
+        self.prefill_per_token
+            .saturating_mul(self.max_num_batched_tokens)
     }
 
     pub fn with_cache_blocks(mut self, blocks: usize) -> Self {

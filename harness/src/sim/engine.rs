@@ -1,7 +1,9 @@
 //! The simulated engine's compute: prefills take their turn on it, one after another, for
 //! a time proportional to the tokens they compute; token generation waits while a prefill
 //! holds it (a decode step cannot run during a local prefill), which is what makes local
-//! prefill on a decode worker cost its other streams something.
+//! prefill on a decode worker cost its other streams something. A prefill is scheduled
+//! (vLLM's scheduler moves it from waiting to running) once the compute queued ahead of it
+//! fits in one engine step.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,27 +16,30 @@ use super::state::lock;
 pub struct Engine {
     /// When the work queued so far is done.
     busy_until: Mutex<Instant>,
-}
-
-impl Default for Engine {
-    fn default() -> Self {
-        Engine {
-            busy_until: Mutex::new(Instant::now()),
-        }
-    }
+    /// The compute one step holds.
+    step: Duration,
 }
 
 impl Engine {
-    /// Queues `work` after what is queued, calls `started` when its turn comes and returns
-    /// once it is done.
-    pub async fn compute(&self, work: Duration, started: impl FnOnce()) {
+    pub fn new(step: Duration) -> Self {
+        Engine {
+            busy_until: Mutex::new(Instant::now()),
+            step,
+        }
+    }
+
+    /// Queues `work` after what is queued, calls `scheduled` once what is ahead of it fits
+    /// in one step and returns once it is done.
+    pub async fn compute(&self, work: Duration, scheduled: impl FnOnce()) {
         if work.is_zero() {
-            started();
+            scheduled();
             return;
         }
-        let done = self.reserve(Instant::now(), work);
-        tokio::time::sleep_until(done - work).await;
-        started();
+        let now = Instant::now();
+        let done = self.reserve(now, work);
+        let ahead = (done - work).saturating_duration_since(now);
+        tokio::time::sleep(ahead.saturating_sub(self.step)).await;
+        scheduled();
         tokio::time::sleep_until(done).await;
     }
 
@@ -60,7 +65,7 @@ mod tests {
 
     #[test]
     fn prefills_take_turns_and_an_idle_engine_starts_at_once() {
-        let engine = Engine::default();
+        let engine = Engine::new(Duration::ZERO);
         let now = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(engine.reserve(now, ms(30)), now + ms(30));
@@ -79,5 +84,38 @@ mod tests {
             now + ms(110),
             "idle meanwhile"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefill_is_scheduled_once_what_is_ahead_of_it_fits_in_a_step() {
+        let ms = Duration::from_millis;
+        let engine = std::sync::Arc::new(Engine::new(ms(10)));
+        let start = Instant::now();
+        let first = tokio::spawn({
+            let engine = engine.clone();
+            async move {
+                let mut scheduled = None;
+                engine
+                    .compute(ms(30), || scheduled = Some(Instant::now()))
+                    .await;
+                scheduled
+            }
+        });
+        tokio::task::yield_now().await;
+        let mut scheduled = None;
+        engine
+            .compute(ms(20), || scheduled = Some(Instant::now()))
+            .await;
+        assert_eq!(
+            first.await.unwrap(),
+            Some(start),
+            "an idle engine schedules at once"
+        );
+        assert_eq!(
+            scheduled,
+            Some(start + ms(20)),
+            "30 ms ahead, 10 of them in its step"
+        );
+        assert_eq!(Instant::now(), start + ms(50), "done after the first");
     }
 }

@@ -1,9 +1,10 @@
 //! The engine load a worker publishes per data-parallel rank, as vLLM's scheduler counts
-//! it: a rank's requests, from their arrival to the end of their answer, run in one batch
-//! of at most `max_num_seqs` (vLLM's `--max-num-seqs`), the rest wait; the share of the KV cache the
-//! running requests hold (as vLLM counts it: cached blocks no request holds are free); plus
-//! the figures
-//! `POST /sim/engine-load` adds to them for deterministic tests.
+//! it: a rank's requests wait until the engine schedules them (a prefill once the compute
+//! ahead of it fits in one step, [`super::engine`]; a request with nothing to compute at
+//! once), then run until the end of their answer, at most `max_num_seqs` (vLLM's
+//! `--max-num-seqs`) at a time, the rest waiting; the share of the KV cache the running
+//! requests hold (as vLLM counts it: cached blocks no request holds are free); plus the
+//! figures `POST /sim/engine-load` adds to them for deterministic tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,12 +105,11 @@ impl EngineLoad {
             .map(|(counts, extra)| {
                 let held = counts.held_blocks.load(Ordering::Relaxed) as f64;
                 let kv_cache_usage = capacity_blocks.map_or(0.0, |c| (held / c as f64).min(1.0));
-                let requests =
-                    counts.waiting.load(Ordering::Relaxed) + counts.running.load(Ordering::Relaxed);
-                let running = requests.min(self.max_num_seqs);
+                let scheduled = counts.running.load(Ordering::Relaxed);
+                let running = scheduled.min(self.max_num_seqs);
                 let real = RankLoad {
                     running,
-                    waiting: requests - running,
+                    waiting: counts.waiting.load(Ordering::Relaxed) + scheduled - running,
                     kv_cache_usage,
                 };
                 match extra {
@@ -199,11 +199,13 @@ mod tests {
     fn a_rank_runs_a_batch_of_max_num_seqs_and_the_rest_wait_until_dropped() {
         let load = Arc::new(EngineLoad::new(2, 1));
         let mut first = load.arrive(1);
-        let second = load.arrive(1);
-        assert_eq!(counts(&load), [(0, 0), (1, 1)], "one in the batch");
+        let mut second = load.arrive(1);
+        assert_eq!(counts(&load), [(0, 0), (2, 0)], "waiting until scheduled");
         first.run(2);
         first.run(5);
         assert_eq!(counts(&load), [(0, 0), (1, 1)]);
+        second.run(0);
+        assert_eq!(counts(&load), [(0, 0), (1, 1)], "one in the batch");
         let usage = |load: &EngineLoad| {
             load.ranks(Some(8))
                 .iter()

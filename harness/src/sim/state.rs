@@ -115,7 +115,7 @@ impl SimState {
         let cache = (config.cache_blocks > 0).then(|| PrefixCache::new(config.cache_blocks));
         Ok(SimState {
             cache,
-            engine: Arc::default(),
+            engine: Arc::new(Engine::new(config.step())),
             in_flight: Arc::default(),
             load: Arc::new(EngineLoad::new(config.dp_size, config.max_num_seqs)),
             responses: Arc::new(ResponseStore::new()),

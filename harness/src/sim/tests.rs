@@ -1844,9 +1844,20 @@ vllm:kv_cache_usage_perc{engine="1",model_name="org/served"} 0.0
 
 #[tokio::test]
 async fn requests_beyond_a_ranks_batch_wait_while_it_runs() {
-    let config = SimConfig::new(351, SimRole::Aggregated)
+    let config = SimConfig::new(351, SimRole::Aggregated).with_max_num_seqs(1);
+    two_of_three_prefills_wait(config).await;
+}
+
+#[tokio::test]
+async fn prefills_beyond_one_steps_tokens_wait_while_it_runs() {
+    let config = SimConfig::new(354, SimRole::Aggregated).with_max_num_batched_tokens(100);
+    two_of_three_prefills_wait(config).await;
+}
+
+/// Three prefills of ~400 ms sent at once to rank 0 of `config`: one runs, two wait.
+async fn two_of_three_prefills_wait(config: SimConfig) {
+    let config = config
         .with_dp_size(2)
-        .with_max_num_seqs(1)
         .with_cache_blocks(1000)
         .with_prefill_per_token(Duration::from_millis(2))
         .with_token_latency(Duration::from_millis(1));
