@@ -41,7 +41,7 @@ fn check_accepted(config: &Config, data: &[u8]) {
             && engines.timeout_ms > 0
             && engines.stale_ms >= engines.period_ms
             && (1..=16 << 20).contains(&engines.max_bytes)
-            && engines.busy_waiting > 0
+            && engines.busy_waiting != Some(0)
             && engines
                 .busy_kv_percent
                 .is_none_or(|p| (1..=100).contains(&p))

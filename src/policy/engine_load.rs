@@ -33,9 +33,11 @@ pub struct EngineLoadSource {
     /// The largest metrics page read; a larger one fails the scrape.
     #[serde(default = "default_max_bytes")]
     pub max_bytes: usize,
-    /// A rank with this many requests waiting is full.
-    #[serde(default = "default_busy_waiting")]
-    pub busy_waiting: u64,
+    /// A rank with this many requests waiting is full; `None` (the default): the number
+    /// waiting alone never makes it full — it changes from one moment to the next, and two
+    /// replicas reading it moments apart would judge a worker busy differently.
+    #[serde(default)]
+    pub busy_waiting: Option<u64>,
     /// A rank with this much of its KV cache in use (percent) is full; `None` (the default):
     /// KV use alone never makes it full — vLLM fills its KV cache by design, and makes
     /// requests wait once it is full.
@@ -61,10 +63,6 @@ fn default_stale_ms() -> u64 {
 
 fn default_max_bytes() -> usize {
     1 << 20
-}
-
-fn default_busy_waiting() -> u64 {
-    8
 }
 
 /// The largest `max_bytes` an operator may set: a page is read whole into the VM.
@@ -124,7 +122,7 @@ impl EngineLoadSource {
         if self.max_bytes == 0 || self.max_bytes > MAX_PAGE_BYTES {
             return Some("engine_load.max_bytes must be in 1..=16777216");
         }
-        if self.busy_waiting == 0 {
+        if self.busy_waiting == Some(0) {
             return Some("engine_load.busy_waiting must be at least 1");
         }
         if self
@@ -141,13 +139,14 @@ impl EngineLoadSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FullRule {
     pub stale_nanos: u64,
-    pub waiting: u64,
+    pub waiting: Option<u64>,
     pub kv_permille: Option<u64>,
 }
 
 impl FullRule {
     pub fn is_full(&self, rank: &RankLoad) -> bool {
-        rank.waiting >= self.waiting || self.kv_permille.is_some_and(|kv| rank.kv_permille >= kv)
+        self.waiting.is_some_and(|w| rank.waiting >= w)
+            || self.kv_permille.is_some_and(|kv| rank.kv_permille >= kv)
     }
 }
 

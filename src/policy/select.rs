@@ -18,8 +18,8 @@ pub trait Loads {
     }
 
     /// Whether the engine's own fresh figures say `worker` is full (`docs/semantics.md` §5):
-    /// then they alone judge it busy for prefix affinity, alike on every replica that reads
-    /// them. `None`: no such figures, its share of the requests in flight judges.
+    /// then it is busy for prefix affinity, whatever its share of the requests in flight.
+    /// `None`: no such figures.
     fn full(&self, _worker: &Worker) -> Option<bool> {
         None
     }
@@ -80,18 +80,17 @@ pub struct Busy {
 }
 
 impl Busy {
-    /// Whether `worker` is busy by `loads`, in a pool of `workers` with `total` in flight:
-    /// full by its engine's own figures, or, without them, over its share.
+    /// Whether `worker`, with `load` requests in flight by `loads`, is busy in a pool of
+    /// `workers` with `total` in flight: over its share, or full by its engine's own figures.
     fn worker_is_busy(
         &self,
         worker: &Worker,
         loads: &dyn Loads,
+        load: u64,
         total: u64,
         workers: usize,
     ) -> bool {
-        loads
-            .full(worker)
-            .unwrap_or_else(|| self.is_busy(loads.outstanding(worker), total, workers))
+        self.is_busy(load, total, workers) || loads.full(worker) == Some(true)
     }
 
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
@@ -316,7 +315,12 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     };
     let order = top(eligible(), limit.max(1), weigh);
     let count = count.get();
-    let over = |w: &Worker| affinity.busy.worker_is_busy(w, outstanding, total, count);
+    let over = |w: &Worker| {
+        let load = outstanding.outstanding(w);
+        affinity
+            .busy
+            .worker_is_busy(w, outstanding, load, total, count)
+    };
     // A pool whose every worker is busy has none: moving would lose the prefix for nothing.
     let all_busy = OnceCell::new();
     let busy = |w: &Worker| over(w) && !*all_busy.get_or_init(|| eligible().all(&over));
@@ -408,8 +412,10 @@ fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
         .iter()
         .zip(&loads)
         .filter(|(w, load)| {
-            let full = affinity.outstanding.full(w);
-            full.unwrap_or_else(|| affinity.busy.is_busy(**load, total, pool.len()))
+            let loads = affinity.outstanding;
+            affinity
+                .busy
+                .worker_is_busy(w, loads, **load, total, pool.len())
         })
         .map(|(w, _)| w.id)
         .collect();

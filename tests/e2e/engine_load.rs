@@ -13,7 +13,7 @@ use crate::client::{Reply, complete, prompt};
 use crate::{Deployment, start, stat, vm_failure_stats, wasm, worker};
 
 /// Prefill 101 and 102, decode 201 with two ranks, every one with a prefix cache, the
-/// engines scraped every 100 ms and stale after 1 s.
+/// engines scraped every 100 ms and stale after 1 s, a rank with 8 waiting full.
 async fn deployment() -> Deployment {
     let cached = |id, role, dp_size| worker(id, role, dp_size).with_cache_blocks(10_000);
     let workers = vec![
@@ -22,7 +22,7 @@ async fn deployment() -> Deployment {
         cached(201, SimRole::Decode, 2),
     ];
     let mut spec = StackSpec::new(workers, wasm());
-    spec.settings = json!({"engine_load": {"period_ms": 100, "timeout_ms": 100, "stale_ms": 1000}});
+    spec.settings = json!({"engine_load": {"period_ms": 100, "timeout_ms": 100, "stale_ms": 1000, "busy_waiting": 8}});
     start(spec).await
 }
 

@@ -15,6 +15,9 @@ fn config(extra: &str) -> String {
     )
 }
 
+/// `busy_waiting`: a rank with 8 requests waiting is full.
+const FULL_AT_8: &str = r#", "busy_waiting": 8"#;
+
 fn page(waiting: u64, running: u64) -> String {
     format!(
         "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} {waiting}.0\nvllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}.0\nvllm:num_requests_waiting{{engine=\"1\",model_name=\"m\"}} {waiting}.0\nvllm:num_requests_running{{engine=\"1\",model_name=\"m\"}} 0.0\n"
@@ -173,7 +176,7 @@ fn long_chat(salt: usize) -> String {
 #[test]
 fn affinity_passes_over_a_worker_its_engine_reports_full_and_takes_it_back_when_stale() {
     let host = FakeHost::default();
-    let mut root = root(&host, &config(""), SECOND);
+    let mut root = root(&host, &config(FULL_AT_8), SECOND);
     let body = long_chat(1);
     let (home, _) = prefill_worker(&root, &host, &body);
     root.tick();
@@ -190,7 +193,7 @@ fn affinity_passes_over_a_worker_its_engine_reports_full_and_takes_it_back_when_
     let (moved, _) = prefill_worker(&root, &host, &body);
     assert_ne!(moved, home, "8 waiting on each rank: full");
     assert_eq!(host.metric("pinroute.placement.prefill.spilled"), 1);
-    let new_thread = self::root(&host, &config(""), SECOND);
+    let new_thread = self::root(&host, &config(FULL_AT_8), SECOND);
     let (first_request, _) = prefill_worker(&new_thread, &host, &body);
     assert_eq!(
         first_request, moved,
@@ -202,11 +205,34 @@ fn affinity_passes_over_a_worker_its_engine_reports_full_and_takes_it_back_when_
     assert_eq!(back, home, "stale figures: the gateway's own counts");
 }
 
+/// The prefill worker a long prompt goes to once its first worker's engine reports
+/// `running` requests and the other's none, with the busy bound at the mean plus 8.
+fn prefill_worker_after_share(running: u64) -> (String, String) {
+    let host = FakeHost::default();
+    let config = config("").replacen('{', r#"{"affinity_busy_percent": 100, "#, 1);
+    let mut root = root(&host, &config, SECOND);
+    let body = long_chat(3);
+    let (home, _) = prefill_worker(&root, &host, &body);
+    root.tick();
+    answer_all(&mut root, &host, |address| {
+        Some((200, page(0, if address == home { running } else { 0 })))
+    });
+    (home, prefill_worker(&root, &host, &body).0)
+}
+
+#[test]
+fn affinity_passes_over_a_worker_whose_engine_holds_more_than_its_share() {
+    let (home, next) = prefill_worker_after_share(14);
+    assert_eq!(next, home, "14 of 14 running: not over the mean (7) plus 8");
+    let (home, next) = prefill_worker_after_share(40);
+    assert_ne!(next, home, "40 of 40 running: over the mean (20) plus 8");
+}
+
 /// The rank an unpinned request's decode hop names when decode worker 202's two ranks
 /// report `ranks` and worker 201 (one rank, its fallback) is loaded.
 fn decode_rank(ranks: &'static str) -> Option<String> {
     let host = FakeHost::default();
-    let mut root = root(&host, &config(""), SECOND);
+    let mut root = root(&host, &config(FULL_AT_8), SECOND);
     root.tick();
     answer_all(&mut root, &host, |address| match address {
         "10.0.0.21:8000" => Some((200, page(50, 50))),

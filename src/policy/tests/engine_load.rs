@@ -40,7 +40,7 @@ const SECOND: u64 = 1_000_000_000;
 fn rule() -> FullRule {
     FullRule {
         stale_nanos: 2 * SECOND,
-        waiting: 8,
+        waiting: Some(8),
         kv_permille: Some(950),
     }
 }

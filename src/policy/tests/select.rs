@@ -431,7 +431,7 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
             table: &engine,
             rule: FullRule {
                 stale_nanos: u64::MAX,
-                waiting: 8,
+                waiting: Some(8),
                 kv_permille: None,
             },
             now: 0,
