@@ -23,6 +23,10 @@ pub const HOSTILE_PREFILL: u64 = 103;
 pub const PREFILL_VICTIM: u64 = 102;
 /// The decode worker the chaos kills and restarts.
 pub const DECODE_VICTIM: u64 = 202;
+/// How often the gateway reads the engines' load (`engine_load`, `docs/semantics.md` §5):
+/// often, so that scrapes of killed workers fail and the hostile worker's garbage metrics
+/// page is read many times in a run.
+pub const ENGINE_LOAD_PERIOD_MS: u64 = 200;
 /// Passive health period: short, so that a restarted worker is back in service (and pins to
 /// it succeed again) well within the run.
 pub const UNHEALTHY_PERIOD: Duration = Duration::from_millis(1000);
@@ -38,7 +42,8 @@ pub struct WorkerTiming {
 }
 
 /// The stack: every worker of [`PREFILL_WORKERS`] and [`DECODE_WORKERS`], and
-/// [`HOSTILE_PREFILL`] (its fault is set once it runs); no draining one.
+/// [`HOSTILE_PREFILL`] (its faults are set once it runs); no draining one; the engines'
+/// load read every [`ENGINE_LOAD_PERIOD_MS`].
 pub fn stack_spec(wasm: PathBuf, timing: WorkerTiming) -> StackSpec {
     let prefill = PREFILL_WORKERS
         .iter()
@@ -57,7 +62,11 @@ pub fn stack_spec(wasm: PathBuf, timing: WorkerTiming) -> StackSpec {
         .collect();
     let mut spec = StackSpec::new(workers, wasm);
     let period_ms = u64::try_from(UNHEALTHY_PERIOD.as_millis()).unwrap_or(u64::MAX);
-    spec.settings = json!({ "unhealthy_period_ms": period_ms, "max_body_bytes": MAX_BODY_BYTES });
+    spec.settings = json!({
+        "unhealthy_period_ms": period_ms,
+        "max_body_bytes": MAX_BODY_BYTES,
+        "engine_load": {"period_ms": ENGINE_LOAD_PERIOD_MS},
+    });
     spec
 }
 

@@ -35,7 +35,7 @@ use crate::load::{ClientTls, LoadReport, LoadSpec, Stop, run_load};
 use crate::tls::RunTls;
 use chaos::{Action, Step, run_chaos};
 use deployment::{HOSTILE_PREFILL, LONGEST_OUTAGE, WorkerTiming, stack_spec};
-use pinroute_harness::sim::Fault;
+use pinroute_harness::sim::{Fault, MetricsFault};
 use pinroute_harness::stack::{Stack, StackSpec, WorkerFronts};
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
 use recovery::Recovery;
@@ -85,7 +85,9 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
     let mut stack = Stack::start(&spec, &options.work_dir)
         .await
         .context("starting Envoy and the sim workers")?;
-    stack.worker(HOSTILE_PREFILL)?.set_fault(Fault::Hostile);
+    let hostile = stack.worker(HOSTILE_PREFILL)?;
+    hostile.set_fault(Fault::Hostile);
+    hostile.set_metrics_fault(MetricsFault::Garbage);
     let wasm = options.native_module.is_none();
     let envoy_start = EnvoyStats::read(&stack.envoy, wasm).await?;
     let shared = Arc::new(Shared::new());

@@ -16,7 +16,7 @@ pub use pinroute_harness::envoy::vm::{
 use pinroute_harness::envoy::{Envoy, admin_stat};
 
 /// Counters that show what the faults set in motion (retries, fallbacks, passive health).
-pub const CONTEXT_COUNTERS: [&str; 13] = [
+pub const CONTEXT_COUNTERS: [&str; 15] = [
     "cluster.pinroute_decode_pool.upstream_rq_retry",
     "cluster.pinroute_decode_pool.upstream_rq_retry_success",
     "cluster.pinroute_decode_pool.upstream_rq_retry_overflow",
@@ -30,7 +30,11 @@ pub const CONTEXT_COUNTERS: [&str; 13] = [
     "wasmcustom.pinroute.workers.panic_prefill",
     "wasmcustom.pinroute.workers.panic_decode",
     "wasmcustom.pinroute.decode.failed",
+    SCRAPED,
+    "wasmcustom.pinroute.engine.scrape_failed",
 ];
+/// Workers' metrics pages the gateway read for the engines' load.
+pub const SCRAPED: &str = "wasmcustom.pinroute.engine.scraped";
 /// Requests Envoy still has open: downstream, and upstream on each of pinroute's clusters
 /// (the prefill hops are the filter's calls).
 const OPEN_REQUESTS: [&str; 4] = [

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::chaos::{Action, ChaosRecord};
 use super::outcome::Judgement;
-use super::probe::{EnvoyStats, LogScan, RssKib, context_growth};
+use super::probe::{EnvoyStats, LogScan, RssKib, SCRAPED, context_growth};
 use super::recovery::Recovery;
 use super::tally::{KindCounts, TallySnapshot};
 use crate::load::{LatencySummary, LoadReport};
@@ -166,6 +166,13 @@ impl SoakReport {
                 "{} requests still open in Envoy after the soak (left hanging)",
                 self.envoy_stats_end.open_requests
             ));
+        }
+        let scraped = context_growth(&self.envoy_stats_start, &self.envoy_stats_end)
+            .into_iter()
+            .find(|(name, _)| name == SCRAPED)
+            .map_or(0, |(_, grown)| grown);
+        if scraped == 0 {
+            failures.push("the engines' load was never read (no metrics page scraped)".into());
         }
         failures.extend(self.recovery.problems.iter().cloned());
         if kills < scheduled_kills {
