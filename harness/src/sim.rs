@@ -236,6 +236,12 @@ impl SimWorker {
         }
     }
 
+    /// Forgets the prefill compute queued on its engine: between two benchmark runs, what
+    /// the last run's clients left behind (vLLM aborts a request whose client left).
+    pub fn abort_queued(&self) {
+        self.state.engine.abort_queued();
+    }
+
     /// Completion requests being served now.
     pub fn in_flight(&self) -> u64 {
         self.state

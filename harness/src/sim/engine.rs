@@ -50,6 +50,11 @@ impl Engine {
         *busy_until
     }
 
+    /// Forgets the compute queued so far, as vLLM aborts the requests whose clients left.
+    pub fn abort_queued(&self) {
+        *lock(&self.busy_until) = Instant::now();
+    }
+
     /// Waits until no prefill holds the engine.
     pub async fn stall(&self) {
         let until = *lock(&self.busy_until);
@@ -84,6 +89,17 @@ mod tests {
             now + ms(110),
             "idle meanwhile"
         );
+    }
+
+    #[test]
+    fn aborted_work_no_longer_delays_the_next_prefill() {
+        let engine = Engine::new(Duration::ZERO);
+        let ms = Duration::from_millis;
+        let now = Instant::now();
+        engine.reserve(now, ms(500));
+        engine.abort_queued();
+        let later = Instant::now();
+        assert_eq!(engine.reserve(later, ms(10)), later + ms(10));
     }
 
     #[tokio::test(start_paused = true)]

@@ -147,9 +147,10 @@ impl Fleet {
         self.decode.iter().map(SimWorker::addr).collect()
     }
 
-    /// Empties every worker's prefix cache: each run starts cold.
-    pub fn clear_caches(&self) {
+    /// Every worker as at start: empty caches, and nothing queued from the last run.
+    pub fn reset(&self) {
         self.all().for_each(SimWorker::clear_cache);
+        self.all().for_each(SimWorker::abort_queued);
     }
 
     /// Prompt tokens prefilled so far by each model's workers, in model order.

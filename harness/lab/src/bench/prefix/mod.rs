@@ -447,7 +447,7 @@ async fn measure(
     duration: Duration,
     envoy: Option<&Envoy>,
 ) -> Result<Measured> {
-    fleet.clear_caches();
+    fleet.reset();
     let spec = LoadSpec {
         concurrency,
         stop: Stop::Duration(duration),
@@ -537,9 +537,11 @@ async fn replica_agreement(
     let mut agreements = Vec::new();
     for traffic in &options.traffics {
         for users in users {
+            // The same prompts for both pairs: which workers a run's system prompts hash to
+            // weighs more than the scrape does.
+            *salt += 1;
             for pair in &pairs {
                 progress.set_message(format!("{traffic} users={users} scrape {}", pair.scrape));
-                *salt += 1;
                 let agreement = pair
                     .measure(options, fleet, *traffic, *users, *salt)
                     .await?;

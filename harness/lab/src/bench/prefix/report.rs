@@ -704,7 +704,7 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     );
     let _ = writeln!(
         out,
-        "- {:.1} s measured per run after {:.1} s of warm-up, caches emptied before each run; pinroute-prefix-local: {}; vllm-router {}",
+        "- {:.1} s measured per run after {:.1} s of warm-up, caches emptied and queued compute dropped before each run; pinroute-prefix-local: {}; vllm-router {}",
         meta.duration_s, meta.warmup_s, meta.local_settings, meta.vllm_router
     );
     if meta
@@ -720,7 +720,7 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     if !results.agreement.is_empty() {
         let _ = writeln!(
             out,
-            "- two replicas: {:.1} s measured per run after the same warm-up, every request sent to both; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
+            "- two replicas: {:.1} s measured per run after the same warm-up, every request sent to both, the off and on runs of a user count sending the same prompts; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
             meta.agreement_s
         );
     }
