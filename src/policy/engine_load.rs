@@ -312,10 +312,10 @@ impl Loads for EngineLoads<'_> {
     }
 
     /// Every rank past a threshold, by fresh figures.
-    fn full(&self, worker: &Worker) -> Option<bool> {
-        let report = self.fresh(worker)?;
+    fn full(&self, worker: &Worker) -> bool {
         let full = |rank: &RankLoad| self.rule.is_full(rank);
-        Some(!report.ranks.is_empty() && report.ranks.iter().all(full))
+        self.fresh(worker)
+            .is_some_and(|report| !report.ranks.is_empty() && report.ranks.iter().all(full))
     }
 
     /// Of the two ranks in rotation, the one whose engine holds fewer requests (then uses

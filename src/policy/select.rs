@@ -19,9 +19,8 @@ pub trait Loads {
 
     /// Whether the engine's own fresh figures say `worker` is full (`docs/semantics.md` §5):
     /// then it is busy for prefix affinity, whatever its share of the requests in flight.
-    /// `None`: no such figures.
-    fn full(&self, _worker: &Worker) -> Option<bool> {
-        None
+    fn full(&self, _worker: &Worker) -> bool {
+        false
     }
 
     /// The rank an unpinned hop to `worker` names; `None`: the worker balances over its own
@@ -90,7 +89,7 @@ impl Busy {
         total: u64,
         workers: usize,
     ) -> bool {
-        self.is_busy(load, total, workers) || loads.full(worker) == Some(true)
+        self.is_busy(load, total, workers) || loads.full(worker)
     }
 
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
