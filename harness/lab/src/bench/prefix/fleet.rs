@@ -149,8 +149,10 @@ impl Fleet {
 
     /// Every worker as at start: empty caches, and nothing queued from the last run.
     pub fn reset(&self) {
-        self.all().for_each(SimWorker::clear_cache);
-        self.all().for_each(SimWorker::abort_queued);
+        for worker in self.all() {
+            worker.clear_cache();
+            worker.abort_queued();
+        }
     }
 
     /// Prompt tokens prefilled so far by each model's workers, in model order.
