@@ -10,7 +10,7 @@ use pinroute_harness::envoy::repo_root;
 use pinroute_lab::bench::e2e::E2eOptions;
 use pinroute_lab::bench::prefix::fleet::FleetSpec;
 use pinroute_lab::bench::prefix::report as prefix_report;
-use pinroute_lab::bench::prefix::traffic::Traffic;
+use pinroute_lab::bench::prefix::traffic::{Sharing, Traffic};
 use pinroute_lab::bench::prefix::{Chooser, PrefixOptions, run_prefix_bench};
 use pinroute_lab::bench::{
     BenchOptions, Scenario, read_results, results, run_bench, sims, table, write_outputs,
@@ -150,6 +150,10 @@ pub struct Args {
     /// [default: 8,32,64,128; quick: 16].
     #[arg(long, value_delimiter = ',', value_name = "USERS")]
     agreement_concurrency: Option<Vec<usize>>,
+    /// Prefix workload: how the two replicas of the agreement runs share the requests: all to
+    /// both (`mirrored`), or each to one in turn and one in four also to the other (`split`).
+    #[arg(long, value_enum, value_name = "SHARING", default_value_t = Sharing::Mirrored)]
+    agreement_sharing: Sharing,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -288,6 +292,7 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
             .agreement_concurrency
             .clone()
             .unwrap_or(agreement_users),
+        agreement_sharing: args.agreement_sharing,
         request_timeout: REQUEST_TIMEOUT,
         out_dir,
     };

@@ -28,7 +28,7 @@ use pinroute_harness::envoy::{
     BootstrapOptions, DEFAULT_ROUTE_TIMEOUT, Envoy, envoy_binary, render_bootstrap, repo_root,
 };
 use report::{PrefixResults, PrefixRun, ReplicaAgreement, check_targets};
-use traffic::{Agreed, PrefixTraffic, Target, Traffic};
+use traffic::{Agreed, PrefixTraffic, Sharing, Target, Traffic};
 
 /// A way of choosing the workers, compared in the prefix benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -184,6 +184,7 @@ pub struct PrefixOptions {
     /// `agreement_concurrencies` and [`Scrape`], after `warmup`.
     pub agreement: Duration,
     pub agreement_concurrencies: Vec<usize>,
+    pub agreement_sharing: Sharing,
     pub request_timeout: Duration,
     pub out_dir: PathBuf,
 }
@@ -234,6 +235,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             vllm_router: super::vllm_router::VERSION.to_string(),
             agreement_s: options.agreement.as_secs_f64(),
             agreement_concurrencies: options.agreement_concurrencies.clone(),
+            agreement_sharing: options.agreement_sharing,
         },
         runs,
         agreement,
@@ -603,6 +605,7 @@ impl ReplicaPair {
         let target = Target::Pair {
             first: self.first.listen(),
             second: self.second.listen(),
+            sharing: options.agreement_sharing,
         };
         let workload =
             PrefixTraffic::new(traffic, target, salt, options.max_tokens, fleet.models());

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::fleet::FleetSpec;
-use super::traffic::{LABELS, Traffic};
+use super::traffic::{LABELS, Sharing, Traffic};
 use super::{Chooser, Measured, Scrape};
 use crate::bench::plot::{Line, Panel, draw_panels};
 use crate::bench::results::TargetCheck;
@@ -51,6 +51,8 @@ pub struct Meta {
     pub agreement_s: f64,
     #[serde(default)]
     pub agreement_concurrencies: Vec<usize>,
+    #[serde(default)]
+    pub agreement_sharing: Sharing,
 }
 
 fn one_model() -> Vec<u64> {
@@ -720,8 +722,9 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     if !results.agreement.is_empty() {
         let _ = writeln!(
             out,
-            "- two replicas: {:.1} s measured per run after the same warm-up, every request sent to both, the off and on runs of a user count sending the same prompts; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
-            meta.agreement_s
+            "- two replicas: {:.1} s measured per run after the same warm-up, {}, the off and on runs of a user count sending the same prompts; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
+            meta.agreement_s,
+            meta.agreement_sharing.describe()
         );
     }
     for traffic in results.traffics() {
@@ -985,6 +988,7 @@ mod tests {
                 vllm_router: String::new(),
                 agreement_s: 6.0,
                 agreement_concurrencies: vec![8, 32, 64, 128],
+                agreement_sharing: Sharing::Mirrored,
             },
             runs: Vec::new(),
             agreement,

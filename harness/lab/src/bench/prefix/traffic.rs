@@ -120,13 +120,59 @@ pub enum Target {
         gateway: SocketAddr,
         fleet: Arc<Fleet>,
     },
-    /// The same request to two pinroute replicas, one after the other, counting how often
-    /// they chose the same prefill worker.
+    /// Two pinroute replicas sharing the requests as `sharing` says, counting how often they
+    /// chose the same prefill worker for the requests both were sent.
     Pair {
         first: SocketAddr,
         second: SocketAddr,
+        sharing: Sharing,
     },
 }
+
+/// How two replicas share a run's requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// Every request to both, one after the other: each replica counts every request.
+    #[default]
+    Mirrored,
+    /// Each request to one replica, in turn (a conversation's turns alternate), and every
+    /// [`PROBE_EVERY`]th also to the other: each replica counts little more than half.
+    Split,
+}
+
+/// Under [`Sharing::Split`], one request in this many is also sent to the other replica.
+pub const PROBE_EVERY: u64 = 4;
+
+impl Sharing {
+    pub fn describe(self) -> String {
+        match self {
+            Sharing::Mirrored => "every request sent to both".to_string(),
+            Sharing::Split => format!(
+                "each request sent to one of them in turn (a conversation's turns alternate), one in {PROBE_EVERY} also to the other"
+            ),
+        }
+    }
+
+    /// The replica that serves a user's `seq`-th request, and the other one if it is also
+    /// sent there.
+    fn route(self, first: SocketAddr, second: SocketAddr, user: usize, seq: u64) -> Route {
+        match self {
+            Sharing::Mirrored => (first, Some(second)),
+            Sharing::Split => {
+                let (serving, other) = if (user as u64 + seq).is_multiple_of(2) {
+                    (first, second)
+                } else {
+                    (second, first)
+                };
+                (serving, seq.is_multiple_of(PROBE_EVERY).then_some(other))
+            }
+        }
+    }
+}
+
+/// The gateway a request is sent to, and the replica it is compared on.
+type Route = (SocketAddr, Option<SocketAddr>);
 
 /// One user's place in the traffic.
 #[derive(Debug, Default)]
@@ -272,27 +318,40 @@ impl PrefixTraffic {
         ChunkedBody::from(Bytes::from(body.to_string()))
     }
 
+    /// Where `user`'s `seq`-th request goes and, for a replica pair, where it is compared.
+    fn route(&self, user: usize, seq: u64) -> Route {
+        match &self.target {
+            Target::Unpinned { gateway, .. } | Target::Oracle { gateway, .. } => (*gateway, None),
+            Target::Pair {
+                first,
+                second,
+                sharing,
+            } => sharing.route(*first, *second, user, seq),
+        }
+    }
+
     async fn send(
         &self,
         user: &mut VirtualUser,
+        gateway: SocketAddr,
         messages: &Value,
         session: &str,
     ) -> Result<Exchange, Sample> {
         let request_id = format!("prefix-{}-{}", user.id, self.salt);
         let started = Instant::now();
-        let (gateway, headers, started) = match &self.target {
+        let (headers, started) = match &self.target {
             Target::Unpinned {
-                gateway,
                 session: with_session,
+                ..
             } => {
                 let headers = if *with_session {
                     vec![("x-dynamo-session-id".to_string(), session.to_string())]
                 } else {
                     Vec::new()
                 };
-                (*gateway, headers, started)
+                (headers, started)
             }
-            Target::Oracle { gateway, fleet } => {
+            Target::Oracle { fleet, .. } => {
                 let (prefill, decode) = fleet.oracle(&PromptBlocks::of(messages));
                 let headers = vec![
                     (
@@ -304,9 +363,9 @@ impl PrefixTraffic {
                         decode.to_string(),
                     ),
                 ];
-                (*gateway, headers, Instant::now())
+                (headers, Instant::now())
             }
-            Target::Pair { first, .. } => (*first, Vec::new(), started),
+            Target::Pair { .. } => (Vec::new(), started),
         };
         let request = post(&request_id, self.body(user.id, messages), &headers);
         let label = self.label_of(user.id);
@@ -319,14 +378,17 @@ impl PrefixTraffic {
         }
     }
 
-    /// The same request through the second replica: whether it chose the same prefill worker.
-    async fn compare(&self, user: &mut VirtualUser, messages: &Value, first: &Exchange) {
-        let Target::Pair { second, .. } = &self.target else {
-            return;
-        };
+    /// The same request through the other replica: whether it chose the same prefill worker.
+    async fn compare(
+        &self,
+        user: &mut VirtualUser,
+        other: SocketAddr,
+        messages: &Value,
+        first: &Exchange,
+    ) {
         let request_id = format!("prefix-{}-{}-b", user.id, self.salt);
         let request = post(&request_id, self.body(user.id, messages), &[]);
-        if let Ok(exchange) = user.connections.exchange(*second, request).await {
+        if let Ok(exchange) = user.connections.exchange(other, request).await {
             let agreed = exchange.header(PREFILL_WORKER_HEADER).is_some()
                 && exchange.header(PREFILL_WORKER_HEADER) == first.header(PREFILL_WORKER_HEADER);
             self.agreement.pairs.fetch_add(1, Ordering::Relaxed);
@@ -338,12 +400,15 @@ impl PrefixTraffic {
 }
 
 impl Workload for PrefixTraffic {
-    async fn call(&self, user: &mut VirtualUser, _seq: u64) -> Sample {
+    async fn call(&self, user: &mut VirtualUser, seq: u64) -> Sample {
         let (messages, session) = self.next_request(user.id);
+        let (gateway, compared_on) = self.route(user.id, seq);
         let started = Instant::now();
-        match self.send(user, &messages, &session).await {
+        match self.send(user, gateway, &messages, &session).await {
             Ok(exchange) => {
-                self.compare(user, &messages, &exchange).await;
+                if let Some(other) = compared_on {
+                    self.compare(user, other, &messages, &exchange).await;
+                }
                 self.answered(user.id, &messages);
                 Sample::from_exchange(self.label_of(user.id), started, &exchange, None)
             }
@@ -446,5 +511,27 @@ mod tests {
         assert_eq!(questions.len(), 40);
         let long = systems.iter().next().unwrap();
         assert!(long.len() > 10_000, "{}", long.len());
+    }
+
+    #[test]
+    fn split_replicas_serve_turns_in_turn_and_compare_one_in_four() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        for seq in 0..8 {
+            assert_eq!(Sharing::Mirrored.route(a, b, 5, seq), (a, Some(b)));
+        }
+        let routes: Vec<Route> = (0..8)
+            .map(|seq| Sharing::Split.route(a, b, 5, seq))
+            .collect();
+        let served: Vec<SocketAddr> = routes.iter().map(|(serving, _)| *serving).collect();
+        assert_eq!(served, [b, a, b, a, b, a, b, a]);
+        let compared: Vec<Option<SocketAddr>> = routes.iter().map(|(_, other)| *other).collect();
+        assert_eq!(
+            compared,
+            [Some(a), None, None, None, Some(a), None, None, None]
+        );
+        assert_eq!(Sharing::Split.route(a, b, 6, 0), (a, Some(b)));
     }
 }
