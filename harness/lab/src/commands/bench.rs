@@ -154,6 +154,10 @@ pub struct Args {
     /// both (`mirrored`), or each to one in turn and one in four also to the other (`split`).
     #[arg(long, value_enum, value_name = "SHARING", default_value_t = Sharing::Mirrored)]
     agreement_sharing: Sharing,
+    /// Prefix workload: the first run's prompt salt (each run adds one; printed with the
+    /// results), to send another build the same prompts [default: the time].
+    #[arg(long, value_name = "N")]
+    salt: Option<u64>,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -293,6 +297,7 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
             .clone()
             .unwrap_or(agreement_users),
         agreement_sharing: args.agreement_sharing,
+        salt: args.salt,
         request_timeout: REQUEST_TIMEOUT,
         out_dir,
     };

@@ -185,6 +185,9 @@ pub struct PrefixOptions {
     pub agreement: Duration,
     pub agreement_concurrencies: Vec<usize>,
     pub agreement_sharing: Sharing,
+    /// The first run's prompts (each run adds one): the same salt, the same prompts, so two
+    /// builds can be compared on the same traffic. `None`: the time.
+    pub salt: Option<u64>,
     pub request_timeout: Duration,
     pub out_dir: PathBuf,
 }
@@ -199,7 +202,8 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
         .with_context(|| format!("creating {}", work_dir.display()))?;
     let mut runs = Vec::new();
     let mut agreement = Vec::new();
-    let mut salt = unix_seconds();
+    let mut salt = options.salt.unwrap_or_else(unix_seconds);
+    let first_salt = salt;
     for (index, models) in options.models.iter().enumerate() {
         let spec = FleetSpec {
             models: *models,
@@ -236,6 +240,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             agreement_s: options.agreement.as_secs_f64(),
             agreement_concurrencies: options.agreement_concurrencies.clone(),
             agreement_sharing: options.agreement_sharing,
+            salt: first_salt,
         },
         runs,
         agreement,

@@ -53,6 +53,9 @@ pub struct Meta {
     pub agreement_concurrencies: Vec<usize>,
     #[serde(default)]
     pub agreement_sharing: Sharing,
+    /// The first run's salt (`--salt`).
+    #[serde(default)]
+    pub salt: u64,
 }
 
 fn one_model() -> Vec<u64> {
@@ -706,8 +709,8 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     );
     let _ = writeln!(
         out,
-        "- {:.1} s measured per run after {:.1} s of warm-up, caches emptied and queued compute dropped before each run; pinroute-prefix-local: {}; vllm-router {}",
-        meta.duration_s, meta.warmup_s, meta.local_settings, meta.vllm_router
+        "- {:.1} s measured per run after {:.1} s of warm-up, caches emptied and queued compute dropped before each run, prompts salted from {} (`--salt`); pinroute-prefix-local: {}; vllm-router {}",
+        meta.duration_s, meta.warmup_s, meta.salt, meta.local_settings, meta.vllm_router
     );
     if meta
         .pinroute_settings
@@ -989,6 +992,7 @@ mod tests {
                 agreement_s: 6.0,
                 agreement_concurrencies: vec![8, 32, 64, 128],
                 agreement_sharing: Sharing::Mirrored,
+                salt: 1,
             },
             runs: Vec::new(),
             agreement,
