@@ -27,6 +27,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
 const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
 const AGREEMENT_CONCURRENCY: [usize; 4] = [8, 32, 64, 128];
+/// Agreement runs pooled per row: a single run's figure at 64 users and more moves by up to
+/// 15 points with its prompts (`docs/benchmarks.md`).
+const AGREEMENT_SALTS: u64 = 3;
 
 /// What `bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -158,6 +161,10 @@ pub struct Args {
     /// results), to send another build the same prompts [default: the time].
     #[arg(long, value_name = "N")]
     salt: Option<u64>,
+    /// Prefix workload: runs with different prompts pooled in each replica-agreement row
+    /// [default: 3, quick: 1].
+    #[arg(long, value_name = "RUNS")]
+    agreement_salts: Option<u64>,
 }
 
 pub async fn run(args: &Args) -> Result<()> {
@@ -298,6 +305,11 @@ async fn prefix(args: &Args, out_dir: std::path::PathBuf) -> Result<()> {
             .unwrap_or(agreement_users),
         agreement_sharing: args.agreement_sharing,
         salt: args.salt,
+        agreement_salts: args.agreement_salts.unwrap_or(if args.quick {
+            1
+        } else {
+            AGREEMENT_SALTS
+        }),
         request_timeout: REQUEST_TIMEOUT,
         out_dir,
     };

@@ -188,6 +188,9 @@ pub struct PrefixOptions {
     /// The first run's prompts (each run adds one): the same salt, the same prompts, so two
     /// builds can be compared on the same traffic. `None`: the time.
     pub salt: Option<u64>,
+    /// Runs with different prompts pooled in each agreement row: which workers a run's
+    /// prompts hash to weighs more than most changes measured.
+    pub agreement_salts: u64,
     pub request_timeout: Duration,
     pub out_dir: PathBuf,
 }
@@ -241,6 +244,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
             agreement_concurrencies: options.agreement_concurrencies.clone(),
             agreement_sharing: options.agreement_sharing,
             salt: first_salt,
+            agreement_salts: options.agreement_salts,
         },
         runs,
         agreement,
@@ -540,22 +544,29 @@ async fn replica_agreement(
         pairs.push(ReplicaPair::start(options, fleet, scrape, wasm, root, work_dir).await?);
     }
     let users = &options.agreement_concurrencies;
-    let progress = progress_bar((options.traffics.len() * users.len() * pairs.len()) as u64);
+    let salts = options.agreement_salts.max(1);
+    let runs = options.traffics.len() * users.len() * pairs.len() * salts as usize;
+    let progress = progress_bar(runs as u64);
     let mut agreements = Vec::new();
     for traffic in &options.traffics {
         for users in users {
-            // The same prompts for both pairs: which workers a run's system prompts hash to
-            // weighs more than the scrape does.
-            *salt += 1;
-            for pair in &pairs {
-                progress.set_message(format!("{traffic} users={users} scrape {}", pair.scrape));
-                let agreement = pair
-                    .measure(options, fleet, *traffic, *users, *salt)
-                    .await?;
-                progress.suspend(|| eprintln!("{}", agreement.one_line()));
-                agreements.push(agreement);
-                progress.inc(1);
+            let mut runs: Vec<Vec<ReplicaAgreement>> = pairs.iter().map(|_| Vec::new()).collect();
+            for _ in 0..salts {
+                // The same prompts for both pairs: which workers a run's system prompts hash
+                // to weighs more than the scrape does.
+                *salt += 1;
+                for (pair, runs) in pairs.iter().zip(&mut runs) {
+                    let scrape = pair.scrape;
+                    progress.set_message(format!("{traffic} users={users} scrape {scrape}"));
+                    let agreement = pair
+                        .measure(options, fleet, *traffic, *users, *salt)
+                        .await?;
+                    progress.suspend(|| eprintln!("{}", agreement.one_line()));
+                    runs.push(agreement);
+                    progress.inc(1);
+                }
             }
+            agreements.extend(runs.into_iter().filter_map(ReplicaAgreement::pooled));
         }
     }
     progress.finish_and_clear();

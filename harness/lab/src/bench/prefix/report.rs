@@ -56,6 +56,9 @@ pub struct Meta {
     /// The first run's salt (`--salt`).
     #[serde(default)]
     pub salt: u64,
+    /// Runs with different prompts pooled in each agreement row.
+    #[serde(default = "one")]
+    pub agreement_salts: u64,
 }
 
 fn one_model() -> Vec<u64> {
@@ -147,6 +150,42 @@ impl ReplicaAgreement {
         }
     }
 
+    /// Runs of one traffic, user count and scrape with different prompts, as one: pairs,
+    /// counters and errors summed, hit rate and TTFT the runs' mean (the worst p99 and max).
+    pub fn pooled(runs: Vec<ReplicaAgreement>) -> Option<ReplicaAgreement> {
+        let count = runs.len() as f64;
+        let mut runs = runs.into_iter();
+        let mut pooled = runs.next()?;
+        let mean = |sum: f64| sum / count;
+        let (mut hit_rate, mut p50, mut p90, mut mean_ms) = (
+            pooled.hit_rate,
+            pooled.ttfb.p50_ms,
+            pooled.ttfb.p90_ms,
+            pooled.ttfb.mean_ms,
+        );
+        for run in runs {
+            pooled.pairs += run.pairs;
+            pooled.agreed += run.agreed;
+            hit_rate += run.hit_rate;
+            p50 += run.ttfb.p50_ms;
+            p90 += run.ttfb.p90_ms;
+            mean_ms += run.ttfb.mean_ms;
+            pooled.ttfb.p99_ms = pooled.ttfb.p99_ms.max(run.ttfb.p99_ms);
+            pooled.ttfb.max_ms = pooled.ttfb.max_ms.max(run.ttfb.max_ms);
+            for (name, n) in run.counters {
+                *pooled.counters.entry(name).or_default() += n;
+            }
+            pooled.unexpected += run.unexpected;
+            pooled.problems.extend(run.problems);
+        }
+        pooled.hit_rate = mean(hit_rate);
+        pooled.ttfb.p50_ms = mean(p50);
+        pooled.ttfb.p90_ms = mean(p90);
+        pooled.ttfb.mean_ms = mean(mean_ms);
+        pooled.prefill_placements = prefill_placements(&pooled.counters);
+        Some(pooled)
+    }
+
     pub fn share(&self) -> f64 {
         if self.pairs == 0 {
             0.0
@@ -184,6 +223,17 @@ fn share_of_requests(counters: &BTreeMap<String, u64>, n: u64) -> f64 {
     match counters.get("requests").copied().unwrap_or(0) {
         0 => 0.0,
         requests => n as f64 / requests as f64,
+    }
+}
+
+/// How many runs an agreement row pools, for the report's description.
+fn pooled_runs(salts: u64) -> String {
+    if salts > 1 {
+        format!(
+            "each row {salts} runs with different prompts (pairs summed, hit rate and TTFT p50 the runs' mean, p99 the worst)"
+        )
+    } else {
+        "each row one run".to_string()
     }
 }
 
@@ -725,9 +775,10 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     if !results.agreement.is_empty() {
         let _ = writeln!(
             out,
-            "- two replicas: {:.1} s measured per run after the same warm-up, {}, the off and on runs of a user count sending the same prompts; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
+            "- two replicas: {:.1} s measured per run after the same warm-up, {}, {}, the off and on runs of a user count sending the same prompts; scrape off: each counts its own requests in flight, on: both read the engines' load (`engine_load`); hit rate over both replicas' prefills, TTFT and placements the first replica's",
             meta.agreement_s,
-            meta.agreement_sharing.describe()
+            meta.agreement_sharing.describe(),
+            pooled_runs(meta.agreement_salts)
         );
     }
     for traffic in results.traffics() {
@@ -954,6 +1005,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn pooled_runs_sum_their_pairs_and_placements_and_average_the_rest() {
+        let mut first = agreement(Traffic::Conversations, 64, Scrape::On, 0.9, 0.8, 10.0);
+        let mut second = agreement(Traffic::Conversations, 64, Scrape::On, 0.7, 0.6, 20.0);
+        first.counters = BTreeMap::from([
+            ("requests".to_string(), 10),
+            ("placement.prefill.affinity".to_string(), 10),
+        ]);
+        second.counters = BTreeMap::from([
+            ("requests".to_string(), 30),
+            ("placement.prefill.spilled".to_string(), 30),
+        ]);
+        second.problems = vec!["one timed out".to_string()];
+        let pooled = ReplicaAgreement::pooled(vec![first, second]).unwrap();
+        assert_eq!((pooled.pairs, pooled.agreed), (2 * PAIRS, 1600));
+        assert!((pooled.share() - 0.8).abs() < 1e-9);
+        assert!((pooled.hit_rate - 0.7).abs() < 1e-9);
+        assert!((pooled.ttfb.p50_ms - 15.0).abs() < 1e-9);
+        assert!((pooled.ttfb.p99_ms - 60.0).abs() < 1e-9, "the worst p99");
+        assert_eq!(pooled.counters["requests"], 40);
+        assert_eq!(
+            pooled.prefill_placements,
+            BTreeMap::from([
+                ("affinity".to_string(), 0.25),
+                ("spilled".to_string(), 0.75)
+            ])
+        );
+        assert_eq!(pooled.problems, ["one timed out"]);
+        assert!(ReplicaAgreement::pooled(Vec::new()).is_none());
+    }
+
     /// Both settings at every user count of a full run, on system prompts: every target met.
     fn all_met() -> Vec<ReplicaAgreement> {
         let mut agreements = Vec::new();
@@ -993,6 +1075,7 @@ mod tests {
                 agreement_concurrencies: vec![8, 32, 64, 128],
                 agreement_sharing: Sharing::Mirrored,
                 salt: 1,
+                agreement_salts: 1,
             },
             runs: Vec::new(),
             agreement,
