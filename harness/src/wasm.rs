@@ -93,11 +93,19 @@ pub fn run(command: &mut Command) -> Result<()> {
 mod tests {
     use crate::envoy::test_support::real_wasm;
 
-    /// The first `about N KB` of `text`.
+    /// The first `about N KB` of `text` (another `about`, of GB say, is passed over).
     fn documented_kb(text: &str) -> Option<f64> {
-        let (_, after) = text.split_once("about ")?;
-        let (number, rest) = after.split_once(' ')?;
-        rest.starts_with("KB").then(|| number.parse().ok())?
+        text.split("about ").skip(1).find_map(|after| {
+            let (number, rest) = after.split_once(' ')?;
+            rest.starts_with("KB").then(|| number.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn the_documented_size_is_the_first_in_kb() {
+        let text = "needs about 12 GB of disk; the filter (about 840 KB) and about 3 KB more";
+        assert_eq!(documented_kb(text), Some(840.0));
+        assert_eq!(documented_kb("about 12 GB only"), None);
     }
 
     /// The README and docs/deploy.md give the filter's size: true to a tenth.
