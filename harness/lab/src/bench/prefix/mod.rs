@@ -545,17 +545,18 @@ async fn replica_agreement(
     }
     let users = &options.agreement_concurrencies;
     let salts = options.agreement_salts.max(1);
-    let runs = options.traffics.len() * users.len() * pairs.len() * salts as usize;
-    let progress = progress_bar(runs as u64);
+    let run_count = options.traffics.len() * users.len() * pairs.len() * salts as usize;
+    let progress = progress_bar(run_count as u64);
     let mut agreements = Vec::new();
     for traffic in &options.traffics {
         for users in users {
-            let mut runs: Vec<Vec<ReplicaAgreement>> = pairs.iter().map(|_| Vec::new()).collect();
+            let mut by_pair: Vec<Vec<ReplicaAgreement>> =
+                pairs.iter().map(|_| Vec::new()).collect();
             for _ in 0..salts {
                 // The same prompts for both pairs: which workers a run's system prompts hash
                 // to weighs more than the scrape does.
                 *salt += 1;
-                for (pair, runs) in pairs.iter().zip(&mut runs) {
+                for (pair, runs) in pairs.iter().zip(&mut by_pair) {
                     let scrape = pair.scrape;
                     progress.set_message(format!("{traffic} users={users} scrape {scrape}"));
                     let agreement = pair
@@ -566,7 +567,7 @@ async fn replica_agreement(
                     progress.inc(1);
                 }
             }
-            agreements.extend(runs.into_iter().filter_map(ReplicaAgreement::pooled));
+            agreements.extend(by_pair.into_iter().filter_map(ReplicaAgreement::pooled));
         }
     }
     progress.finish_and_clear();
