@@ -228,7 +228,7 @@ pub async fn start_gateway(
             ))
         }
         Scenario::Pinroute => {
-            let yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, EdgeOptions::default())?;
+            let yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
             Some(Gateway::Envoy(
                 Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
             ))
@@ -237,8 +237,7 @@ pub async fn start_gateway(
             let Some(module) = inputs.native_module else {
                 bail!("the pinroute-native scenario needs the module")
             };
-            let wasm_yaml =
-                pinroute_bootstrap(inputs.workers, inputs.wasm, EdgeOptions::default())?;
+            let wasm_yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
             let yaml = native::with_native_module(&wasm_yaml)?;
             let options = EnvoyOptions {
                 env: vec![native::module_env(module)?],
@@ -297,6 +296,16 @@ pub fn registry(workers: &Workers) -> serde_json::Value {
     json!({ "workers": all })
 }
 
+/// The edge of every pinroute scenario: the defaults without the access log, since no
+/// gateway of the bench writes a line per request (`envoy/plain.yaml` has none, vllm-router
+/// runs at `--log-level error`), so that none pays for logging the others skip.
+fn unlogged_edge() -> EdgeOptions {
+    EdgeOptions {
+        access_log: false,
+        ..EdgeOptions::default()
+    }
+}
+
 fn pinroute_bootstrap(workers: &Workers, wasm: &Path, edge: EdgeOptions) -> Result<String> {
     render_bootstrap(&BootstrapOptions {
         listen: loopback_any(),
@@ -322,7 +331,7 @@ impl TlsGateway {
         let tls = RunTls::create(&dir.join("tls"), mutual)?;
         let mut edge = EdgeOptions {
             tls: Some(tls.listener),
-            ..EdgeOptions::default()
+            ..unlogged_edge()
         };
         let mut workers = inputs.workers.clone();
         let mut fronts = Vec::new();
