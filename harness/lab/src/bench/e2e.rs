@@ -33,6 +33,8 @@ pub struct E2eOptions {
     /// The registry-size axis: N prefill + N decode workers for each N (`registry_axis`);
     /// empty: none.
     pub registry: Vec<u64>,
+    /// Worker threads of each proxy (Envoy's `--concurrency`, vllm-router's tokio workers).
+    pub proxy_threads: u32,
 }
 
 impl E2eOptions {

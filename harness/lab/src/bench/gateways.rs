@@ -210,6 +210,19 @@ pub struct GatewayInputs<'a> {
     pub vllm_router: Option<&'a Path>,
     pub repo_root: &'a Path,
     pub work_dir: &'a Path,
+    /// Worker threads of each proxy (Envoy's `--concurrency`, vllm-router's tokio workers).
+    pub threads: u32,
+}
+
+impl GatewayInputs<'_> {
+    /// How an Envoy of the bench runs: `threads` worker threads, with `env`.
+    fn envoy_options(&self, env: Vec<(String, String)>) -> EnvoyOptions {
+        EnvoyOptions {
+            concurrency: self.threads,
+            env,
+            ..EnvoyOptions::default()
+        }
+    }
 }
 
 /// Starts the proxy of `scenario` (`None` for the floor).
@@ -223,14 +236,16 @@ pub async fn start_gateway(
         Scenario::Floor => None,
         Scenario::Envoy | Scenario::EnvoyTwoHops => {
             let yaml = plain_bootstrap(inputs.workers)?;
+            let options = inputs.envoy_options(Vec::new());
             Some(Gateway::Envoy(
-                Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
+                Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))
         }
         Scenario::Pinroute => {
             let yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
+            let options = inputs.envoy_options(Vec::new());
             Some(Gateway::Envoy(
-                Envoy::start(inputs.envoy_binary, &yaml, &dir).await?,
+                Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))
         }
         Scenario::PinrouteNative => {
@@ -239,10 +254,7 @@ pub async fn start_gateway(
             };
             let wasm_yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
             let yaml = native::with_native_module(&wasm_yaml)?;
-            let options = EnvoyOptions {
-                env: vec![native::module_env(module)?],
-                ..EnvoyOptions::default()
-            };
+            let options = inputs.envoy_options(vec![native::module_env(module)?]);
             Some(Gateway::Envoy(
                 Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))
@@ -273,7 +285,9 @@ pub async fn start_gateway(
             let policy = scenario
                 .vllm_router_policy()
                 .context("a vllm-router scenario without a policy")?;
-            let router = VllmRouter::start(binary, &prefill, &decode, policy, &dir).await?;
+            let threads = Some(inputs.threads);
+            let router =
+                VllmRouter::start(binary, &prefill, &decode, policy, &dir, threads).await?;
             Some(Gateway::VllmRouter(router))
         }
     })
@@ -344,7 +358,8 @@ impl TlsGateway {
             edge.worker_tls = Some(worker_tls);
         }
         let yaml = pinroute_bootstrap(&workers, inputs.wasm, edge)?;
-        let envoy = Envoy::start(inputs.envoy_binary, &yaml, dir).await?;
+        let options = inputs.envoy_options(Vec::new());
+        let envoy = Envoy::start_with(inputs.envoy_binary, &yaml, dir, &options).await?;
         Ok(TlsGateway {
             envoy,
             client: tls.client,

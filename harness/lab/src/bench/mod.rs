@@ -146,6 +146,7 @@ async fn end_to_end(
         vllm_router: vllm_router.as_deref(),
         repo_root: root,
         work_dir: &work_dir,
+        threads: e2e.proxy_threads,
     };
     let runs = run_e2e(e2e, &inputs, sims.pid()).await?;
     let registry = run_registry_axis(e2e, &inputs, sims.addresses, sims.pid()).await?;
@@ -189,7 +190,7 @@ fn meta(options: &BenchOptions, load_before: [f64; 3], wasm_bytes: Option<u64>) 
         token_latency_us: u64::try_from(options.token_latency.as_micros()).unwrap_or(u64::MAX),
         max_tokens: e2e.map_or(0, |e| e.max_tokens),
         envoy_version: ENVOY_VERSION.to_string(),
-        envoy_concurrency: EnvoyOptions::default().concurrency,
+        envoy_concurrency: e2e.map_or(EnvoyOptions::default().concurrency, |e| e.proxy_threads),
         wasm_bytes,
         source: source_revision(),
     }

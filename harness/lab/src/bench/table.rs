@@ -104,7 +104,7 @@ fn heading(results: &BenchResults, style: Style) -> String {
             m.token_latency_us, m.max_tokens, m.duration_s, m.warmup_s
         ),
         format!(
-            "Envoy {} with --concurrency {}; pinroute.wasm {wasm}, source {}",
+            "Envoy {} with --concurrency {} (vllm-router with as many tokio workers); pinroute.wasm {wasm}, source {}",
             m.envoy_version, m.envoy_concurrency, m.source
         ),
         "latencies in ms (TTFB: first byte of the streamed answer); +p50: TTFB p50 minus the floor's; \

@@ -46,13 +46,15 @@ impl Policy {
 pub struct VllmRouter(ServingChild);
 
 impl VllmRouter {
-    /// Starts it in prefill/decode mode over these workers and waits until it serves.
+    /// Starts it in prefill/decode mode over these workers, with `threads` tokio workers
+    /// (`None`: tokio's default, one per CPU), and waits until it serves.
     pub async fn start(
         binary: &Path,
         prefill: &[SocketAddr],
         decode: &[SocketAddr],
         policy: Policy,
         work_dir: &Path,
+        threads: Option<u32>,
     ) -> Result<Self> {
         let address = refusing_address()?;
         let metrics = refusing_address()?;
@@ -76,6 +78,9 @@ impl VllmRouter {
             .arg("--disable-circuit-breaker")
             // `warning` does not parse (and falls back to a log line per request).
             .args(["--log-level", "error"]);
+        if let Some(threads) = threads {
+            command.env("TOKIO_WORKER_THREADS", threads.to_string());
+        }
         let child = ServingChild::start(&mut command, address, &log, "vllm-router").await?;
         Ok(VllmRouter(child))
     }

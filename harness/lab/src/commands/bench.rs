@@ -23,6 +23,8 @@ const QUICK_SIZES: [usize; 1] = [1024];
 const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
 /// The registry-size axis of a full run: N prefill + N decode workers.
 const FULL_REGISTRY: [u64; 4] = [1, 10, 100, 1000];
+/// Each proxy's worker threads unless told: one per CPU of the 2-CPU machines measured here.
+const DEFAULT_PROXY_THREADS: u32 = 2;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
 const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
@@ -90,6 +92,10 @@ pub struct Args {
     /// No registry-size axis.
     #[arg(long)]
     no_registry: bool,
+    /// Worker threads of each proxy: Envoy's `--concurrency` and vllm-router's tokio workers
+    /// (`TOKIO_WORKER_THREADS`), so that both run as many.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROXY_THREADS)]
+    proxy_threads: u32,
     /// Run this filter instead of building it (to compare two builds in the same way).
     #[arg(long, value_name = "FILE")]
     wasm: Option<PathBuf>,
@@ -241,9 +247,13 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         request_timeout: REQUEST_TIMEOUT,
         wasm: args.wasm.clone(),
         registry,
+        proxy_threads: args.proxy_threads,
     };
     if e2e.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
+    }
+    if e2e.proxy_threads == 0 {
+        bail!("--proxy-threads must be at least 1");
     }
     for count in &e2e.registry {
         sims::check_alias_count(*count).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
@@ -372,6 +382,24 @@ fn parse_size(text: &str) -> Result<usize, String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn parsed(line: &[&str]) -> Result<BenchOptions> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(line)?;
+        options(&cli.args, PathBuf::from("out"))
+    }
+
+    #[test]
+    fn every_proxy_runs_the_threads_asked_for_and_two_by_default() {
+        let threads = |line: &[&str]| parsed(line).unwrap().e2e.unwrap().proxy_threads;
+        assert_eq!(threads(&["bench"]), 2);
+        assert_eq!(threads(&["bench", "--proxy-threads", "1"]), 1);
+        assert!(parsed(&["bench", "--proxy-threads", "0"]).is_err());
+    }
 
     #[test]
     fn sizes_parse() {

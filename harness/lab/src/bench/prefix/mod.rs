@@ -349,7 +349,7 @@ impl Gateways {
         let router = |policy| async move {
             let binary = router_binary(root)?;
             let (prefill, decode) = (fleet.prefill_addresses(), fleet.decode_addresses());
-            VllmRouter::start(&binary, &prefill, &decode, policy, work_dir).await
+            VllmRouter::start(&binary, &prefill, &decode, policy, work_dir, None).await
         };
         let round_robin = match wants(Chooser::RoundRobin) {
             true => Some(router(Policy::RoundRobin).await?),
