@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use pinroute_harness::envoy::repo_root;
+use pinroute_harness::envoy::{EnvoyOptions, repo_root};
 use pinroute_lab::bench::e2e::E2eOptions;
 use pinroute_lab::bench::prefix::fleet::FleetSpec;
 use pinroute_lab::bench::prefix::report as prefix_report;
@@ -23,8 +23,6 @@ const QUICK_SIZES: [usize; 1] = [1024];
 const QUICK_CONCURRENCY: [usize; 2] = [1, 16];
 /// The registry-size axis of a full run: N prefill + N decode workers.
 const FULL_REGISTRY: [u64; 4] = [1, 10, 100, 1000];
-/// Each proxy's worker threads unless told: one per CPU of the 2-CPU machines measured here.
-const DEFAULT_PROXY_THREADS: u32 = 2;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PREFIX_CONCURRENCY: [usize; 3] = [8, 32, 64];
 const QUICK_PREFIX_CONCURRENCY: [usize; 1] = [16];
@@ -94,7 +92,7 @@ pub struct Args {
     no_registry: bool,
     /// Worker threads of each proxy: Envoy's `--concurrency` and vllm-router's tokio workers
     /// (`TOKIO_WORKER_THREADS`), so that both run as many.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROXY_THREADS)]
+    #[arg(long, value_name = "N", default_value_t = EnvoyOptions::default().concurrency)]
     proxy_threads: u32,
     /// Run this filter instead of building it (to compare two builds in the same way).
     #[arg(long, value_name = "FILE")]
