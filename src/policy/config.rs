@@ -236,6 +236,7 @@ impl Settings {
         Busy {
             excess: self.affinity_busy_excess,
             percent: self.affinity_busy_percent,
+            graded: self.engine_load.is_some(),
         }
     }
 

@@ -76,20 +76,47 @@ pub struct Affinity<'a> {
 pub struct Busy {
     pub excess: u64,
     pub percent: u64,
+    /// With the engines' figures (every replica counting the same requests): a share of the
+    /// prompts growing with the load over the bound goes past the worker, each prompt by its
+    /// own draw, rather than every prompt once the load is over it.
+    pub graded: bool,
 }
 
 impl Busy {
-    /// Whether `worker`, with `load` requests in flight by `loads`, is busy in a pool of
-    /// `workers` with `total` in flight: over its share, or full by its engine's own figures.
+    /// Whether `worker`, with `load` requests in flight by `loads`, is busy for a prompt whose
+    /// deepest hash is `deepest`, in a pool of `workers` with `total` in flight: its prompt is
+    /// among the share that goes past the worker, or the worker is full by its engine's own
+    /// figures.
     fn worker_is_busy(
         &self,
         worker: &Worker,
         loads: &dyn Loads,
-        load: u64,
-        total: u64,
-        workers: usize,
+        (load, total, workers): (u64, u64, usize),
+        deepest: u64,
     ) -> bool {
-        self.is_busy(load, total, workers) || loads.full(worker)
+        let over = if self.graded {
+            let share = self.spill_share(load, total, workers);
+            share > 0 && spill_draw(deepest, worker) < share
+        } else {
+            self.is_busy(load, total, workers)
+        };
+        over || loads.full(worker)
+    }
+
+    /// The share of the prompts placed on a worker with `load` requests in flight that go
+    /// past it, in parts of 2^32: none up to its bound, then growing with the load over the
+    /// bound until all of them at twice the bound.
+    pub fn spill_share(&self, load: u64, total: u64, workers: usize) -> u64 {
+        let workers = workers.max(1) as u128;
+        let scaled_load = u128::from(load) * 100 * workers;
+        let share = u128::from(self.percent).saturating_mul(u128::from(total));
+        let bound = share.saturating_add(u128::from(self.excess) * 100 * workers);
+        if scaled_load <= bound {
+            return 0;
+        }
+        let ramp = bound.max(1);
+        let over = (scaled_load - bound).min(ramp);
+        u64::try_from((over << 32) / ramp).unwrap_or(u64::MAX)
     }
 
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
@@ -318,7 +345,7 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
         let load = outstanding.outstanding(w);
         affinity
             .busy
-            .worker_is_busy(w, outstanding, load, total, count)
+            .worker_is_busy(w, outstanding, (load, total, count), deepest)
     };
     // A pool whose every worker is busy has none: moving would lose the prefix for nothing.
     let all_busy = OnceCell::new();
@@ -407,14 +434,14 @@ fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
         .map(|w| affinity.outstanding.outstanding(w))
         .collect();
     let total = loads.iter().copied().fold(0u64, u64::saturating_add);
+    let deepest = affinity.depths.last().copied().unwrap_or(0);
     let busy: Vec<WorkerId> = pool
         .iter()
         .zip(&loads)
         .filter(|(w, load)| {
             let loads = affinity.outstanding;
-            affinity
-                .busy
-                .worker_is_busy(w, loads, **load, total, pool.len())
+            let pool_load = (**load, total, pool.len());
+            affinity.busy.worker_is_busy(w, loads, pool_load, deepest)
         })
         .map(|(w, _)| w.id)
         .collect();
@@ -423,7 +450,6 @@ fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
     } else {
         busy
     };
-    let deepest = affinity.depths.last().copied().unwrap_or(0);
     pool.sort_by_cached_key(|w| std::cmp::Reverse((prefix_weight(deepest, w), w.id)));
     let remembered = pool
         .iter()
@@ -470,6 +496,12 @@ fn walk(order: &[&Worker], depths: &[u64], busy: &[WorkerId]) -> (usize, Placeme
 /// the same on every platform and every Envoy replica.
 pub fn session_weight(key: &[u8], worker: &Worker) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, worker.id)
+}
+
+/// Where a prompt falls among a worker's prompts when some must go past it, in parts of
+/// 2^32: the same on every replica, independent of [`prefix_weight`].
+fn spill_draw(deepest: u64, worker: &Worker) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&deepest.to_le_bytes(), !worker.id) >> 32
 }
 
 /// A worker's weight for one depth of a prompt's hashes, as stable as [`session_weight`].

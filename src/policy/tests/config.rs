@@ -167,7 +167,8 @@ fn prefix_affinity_and_the_turn_memory_can_be_turned_off() {
         defaults.busy(),
         Busy {
             excess: 8,
-            percent: 200
+            percent: 200,
+            graded: false,
         }
     );
     assert_eq!(defaults.turn_memory_nanos(), Some(30_000_000_000));
@@ -189,7 +190,8 @@ fn prefix_affinity_and_the_turn_memory_can_be_turned_off() {
         settings.busy(),
         Busy {
             excess: 0,
-            percent: 100
+            percent: 100,
+            graded: false,
         }
     );
     assert_eq!(

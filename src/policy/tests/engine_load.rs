@@ -263,6 +263,7 @@ fn affinity_passes_over_a_full_worker_unless_every_worker_is_full() {
             busy: Busy {
                 excess: 8,
                 percent: 200,
+                graded: false,
             },
             rotation: 0,
             outstanding: &loads,

@@ -137,6 +137,7 @@ fn the_less_loaded_of_the_next_two_goes_first() {
 const BUSY: Busy = Busy {
     excess: 2,
     percent: 150,
+    graded: false,
 };
 
 /// The prefix-affinity ranking of `pool` for these depths, loads and remembered workers.
@@ -193,10 +194,79 @@ fn a_busy_worker_is_one_far_above_its_share() {
     assert!(
         !Busy {
             excess: u64::MAX,
-            percent: u64::MAX
+            percent: u64::MAX,
+            graded: false,
         }
         .is_busy(u64::MAX, u64::MAX, 9)
     );
+}
+
+const GRADED: Busy = Busy {
+    graded: true,
+    ..BUSY
+};
+
+#[test]
+fn a_graded_bound_sends_past_a_worker_a_share_growing_with_its_load() {
+    // 150 % of the mean plus 2: four workers with 40 in flight have a bound of 17, and every
+    // prompt goes past a worker at twice that.
+    let share = |load| GRADED.spill_share(load, 40, 4) as f64 / f64::from(1u32 << 31) / 2.0;
+    assert_eq!(share(17), 0.0, "none up to the bound");
+    assert!((share(17 + 17 / 2) - 0.5).abs() < 0.04, "{}", share(25));
+    assert_eq!(share(34), 1.0);
+    assert_eq!(share(u64::MAX), 1.0);
+    assert_eq!(
+        GRADED.spill_share(7, 7, 1),
+        0,
+        "a pool of one is never busy"
+    );
+    let loads: Vec<f64> = (17..40).map(share).collect();
+    assert!(loads.windows(2).all(|pair| pair[0] <= pair[1]));
+}
+
+/// Which of 2,000 conversations sharing their first depth go past its worker, `home`, when it
+/// holds `home_load` requests and each other worker one.
+fn spilled(busy: Busy, pool: &[Worker], home: u64, home_load: u64) -> Vec<u64> {
+    let loads = |w: &Worker| if w.id == home { home_load } else { 1 };
+    (0..2000u64)
+        .filter(|conversation| {
+            let depths = [7, 1000 + conversation];
+            let ranked = rank_candidates(
+                pool.iter().collect(),
+                Choice::Prefix(Affinity {
+                    depths: &depths,
+                    remembered: &[],
+                    busy,
+                    rotation: 0,
+                    outstanding: &loads,
+                }),
+            );
+            ranked.order[0].id != home
+        })
+        .collect()
+}
+
+#[test]
+fn a_graded_bound_passes_over_a_busy_worker_for_a_share_of_its_conversations() {
+    let pool = workers(4);
+    let home = top(&pool, 7, &[]);
+    // 11 + 3 in flight: the bound is 150 % of 3.5 plus 2 (7.25), and 11 about half way to
+    // twice it.
+    let half = spilled(GRADED, &pool, home, 11);
+    assert!((900..1200).contains(&half.len()), "{}", half.len());
+    assert_eq!(half, spilled(GRADED, &pool, home, 11), "by its draw alone");
+    let more = spilled(GRADED, &pool, home, 12);
+    assert!(more.len() > half.len());
+    assert!(
+        half.iter().all(|c| more.contains(c)),
+        "a conversation that went past at a load goes past at a higher one"
+    );
+    assert_eq!(
+        spilled(BUSY, &pool, home, 11).len(),
+        2000,
+        "ungraded: all of them"
+    );
+    assert!(spilled(GRADED, &pool, home, 5).is_empty(), "at the bound");
 }
 
 #[test]
@@ -329,6 +399,7 @@ fn a_session_beats_prefix_affinity_and_affinity_beats_load() {
         busy: Busy {
             excess: 8,
             percent: 200,
+            graded: false,
         },
         rotation: 0,
         outstanding: &outstanding,
@@ -448,6 +519,7 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
             Busy {
                 excess: 0,
                 percent: 100,
+                graded: seed % 3 == 0,
             }
         };
         let key = seed.to_le_bytes();
