@@ -109,13 +109,15 @@ impl Busy {
     pub fn spill_share(&self, load: u64, total: u64, workers: usize) -> u64 {
         let workers = workers.max(1) as u128;
         let scaled_load = u128::from(load) * 100 * workers;
-        let share = u128::from(self.percent).saturating_mul(u128::from(total));
-        let bound = share.saturating_add(u128::from(self.excess) * 100 * workers);
+        let of_mean = u128::from(self.percent).saturating_mul(u128::from(total));
+        let bound = of_mean.saturating_add(u128::from(self.excess) * 100 * workers);
         if scaled_load <= bound {
             return 0;
         }
-        let ramp = bound.max(1);
-        let over = (scaled_load - bound).min(ramp);
+        // Both scaled down to at most 96 bits, so that the excess in parts of 2^32 fits.
+        let shift = (u128::BITS - bound.leading_zeros()).saturating_sub(96);
+        let ramp = (bound >> shift).max(1);
+        let over = ((scaled_load - bound) >> shift).min(ramp);
         u64::try_from((over << 32) / ramp).unwrap_or(u64::MAX)
     }
 

@@ -210,11 +210,23 @@ const GRADED: Busy = Busy {
 fn a_graded_bound_sends_past_a_worker_a_share_growing_with_its_load() {
     // 150 % of the mean plus 2: four workers with 40 in flight have a bound of 17, and every
     // prompt goes past a worker at twice that.
-    let share = |load| GRADED.spill_share(load, 40, 4) as f64 / f64::from(1u32 << 31) / 2.0;
+    let share = |load| GRADED.spill_share(load, 40, 4) as f64 / 4_294_967_296.0;
     assert_eq!(share(17), 0.0, "none up to the bound");
     assert!((share(17 + 17 / 2) - 0.5).abs() < 0.04, "{}", share(25));
     assert_eq!(share(34), 1.0);
     assert_eq!(share(u64::MAX), 1.0);
+    let huge = Busy {
+        percent: u64::MAX,
+        ..GRADED
+    };
+    // A bound near 2^101 in the function's scale (load × 100 × workers), and a load half way
+    // over it.
+    let past_96_bits = huge.spill_share(u64::MAX, 100 * (1 << 31) * 2 / 3, 1 << 31);
+    assert!(
+        (past_96_bits as f64 / 4_294_967_296.0 - 0.5).abs() < 0.01,
+        "{past_96_bits}"
+    );
+    assert_eq!(huge.spill_share(u64::MAX, u64::MAX, 9), 0);
     assert_eq!(
         GRADED.spill_share(7, 7, 1),
         0,
