@@ -107,10 +107,7 @@ impl Busy {
     /// past it, in parts of 2^32: none up to its bound, then growing with the load over the
     /// bound until all of them at twice the bound.
     pub fn spill_share(&self, load: u64, total: u64, workers: usize) -> u64 {
-        let workers = workers.max(1) as u128;
-        let scaled_load = u128::from(load) * 100 * workers;
-        let of_mean = u128::from(self.percent).saturating_mul(u128::from(total));
-        let bound = of_mean.saturating_add(u128::from(self.excess) * 100 * workers);
+        let (scaled_load, bound) = self.scaled(load, total, workers);
         if scaled_load <= bound {
             return 0;
         }
@@ -124,11 +121,18 @@ impl Busy {
     /// Whether a worker with `load` requests in flight is busy, in a pool of `workers` with
     /// `total` in flight. With `percent` at least 100, the least loaded worker never is.
     pub fn is_busy(&self, load: u64, total: u64, workers: usize) -> bool {
+        let (scaled_load, bound) = self.scaled(load, total, workers);
+        scaled_load > bound
+    }
+
+    /// A worker's load and its bound (`percent` % of the pool's mean plus `excess`), both
+    /// multiplied by 100 × `workers` so that neither is divided.
+    fn scaled(&self, load: u64, total: u64, workers: usize) -> (u128, u128) {
         let workers = workers.max(1) as u128;
         let scaled_load = u128::from(load) * 100 * workers;
-        let share = u128::from(self.percent).saturating_mul(u128::from(total));
+        let of_mean = u128::from(self.percent).saturating_mul(u128::from(total));
         let slack = u128::from(self.excess) * 100 * workers;
-        scaled_load > share.saturating_add(slack)
+        (scaled_load, of_mean.saturating_add(slack))
     }
 }
 

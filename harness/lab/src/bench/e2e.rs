@@ -123,6 +123,7 @@ pub async fn run_registry_axis(
         return Ok(Vec::new());
     }
     let progress = progress_bar((options.registry.len() * scenarios.len()) as u64);
+    let size = registry_axis::SIZE;
     let mut runs = Vec::new();
     for count in &options.registry {
         let workers = Workers::aliased(sims, *count)?;
@@ -133,7 +134,6 @@ pub async fn run_registry_axis(
         for scenario in &scenarios {
             progress.set_message(format!("{scenario} with {count}+{count} workers"));
             let gateway = [(*scenario, start_gateway(*scenario, &inputs).await?)];
-            let size = registry_axis::SIZE;
             let [contender] = contenders(&gateway, size, Pins::None, options, &inputs, sims_pid)
                 .await?
                 .try_into()
