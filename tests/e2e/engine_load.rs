@@ -1,7 +1,9 @@
 //! Load as the engines report it, through Envoy (`docs/semantics.md` §5): the filter scrapes
-//! the sims' vLLM gauges, passes over a worker whose engine is full, names a multi-rank
-//! worker's less loaded rank, falls back to its own counts when the figures go stale, and
-//! takes no harm from a metrics page that is garbage, huge, an error or never comes.
+//! the sims' vLLM gauges, passes over a worker whose engine is full, passes over a worker
+//! whose engine holds more than its share for a share of the prompts growing with its load,
+//! names a multi-rank worker's less loaded rank, falls back to its own counts when the
+//! figures go stale, and takes no harm from a metrics page that is garbage, huge, an error
+//! or never comes.
 
 use std::time::{Duration, Instant};
 
@@ -203,4 +205,87 @@ async fn no_metrics_page_harms_envoy_or_takes_a_worker_out() {
         assert!(Instant::now() < deadline, "scrapes resume");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A long completion prompt of its own for each `salt`: its every block hash differs.
+fn salted_chat(salt: usize) -> Value {
+    let prompt = format!("Conversation {salt}. ") + &"Tell me about the engines. ".repeat(60);
+    json!({"model": "sim-model", "max_tokens": 2, "prompt": prompt})
+}
+
+async fn prefill_worker_of(deployment: &Deployment, body: &Value) -> u64 {
+    let reply = complete(deployment, &[], body).await;
+    reply.assert_ok("placed");
+    reply.worker("prefill").unwrap()
+}
+
+/// Waits until two scrape rounds have come since now and every Envoy thread has read them.
+async fn fresh_figures(deployment: &Deployment) {
+    let workers = deployment.workers.len() as u64;
+    let scraped = stat(deployment, "wasmcustom.pinroute.engine.scraped").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stat(deployment, "wasmcustom.pinroute.engine.scraped").await < scraped + 2 * workers {
+        assert!(Instant::now() < deadline, "two rounds within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn affinity_passes_over_a_worker_whose_engine_holds_more_than_its_share_for_a_share_of_prompts()
+ {
+    let cached = |id, role| worker(id, role, 1).with_cache_blocks(10_000);
+    let workers = vec![
+        cached(101, SimRole::Prefill),
+        cached(102, SimRole::Prefill),
+        cached(201, SimRole::Decode),
+    ];
+    let mut spec = StackSpec::new(workers, wasm());
+    // The bound is the pool's mean plus 8: a worker running all of `running` requests is over
+    // it by (running/2 - 8) of (running/2 + 8).
+    spec.settings = json!({
+        "affinity_busy_percent": 100,
+        "engine_load": {"period_ms": 100, "timeout_ms": 100, "stale_ms": 1000},
+    });
+    let deployment = start(spec).await;
+    fresh_figures(&deployment).await;
+    let mut prompts = Vec::new();
+    for salt in 0..200 {
+        let body = salted_chat(salt);
+        if prefill_worker_of(&deployment, &body).await == 101 {
+            prompts.push(body);
+        }
+        if prompts.len() == 16 {
+            break;
+        }
+    }
+    assert_eq!(prompts.len(), 16, "prompts placed on worker 101");
+    let home = deployment.worker(101).unwrap();
+    let mut moved_at = Vec::new();
+    for running in [14, 40, 400] {
+        home.set_engine_load(EngineLoadOverride {
+            waiting: 0,
+            running,
+            kv_cache_usage: 0.1,
+            rank: None,
+        })
+        .unwrap();
+        fresh_figures(&deployment).await;
+        let mut moved = Vec::new();
+        for (at, body) in prompts.iter().enumerate() {
+            if prefill_worker_of(&deployment, body).await != 101 {
+                moved.push(at);
+            }
+        }
+        moved_at.push(moved);
+    }
+    let [at_14, at_40, at_400] = &moved_at[..] else {
+        unreachable!()
+    };
+    assert!(at_14.is_empty(), "14 running: not over 7 + 8 ({at_14:?})");
+    // 40 running: 12 over the bound of 28, busy for 12/28 of the prompts.
+    assert!((3..=12).contains(&at_40.len()), "{at_40:?}");
+    assert!(at_40.iter().all(|p| at_400.contains(p)), "{at_400:?}");
+    assert!(at_400.len() > at_40.len(), "{at_400:?}");
+    assert!(stat(&deployment, "wasmcustom.pinroute.placement.prefill.spilled").await > 0);
 }
