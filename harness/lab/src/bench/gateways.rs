@@ -36,6 +36,10 @@ pub enum Scenario {
     /// costs for the two hops pinroute sends, so that pinroute minus this is the filter.
     #[serde(rename = "envoy-2hop")]
     EnvoyTwoHops,
+    /// `EnvoyTwoHops` with each hop naming its worker as pinroute's do, in rotation over the
+    /// registry: Envoy's own work for the hosts the filter names, without the filter.
+    #[serde(rename = "envoy-2hop-named")]
+    EnvoyTwoHopsNamed,
     /// One request to Envoy with the pinroute filter: the full two-hop flow with pins.
     Pinroute,
     /// `Pinroute` with the clients over TLS (HTTP/1.1 by ALPN); the workers in clear.
@@ -60,10 +64,11 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
+        Scenario::EnvoyTwoHopsNamed,
         Scenario::Pinroute,
         Scenario::PinrouteNative,
         Scenario::PinrouteTls,
@@ -78,6 +83,7 @@ impl Scenario {
             Scenario::Floor => "floor",
             Scenario::Envoy => "envoy",
             Scenario::EnvoyTwoHops => "envoy-2hop",
+            Scenario::EnvoyTwoHopsNamed => "envoy-2hop-named",
             Scenario::Pinroute => "pinroute",
             Scenario::PinrouteNative => "pinroute-native",
             Scenario::PinrouteTls => "pinroute-tls",
@@ -90,7 +96,10 @@ impl Scenario {
 
     /// Whether the scenario's proxy is an Envoy.
     pub fn runs_envoy(self) -> bool {
-        matches!(self, Scenario::Envoy | Scenario::EnvoyTwoHops) || self.runs_pinroute()
+        matches!(
+            self,
+            Scenario::Envoy | Scenario::EnvoyTwoHops | Scenario::EnvoyTwoHopsNamed
+        ) || self.runs_pinroute()
     }
 
     /// The vllm-router policy of a vllm-router scenario.
@@ -125,6 +134,9 @@ impl Scenario {
             Scenario::Envoy => "Envoy without the filter on the decode hop (prefill direct)",
             Scenario::EnvoyTwoHops => {
                 "Envoy without the filter on both hops (the client sends both)"
+            }
+            Scenario::EnvoyTwoHopsNamed => {
+                "the same, each hop naming its worker as pinroute's do (registry in rotation)"
             }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
             Scenario::PinrouteNative => "the same, the filter as a native dynamic module",
@@ -234,7 +246,7 @@ pub async fn start_gateway(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(match scenario {
         Scenario::Floor => None,
-        Scenario::Envoy | Scenario::EnvoyTwoHops => {
+        Scenario::Envoy | Scenario::EnvoyTwoHops | Scenario::EnvoyTwoHopsNamed => {
             let yaml = plain_bootstrap(inputs.workers)?;
             let options = inputs.envoy_options(Vec::new());
             Some(Gateway::Envoy(

@@ -273,6 +273,7 @@ pub(crate) fn color(scenario: Scenario) -> RGBColor {
         Scenario::Floor => RGBColor(40, 40, 40),
         Scenario::Envoy => RGBColor(31, 119, 180),
         Scenario::EnvoyTwoHops => RGBColor(148, 103, 189),
+        Scenario::EnvoyTwoHopsNamed => RGBColor(197, 176, 213),
         Scenario::Pinroute => RGBColor(214, 39, 40),
         Scenario::PinrouteNative => RGBColor(23, 190, 207),
         Scenario::PinrouteTls => RGBColor(227, 119, 194),

@@ -1,8 +1,10 @@
 //! The registry-size axis: Envoy alone and each pinroute build in front of N prefill + N
 //! decode workers (loopback aliases of the two sims: as many hosts, pools and connections as
 //! that many machines), unpinned, at 1 KB and concurrency 16. What grows with the registry is
-//! seen apart: Envoy's own hosts and pools (`envoy-2hop` with N-host clusters) from the
-//! filter's share (pinroute minus `envoy-2hop` at the same N).
+//! seen apart: Envoy's own hosts and pools (`envoy-2hop` with N-host clusters, and
+//! `envoy-2hop-named`, whose hops name their workers in rotation through the clusters and
+//! headers pinroute uses) from the filter's share (pinroute minus `envoy-2hop-named` at the
+//! same N).
 
 use serde::{Deserialize, Serialize};
 
@@ -12,27 +14,82 @@ use super::table::{Style, grid, ms};
 
 /// The prompt size of the axis's runs.
 pub const SIZE: usize = 1024;
-/// The scenarios the axis runs, when the bench runs them.
+/// The scenarios the axis runs, when the bench runs them; with a pinroute build, the
+/// baseline of its share ([`BASELINE`]) too.
 pub const SCENARIOS: [Scenario; 3] = [
     Scenario::EnvoyTwoHops,
     Scenario::Pinroute,
     Scenario::PinrouteNative,
 ];
+/// Envoy doing for the hops what it does for pinroute's, without the filter.
+pub const BASELINE: Scenario = Scenario::EnvoyTwoHopsNamed;
 /// How far the filter's own share at the largest registry may be above its share at the
 /// smallest.
 const FLAT_WITHIN: f64 = 0.10;
 
-/// One run with `workers` prefill and `workers` decode workers.
+/// One run with `workers` prefill and `workers` decode workers: of several rounds, the
+/// median by CPU per request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegistryRun {
     pub workers: u64,
     pub run: RunResult,
+    /// The CPU per request of every round, in the order they ran (empty in results saved
+    /// before rounds were kept).
+    #[serde(default)]
+    pub cpu_rounds: Vec<f64>,
 }
 
 impl RegistryRun {
+    pub fn single(workers: u64, run: RunResult) -> RegistryRun {
+        let cpu_rounds = run.cpu.proxy_s_per_1k.into_iter().collect();
+        RegistryRun {
+            workers,
+            run,
+            cpu_rounds,
+        }
+    }
+
     fn cpu_ms(&self) -> Option<f64> {
         self.run.cpu.proxy_s_per_1k
     }
+
+    /// The rounds' CPU per request, lowest to highest, when there were several.
+    fn spread(&self) -> Option<String> {
+        let low = self.cpu_rounds.iter().copied().reduce(f64::min)?;
+        let high = self.cpu_rounds.iter().copied().reduce(f64::max)?;
+        (self.cpu_rounds.len() > 1).then(|| format!("{low:.3}–{high:.3}"))
+    }
+}
+
+/// One run per registry size and scenario, in the order first run: the median of its
+/// rounds by CPU per request (the upper one of an even count), every round's CPU kept.
+pub fn medians(rounds: Vec<RegistryRun>) -> Vec<RegistryRun> {
+    let mut cells: Vec<Vec<RegistryRun>> = Vec::new();
+    for run in rounds {
+        let key = (run.workers, run.run.scenario);
+        match cells.iter_mut().find(|cell| {
+            cell.first()
+                .is_some_and(|c| (c.workers, c.run.scenario) == key)
+        }) {
+            Some(cell) => cell.push(run),
+            None => cells.push(vec![run]),
+        }
+    }
+    cells
+        .into_iter()
+        .filter_map(|mut cell| {
+            let cpu_rounds: Vec<f64> = cell.iter().flat_map(|r| r.cpu_rounds.clone()).collect();
+            cell.sort_by(|a, b| {
+                a.cpu_ms()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.cpu_ms().unwrap_or(0.0))
+            });
+            let middle = cell.len() / 2;
+            let mut median = cell.into_iter().nth(middle)?;
+            median.cpu_rounds = cpu_rounds;
+            Some(median)
+        })
+        .collect()
 }
 
 /// The run of `scenario` with `workers` of each role.
@@ -41,9 +98,9 @@ fn find(runs: &[RegistryRun], scenario: Scenario, workers: u64) -> Option<&Regis
         .find(|r| r.run.scenario == scenario && r.workers == workers)
 }
 
-/// A pinroute build's CPU per request minus `envoy-2hop`'s with as many workers.
+/// A pinroute build's CPU per request minus [`BASELINE`]'s with as many workers.
 fn filter_share_ms(runs: &[RegistryRun], build: &RegistryRun) -> Option<f64> {
-    let envoy = find(runs, Scenario::EnvoyTwoHops, build.workers)?;
+    let envoy = find(runs, BASELINE, build.workers)?;
     Some(build.cpu_ms()? - envoy.cpu_ms()?)
 }
 
@@ -55,6 +112,7 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
         "req/s",
         "TTFB p50",
         "CPU ms/req",
+        "rounds' CPU",
         "filter ms/req",
         "proxy RSS MiB",
         "errors",
@@ -64,16 +122,19 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|r| {
-            let share = match r.run.scenario {
-                Scenario::EnvoyTwoHops => None,
-                _ => filter_share_ms(runs, r),
-            };
+            let share = r
+                .run
+                .scenario
+                .runs_pinroute()
+                .then(|| filter_share_ms(runs, r))
+                .flatten();
             vec![
                 format!("{0}+{0}", r.workers),
                 r.run.scenario.to_string(),
                 format!("{:.0}", r.run.throughput_rps),
                 ms(r.run.ttfb.p50_ms),
                 r.cpu_ms().map_or_else(dash, |v| format!("{v:.3}")),
+                r.spread().unwrap_or_else(dash),
                 share.map_or_else(dash, |v| format!("{v:.3}")),
                 r.run
                     .proxy_peak_rss_mib
@@ -100,7 +161,7 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
         .filter(|build| runs.iter().any(|r| r.run.scenario == *build))
         .map(|build| {
             let target = format!(
-                "{build}'s own CPU per request (minus envoy-2hop) with {most}+{most} workers is within {:.0} % of its share with {fewest}+{fewest} (unpinned, 1 KB, concurrency {TARGET_CONCURRENCY})",
+                "{build}'s own CPU per request (minus {BASELINE}) with {most}+{most} workers is within {:.0} % of its share with {fewest}+{fewest} (unpinned, 1 KB, concurrency {TARGET_CONCURRENCY})",
                 FLAT_WITHIN * 100.0
             );
             let share = |workers| find(runs, build, workers).and_then(|r| filter_share_ms(runs, r));
@@ -129,17 +190,19 @@ mod tests {
     fn at(workers: u64, scenario: Scenario, cpu_ms: f64) -> RegistryRun {
         let mut run = run(scenario, SIZE, TARGET_CONCURRENCY, 1000.0, 1.0);
         run.cpu.proxy_s_per_1k = Some(cpu_ms);
-        RegistryRun { workers, run }
+        RegistryRun::single(workers, run)
     }
 
     #[test]
-    fn the_filter_share_is_judged_against_envoy_with_as_many_workers() {
+    fn the_filter_share_is_judged_against_envoy_naming_as_many_workers() {
         let mut results = results(vec![]);
         results.registry = vec![
-            at(1, Scenario::EnvoyTwoHops, 0.20),
+            at(1, Scenario::EnvoyTwoHops, 0.19),
+            at(1, BASELINE, 0.20),
             at(1, Scenario::Pinroute, 0.30),
             at(1, Scenario::PinrouteNative, 0.24),
-            at(1000, Scenario::EnvoyTwoHops, 0.40),
+            at(1000, Scenario::EnvoyTwoHops, 0.30),
+            at(1000, BASELINE, 0.40),
             at(1000, Scenario::Pinroute, 0.505),
             at(1000, Scenario::PinrouteNative, 0.445),
         ];
@@ -155,11 +218,28 @@ mod tests {
     #[test]
     fn one_registry_size_judges_nothing() {
         let mut results = results(vec![]);
-        results.registry = vec![
-            at(10, Scenario::EnvoyTwoHops, 0.2),
-            at(10, Scenario::Pinroute, 0.3),
-        ];
+        results.registry = vec![at(10, BASELINE, 0.2), at(10, Scenario::Pinroute, 0.3)];
         let checks = check_targets(&results);
         assert_eq!(checks[0].met, None);
+    }
+
+    #[test]
+    fn rounds_keep_the_median_run_of_each_size_and_scenario() {
+        let rounds = vec![
+            at(1, BASELINE, 0.20),
+            at(1, Scenario::Pinroute, 0.35),
+            at(1, BASELINE, 0.26),
+            at(1, Scenario::Pinroute, 0.30),
+            at(1, BASELINE, 0.22),
+            at(1, Scenario::Pinroute, 0.31),
+        ];
+        let kept = medians(rounds);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept[0].run.scenario, BASELINE);
+        assert_eq!(kept[0].cpu_ms(), Some(0.22));
+        assert_eq!(kept[0].cpu_rounds, vec![0.20, 0.26, 0.22]);
+        assert_eq!(kept[1].cpu_ms(), Some(0.31));
+        assert_eq!(kept[1].spread().as_deref(), Some("0.300–0.350"));
+        assert_eq!(at(1, BASELINE, 0.2).spread(), None, "one round: no spread");
     }
 }

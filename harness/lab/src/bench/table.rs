@@ -47,7 +47,7 @@ pub fn render(results: &BenchResults, style: Style) -> String {
     if !results.registry.is_empty() {
         let _ = writeln!(
             out,
-            "\n{}By registry size: N prefill + N decode workers, unpinned, {}, concurrency {} (CPU: proxy process per request; filter: pinroute minus envoy-2hop with as many workers)\n",
+            "\n{}By registry size: N prefill + N decode workers, unpinned, {}, concurrency {} (CPU: proxy process per request, the median of the rounds; filter: pinroute minus envoy-2hop-named, Envoy naming as many workers without the filter)\n",
             title_mark(style),
             size_label(super::registry_axis::SIZE),
             super::results::TARGET_CONCURRENCY,

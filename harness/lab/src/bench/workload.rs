@@ -3,6 +3,7 @@
 //! for pinroute the prefill hop taken).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::gateways::Scenario;
-use super::sims::PREFILL_ID;
+use super::sims::{PREFILL_ID, Workers};
 use pinroute::policy::headers::PREFILL_WORKER_HEADER;
 use pinroute::policy::rewrite::PREFILL_KV_TRANSFER_PARAMS;
 
@@ -102,7 +103,7 @@ impl Route {
                 decode: envoy,
                 via_envoy: true,
             },
-            (Scenario::EnvoyTwoHops, Some(envoy)) => Route::TwoHops {
+            (Scenario::EnvoyTwoHops | Scenario::EnvoyTwoHopsNamed, Some(envoy)) => Route::TwoHops {
                 prefill: envoy,
                 decode: envoy,
                 via_envoy: true,
@@ -157,6 +158,48 @@ pub struct Completion {
     pub bodies: Bodies,
     /// TLS to the proxy; `None`: clear text.
     pub tls: Option<ClientTls>,
+    /// Client-sent hops through Envoy name their workers, as pinroute does; `None`: Envoy
+    /// balances over them itself.
+    pub named: Option<NamedHosts>,
+}
+
+/// The workers a client-sent hop names to Envoy, in rotation over the registry as pinroute
+/// chooses unpinned workers by load: the prefill hop one worker (`x-bench-host`, as pinroute's
+/// `x-envoy-original-dst-host`), the decode hop the worker and the next ones as its retry
+/// candidates (`x-bench-pool`, as pinroute's `x-pinroute-pool`).
+pub struct NamedHosts {
+    prefill: Vec<String>,
+    decode: Vec<String>,
+    next: AtomicU64,
+}
+
+/// Workers `x-bench-pool` names: pinroute's decode hop lists its first choice and up to two
+/// alternates.
+const POOL_LISTED: usize = 3;
+
+impl NamedHosts {
+    pub fn new(workers: &Workers) -> NamedHosts {
+        let addresses =
+            |listed: &[super::sims::Listed]| listed.iter().map(|l| l.address.to_string()).collect();
+        NamedHosts {
+            prefill: addresses(&workers.prefill),
+            decode: addresses(&workers.decode),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The next request's prefill worker and decode pool.
+    fn next(&self) -> (String, String) {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let at = |list: &[String], offset: u64| {
+            let len = list.len().max(1) as u64;
+            let index = usize::try_from((turn + offset) % len).unwrap_or(0);
+            list.get(index).cloned().unwrap_or_default()
+        };
+        let listed = POOL_LISTED.min(self.decode.len()) as u64;
+        let pool: Vec<String> = (0..listed).map(|offset| at(&self.decode, offset)).collect();
+        (at(&self.prefill, 0), pool.join(","))
+    }
 }
 
 impl Workload for Completion {
@@ -200,10 +243,14 @@ impl Completion {
         hops: Hops,
         started: Instant,
     ) -> Sample {
+        let (host, pool) = self.named.as_ref().map(NamedHosts::next).unzip();
+        let named_prefill = host.as_deref().map(|host| ("x-bench-host", host));
+        let prefill_headers: Vec<(&str, &str)> =
+            std::iter::once(PREFILL_HOP).chain(named_prefill).collect();
         let request = post(
             request_id,
             ChunkedBody::from(self.bodies.prefill.clone()),
-            &[PREFILL_HOP],
+            &prefill_headers,
         );
         let prefill_answer = match user.connections.exchange(hops.prefill, request).await {
             Ok(exchange) => exchange,
@@ -216,9 +263,14 @@ impl Completion {
             }
         };
         let body = ChunkedBody::new([self.bodies.client_open.clone(), Bytes::from(params)]);
+        let named_decode: Vec<(&str, &str)> = pool
+            .as_deref()
+            .map(|pool| ("x-bench-pool", pool))
+            .into_iter()
+            .collect();
         match user
             .connections
-            .exchange(hops.decode, post(request_id, body, &[]))
+            .exchange(hops.decode, post(request_id, body, &named_decode))
             .await
         {
             Ok(exchange) => {

@@ -13,7 +13,8 @@ use pinroute_lab::bench::prefix::report as prefix_report;
 use pinroute_lab::bench::prefix::traffic::{Sharing, Traffic};
 use pinroute_lab::bench::prefix::{Chooser, PrefixOptions, run_prefix_bench};
 use pinroute_lab::bench::{
-    BenchOptions, Scenario, read_results, results, run_bench, sims, table, write_outputs,
+    BenchOptions, Scenario, read_results, registry_axis, results, run_bench, sims, table,
+    write_outputs,
 };
 use serde_json::json;
 
@@ -78,8 +79,9 @@ pub struct Args {
     #[arg(long)]
     micro_only: bool,
     /// The registry-size axis: N prefill + N decode workers (loopback aliases of the sims),
-    /// comma-separated; envoy-2hop and the pinroute builds among --scenarios, unpinned, at
-    /// 1 KB and concurrency 16 [default: 1,10,100,1000; quick: none].
+    /// comma-separated; envoy-2hop and the pinroute builds among --scenarios (with
+    /// envoy-2hop-named, the baseline of their share), unpinned, at 1 KB and concurrency 16
+    /// [default: 1,10,100,1000; quick: none].
     #[arg(
         long,
         value_delimiter = ',',
@@ -90,6 +92,10 @@ pub struct Args {
     /// No registry-size axis.
     #[arg(long)]
     no_registry: bool,
+    /// Rounds of the registry-size axis: each proxy and size is run this many times, one
+    /// round after the other, and its median run by CPU per request kept.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    registry_rounds: u32,
     /// Worker threads of each proxy: Envoy's `--concurrency` and vllm-router's tokio workers
     /// (`TOKIO_WORKER_THREADS`), so that both run as many.
     #[arg(long, value_name = "N", default_value_t = EnvoyOptions::default().concurrency)]
@@ -233,10 +239,14 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         (None, false) => FULL_REGISTRY.to_vec(),
     };
     let e2e = E2eOptions {
-        scenarios: args
-            .scenarios
-            .clone()
-            .unwrap_or_else(|| Scenario::ALL.to_vec()),
+        // Envoy naming its hosts adds nothing to the size table's one worker of each role:
+        // by default only the registry axis runs it, as its baseline.
+        scenarios: args.scenarios.clone().unwrap_or_else(|| {
+            Scenario::ALL
+                .into_iter()
+                .filter(|s| *s != registry_axis::BASELINE)
+                .collect()
+        }),
         sizes: sizes.clone(),
         concurrencies: args.concurrency.clone().unwrap_or(concurrencies),
         warmup: seconds(args.warmup.unwrap_or(warmup))?,
@@ -245,6 +255,7 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         request_timeout: REQUEST_TIMEOUT,
         wasm: args.wasm.clone(),
         registry,
+        registry_rounds: args.registry_rounds,
         proxy_threads: args.proxy_threads,
     };
     if e2e.concurrencies.contains(&0) {
@@ -252,6 +263,9 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
     }
     if e2e.proxy_threads == 0 {
         bail!("--proxy-threads must be at least 1");
+    }
+    if e2e.registry_rounds == 0 {
+        bail!("--registry-rounds must be at least 1");
     }
     for count in &e2e.registry {
         sims::check_alias_count(*count).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
