@@ -35,6 +35,7 @@ use crate::load::{ClientTls, LoadReport, LoadSpec, Stop, run_load};
 use crate::tls::RunTls;
 use chaos::{Action, Step, run_chaos};
 use deployment::{HOSTILE_PREFILL, LONGEST_OUTAGE, WorkerTiming, stack_spec};
+use pinroute::policy::config::Settings;
 use pinroute_harness::sim::{Fault, MetricsFault};
 use pinroute_harness::stack::{Stack, StackSpec, WorkerFronts};
 use probe::{EnvoyStats, access_log_flags, scan_log, watch_rss};
@@ -123,6 +124,17 @@ pub async fn run_soak(options: &SoakOptions) -> Result<SoakReport> {
     tokio::time::sleep(LONGEST_OUTAGE + AFTERMATH_MARGIN).await;
     settle_with_access_log(&shared, stack.envoy.access_log_path()).await?;
     let recovery = Recovery::check(stack.envoy.listen(), client_tls).await;
+    // A prefill hop may wait on a worker that stopped answering for its whole timeout.
+    let limit = Settings::default().prefill_timeout() + AFTERMATH_MARGIN;
+    match probe::wait_for_open_requests(&stack.envoy, limit).await? {
+        (0, _) => {}
+        (open, Some(took)) => log::warn!(
+            "soak: {open} requests were still open in Envoy after the run; all ended within {took:?}"
+        ),
+        (open, None) => log::warn!(
+            "soak: {open} requests were still open in Envoy after the run, some still after {limit:?}"
+        ),
+    }
     let measured = Measured {
         command: options.command.clone(),
         requests: options.requests,

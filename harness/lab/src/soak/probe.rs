@@ -48,6 +48,7 @@ const VM_MEMORY: &str = "wasmcustom.pinroute.vm.memory_bytes";
 const MEMORY_ALLOCATED: &str = "server.memory_allocated";
 const MEMORY_HEAP: &str = "server.memory_heap_size";
 const RSS_POLL: Duration = Duration::from_millis(100);
+const OPEN_POLL: Duration = Duration::from_millis(250);
 /// RSS is called warm once this fraction of the requests has been sent.
 const WARM_FRACTION: f64 = 0.1;
 
@@ -82,13 +83,9 @@ impl EnvoyStats {
         for name in CONTEXT_COUNTERS {
             context.push((name.to_string(), stat_or_zero(envoy, name).await?));
         }
-        let mut open_requests = 0;
-        for name in OPEN_REQUESTS {
-            open_requests += stat_or_zero(envoy, name).await?;
-        }
         Ok(EnvoyStats {
             context,
-            open_requests,
+            open_requests: open_requests(envoy).await?,
             vm_memory_bytes: stat_or_zero(envoy, VM_MEMORY).await?,
             vm_failure_counters: counters,
             vm_created: vm_stat(VM_CREATED).await?,
@@ -128,6 +125,35 @@ pub fn context_growth(start: &EnvoyStats, end: &EnvoyStats) -> Vec<(String, u64)
             (name.clone(), value.saturating_sub(before))
         })
         .collect()
+}
+
+/// Requests Envoy has open now ([`OPEN_REQUESTS`], summed).
+async fn open_requests(envoy: &Envoy) -> Result<u64> {
+    let mut open = 0;
+    for name in OPEN_REQUESTS {
+        open += stat_or_zero(envoy, name).await?;
+    }
+    Ok(open)
+}
+
+/// Waits until Envoy has no request open, for at most `limit`: a request still waiting on a
+/// worker within its own timeout is slow, not left hanging. Returns how many were open when
+/// the wait began and how long they took to end (`None`: some were open at `limit`).
+pub async fn wait_for_open_requests(
+    envoy: &Envoy,
+    limit: Duration,
+) -> Result<(u64, Option<Duration>)> {
+    let started = std::time::Instant::now();
+    let open_at_start = open_requests(envoy).await?;
+    let mut open = open_at_start;
+    while open > 0 {
+        if started.elapsed() >= limit {
+            return Ok((open_at_start, None));
+        }
+        tokio::time::sleep(OPEN_POLL).await;
+        open = open_requests(envoy).await?;
+    }
+    Ok((open_at_start, Some(started.elapsed())))
 }
 
 /// A stat Envoy may not have created yet (0 then).
