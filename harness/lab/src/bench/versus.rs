@@ -172,10 +172,7 @@ fn peer_checks(rows: &[Row<'_>], build: &str, peer: &str) -> [TargetCheck; 2] {
         judged_on_every_row(
             rows,
             &format!("{build}'s throughput is at least {peer}'s at every size and concurrency"),
-            |row| {
-                row.throughput_ratio()
-                    .map(|r| (r >= 1.0, format!("{r:.2}x")))
-            },
+            throughput_at_least_peers,
         ),
         judged_on_every_row(
             rows,
@@ -205,11 +202,29 @@ fn cpu_check(rows: &[Row<'_>]) -> TargetCheck {
     )
 }
 
-/// Whether the build's CPU per request is at most the peer's, with both figures.
+/// Whether the build's CPU per request is at most the peer's, with both figures, and
+/// Envoy's own two hops' where those alone cost more than the peer: a cell no filter can
+/// meet.
 fn cpu_at_most_peers(row: &Row<'_>) -> Option<(bool, String)> {
-    cpu_ms(row.pinroute)
-        .zip(row.router.and_then(cpu_ms))
-        .map(|(p, r)| (p <= r, format!("{p:.3} / {r:.3} ms")))
+    let (p, r) = cpu_ms(row.pinroute).zip(row.router.and_then(cpu_ms))?;
+    let floor = row.envoy.and_then(cpu_ms).filter(|e| *e > r);
+    let floor = floor.map_or_else(String::new, |e| format!(" (envoy-2hop alone {e:.3})"));
+    Some((p <= r, format!("{p:.3} / {r:.3} ms{floor}")))
+}
+
+/// Whether the build carries at least the peer's throughput, with the ratio, and Envoy's own
+/// two hops' where those alone carry less than the peer.
+fn throughput_at_least_peers(row: &Row<'_>) -> Option<(bool, String)> {
+    let ratio = row.throughput_ratio()?;
+    let floor = row
+        .envoy
+        .zip(row.router)
+        .filter(|(e, r)| r.throughput_rps > 0.0 && e.throughput_rps < r.throughput_rps)
+        .map_or_else(String::new, |(e, r)| {
+            let envoy = e.throughput_rps / r.throughput_rps;
+            format!(" (envoy-2hop alone {envoy:.2}x)")
+        });
+    Some((ratio >= 1.0, format!("{ratio:.2}x{floor}")))
 }
 
 fn filter_share_check(rows: &[Row<'_>], build: &str, limit_ms: f64) -> TargetCheck {
@@ -264,5 +279,61 @@ fn judged_on_every_row(
                 .collect::<Vec<_>>()
                 .join("; ")
         },
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::bench::results::tests::{results, run};
+
+    fn with_cpu(mut run: RunResult, ms_per_request: f64) -> RunResult {
+        run.cpu.proxy_s_per_1k = Some(ms_per_request);
+        run
+    }
+
+    /// The native module against `round_robin` at 1 KB: behind at 16 users, where Envoy's
+    /// own two hops are already behind too; ahead at 64.
+    fn runs() -> Vec<RunResult> {
+        let cell = |scenario, users, rps, cpu| with_cpu(run(scenario, 1024, users, rps, 5.0), cpu);
+        vec![
+            cell(Scenario::PinrouteNative, 16, 760.0, 0.52),
+            cell(Scenario::VllmRouterRoundRobin, 16, 780.0, 0.44),
+            cell(Scenario::EnvoyTwoHops, 16, 770.0, 0.47),
+            cell(Scenario::PinrouteNative, 64, 4000.0, 0.20),
+            cell(Scenario::VllmRouterRoundRobin, 64, 3600.0, 0.25),
+            cell(Scenario::EnvoyTwoHops, 64, 4400.0, 0.17),
+        ]
+    }
+
+    fn check<'a>(checks: &'a [TargetCheck], starts: &str) -> &'a TargetCheck {
+        checks
+            .iter()
+            .find(|c| c.target.starts_with(starts))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_cell_where_envoy_alone_is_behind_the_peer_says_so() {
+        let checks = check_targets(&results(runs()));
+        let cpu = check(
+            &checks,
+            "pinroute-native's gateway CPU per request is at most vllm-router round_robin's",
+        );
+        assert_eq!(cpu.met, Some(false));
+        assert_eq!(
+            cpu.measured,
+            "1 KB c16 0.520 / 0.440 ms (envoy-2hop alone 0.470); 1 KB c64 0.200 / 0.250 ms"
+        );
+        let throughput = check(
+            &checks,
+            "pinroute-native's throughput is at least vllm-router round_robin's",
+        );
+        assert_eq!(throughput.met, Some(false));
+        assert_eq!(
+            throughput.measured,
+            "1 KB c16 0.97x (envoy-2hop alone 0.99x); 1 KB c64 1.11x"
+        );
     }
 }
