@@ -14,6 +14,7 @@ use super::plot::short_size;
 use super::procfs::{self, MachineTicks, TICKS_PER_SECOND};
 use super::registry_axis::{self, RegistryRun};
 use super::results::{CpuUse, RunResult, TARGET_CONCURRENCY};
+use super::rounds;
 use super::sims::{SimAddresses, Workers};
 use super::workload::{Bodies, Completion, NamedHosts, Route};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
@@ -37,11 +38,14 @@ pub struct E2eOptions {
     pub registry_rounds: u32,
     /// Worker threads of each proxy (Envoy's `--concurrency`, vllm-router's tokio workers).
     pub proxy_threads: u32,
+    /// Times each scenario runs at each size and concurrency; the median run is kept.
+    pub rounds: u32,
 }
 
 impl E2eOptions {
     fn run_count(&self) -> u64 {
-        (self.scenarios.len() * self.sizes.len() * self.concurrencies.len()) as u64
+        let cells = self.scenarios.len() * self.sizes.len() * self.concurrencies.len();
+        cells as u64 * u64::from(self.rounds.max(1))
     }
 }
 
@@ -91,17 +95,26 @@ pub async fn run_e2e(
         let contenders =
             contenders(&gateways, *size, Pins::Sent, options, inputs, sims_pid).await?;
         for concurrency in &options.concurrencies {
-            for contender in &contenders {
-                let scenario = contender.scenario;
-                progress.set_message(format!("{scenario} {} c={concurrency}", short_size(*size)));
-                let result = contender.run(*size, options, *concurrency).await?;
-                progress.suspend(|| eprintln!("{}", one_line(&result)));
-                results.push(result);
-                progress.inc(1);
+            for _ in 0..options.rounds.max(1) {
+                for contender in &contenders {
+                    let scenario = contender.scenario;
+                    let cell = format!("{scenario} {} c={concurrency}", short_size(*size));
+                    progress.set_message(cell);
+                    let result = contender.run(*size, options, *concurrency).await?;
+                    progress.suspend(|| eprintln!("{}", one_line(&result)));
+                    results.push(result);
+                    progress.inc(1);
+                }
             }
         }
     }
     progress.finish_and_clear();
+    let mut results = rounds::medians(
+        results,
+        |a, b| (a.scenario, a.size, a.concurrency) == (b.scenario, b.size, b.concurrency),
+        |run| run.cpu.proxy_s_per_1k,
+        |median, rounds| median.cpu_rounds = rounds,
+    );
     results.sort_by_key(|r| (r.size, r.scenario, r.concurrency));
     Ok(results)
 }
@@ -361,6 +374,7 @@ fn run_result(
         cpu: measured.cpu,
         proxy_peak_rss_mib: measured.peak_rss_mib,
         vs_floor: None,
+        cpu_rounds: Vec::new(),
     }
 }
 

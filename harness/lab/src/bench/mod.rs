@@ -25,6 +25,7 @@ pub mod prompt;
 pub mod python;
 pub mod registry_axis;
 pub mod results;
+pub mod rounds;
 pub mod sims;
 pub mod table;
 pub mod versus;
@@ -193,6 +194,7 @@ fn meta(options: &BenchOptions, load_before: [f64; 3], wasm_bytes: Option<u64>) 
         envoy_concurrency: e2e.map_or(EnvoyOptions::default().concurrency, |e| e.proxy_threads),
         wasm_bytes,
         source: source_revision(),
+        rounds: e2e.map_or(1, |e| e.rounds),
     }
 }
 

@@ -52,44 +52,17 @@ impl RegistryRun {
     fn cpu_ms(&self) -> Option<f64> {
         self.run.cpu.proxy_s_per_1k
     }
-
-    /// The rounds' CPU per request, lowest to highest, when there were several.
-    fn spread(&self) -> Option<String> {
-        let low = self.cpu_rounds.iter().copied().reduce(f64::min)?;
-        let high = self.cpu_rounds.iter().copied().reduce(f64::max)?;
-        (self.cpu_rounds.len() > 1).then(|| format!("{low:.3}–{high:.3}"))
-    }
 }
 
 /// One run per registry size and scenario, in the order first run: the median of its
-/// rounds by CPU per request (the upper one of an even count), every round's CPU kept.
+/// rounds by CPU per request (`rounds::medians`), every round's CPU kept.
 pub fn medians(rounds: Vec<RegistryRun>) -> Vec<RegistryRun> {
-    let mut cells: Vec<Vec<RegistryRun>> = Vec::new();
-    for run in rounds {
-        let key = (run.workers, run.run.scenario);
-        match cells.iter_mut().find(|cell| {
-            cell.first()
-                .is_some_and(|c| (c.workers, c.run.scenario) == key)
-        }) {
-            Some(cell) => cell.push(run),
-            None => cells.push(vec![run]),
-        }
-    }
-    cells
-        .into_iter()
-        .filter_map(|mut cell| {
-            let cpu_rounds: Vec<f64> = cell.iter().flat_map(|r| r.cpu_rounds.clone()).collect();
-            cell.sort_by(|a, b| {
-                a.cpu_ms()
-                    .unwrap_or(0.0)
-                    .total_cmp(&b.cpu_ms().unwrap_or(0.0))
-            });
-            let middle = cell.len() / 2;
-            let mut median = cell.into_iter().nth(middle)?;
-            median.cpu_rounds = cpu_rounds;
-            Some(median)
-        })
-        .collect()
+    super::rounds::medians(
+        rounds,
+        |a, b| (a.workers, a.run.scenario) == (b.workers, b.run.scenario),
+        RegistryRun::cpu_ms,
+        |median, rounds| median.cpu_rounds = rounds,
+    )
 }
 
 /// The run of `scenario` with `workers` of each role.
@@ -134,7 +107,7 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
                 format!("{:.0}", r.run.throughput_rps),
                 ms(r.run.ttfb.p50_ms),
                 r.cpu_ms().map_or_else(dash, |v| format!("{v:.3}")),
-                r.spread().unwrap_or_else(dash),
+                super::rounds::spread(&r.cpu_rounds).unwrap_or_else(dash),
                 share.map_or_else(dash, |v| format!("{v:.3}")),
                 r.run
                     .proxy_peak_rss_mib
@@ -186,6 +159,7 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
 mod tests {
     use super::*;
     use crate::bench::results::tests::{results, run};
+    use crate::bench::rounds::spread;
 
     fn at(workers: u64, scenario: Scenario, cpu_ms: f64) -> RegistryRun {
         let mut run = run(scenario, SIZE, TARGET_CONCURRENCY, 1000.0, 1.0);
@@ -239,7 +213,11 @@ mod tests {
         assert_eq!(kept[0].cpu_ms(), Some(0.22));
         assert_eq!(kept[0].cpu_rounds, vec![0.20, 0.26, 0.22]);
         assert_eq!(kept[1].cpu_ms(), Some(0.31));
-        assert_eq!(kept[1].spread().as_deref(), Some("0.300–0.350"));
-        assert_eq!(at(1, BASELINE, 0.2).spread(), None, "one round: no spread");
+        assert_eq!(spread(&kept[1].cpu_rounds).as_deref(), Some("0.300–0.350"));
+        assert_eq!(
+            spread(&at(1, BASELINE, 0.2).cpu_rounds),
+            None,
+            "one round: no spread"
+        );
     }
 }

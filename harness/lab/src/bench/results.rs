@@ -46,6 +46,13 @@ pub struct Meta {
     /// The commit measured, `+` when `src/` had uncommitted changes.
     #[serde(default)]
     pub source: String,
+    /// Rounds each cell ran (`--rounds`); its median run by proxy CPU is kept.
+    #[serde(default = "one_round")]
+    pub rounds: u32,
+}
+
+fn one_round() -> u32 {
+    1
 }
 
 /// One scenario at one prompt size and concurrency.
@@ -71,6 +78,10 @@ pub struct RunResult {
     /// Peak resident memory of the proxy process during the run (`VmHWM`).
     pub proxy_peak_rss_mib: Option<f64>,
     pub vs_floor: Option<VsFloor>,
+    /// The proxy's CPU per request (ms) of every round of this cell, in the order they ran,
+    /// when it ran in several (`--rounds`): this run is their median.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_rounds: Vec<f64>,
 }
 
 /// CPU used during the measured period, in cores (1.0 = one CPU busy all the time).
@@ -310,6 +321,7 @@ pub(crate) mod tests {
             cpu: CpuUse::default(),
             proxy_peak_rss_mib: None,
             vs_floor: None,
+            cpu_rounds: vec![],
         }
     }
 
@@ -331,6 +343,7 @@ pub(crate) mod tests {
                 envoy_concurrency: 2,
                 wasm_bytes: Some(500_000),
                 source: String::new(),
+                rounds: 1,
             },
             runs,
             registry: vec![],

@@ -100,8 +100,15 @@ fn heading(results: &BenchResults, style: Style) -> String {
             if m.quick { " (quick run)" } else { "" }
         ),
         format!(
-            "sim workers: {} µs per token, {} tokens streamed; {:.1} s measured per run after {:.1} s of warm-up",
-            m.token_latency_us, m.max_tokens, m.duration_s, m.warmup_s
+            "sim workers: {} µs per token, {} tokens streamed; {:.1} s measured per run after {:.1} s of warm-up{}",
+            m.token_latency_us,
+            m.max_tokens,
+            m.duration_s,
+            m.warmup_s,
+            match m.rounds {
+                0 | 1 => String::new(),
+                n => format!("; each cell the median of {n} rounds by proxy CPU (their range in brackets)"),
+            }
         ),
         format!(
             "Envoy {} with --concurrency {} (vllm-router with as many tokio workers); pinroute.wasm {wasm}, source {}",
@@ -159,7 +166,7 @@ fn run_row(run: &RunResult) -> Vec<String> {
         ms(run.last_byte.p50_ms),
         ms(run.last_byte.p90_ms),
         ms(run.last_byte.p99_ms),
-        optional(run.cpu.proxy_s_per_1k, 3),
+        proxy_cpu(run),
         optional(run.cpu.proxy_cores, 2),
         optional(run.proxy_peak_rss_mib, 0),
         format!("{:.2}", run.cpu.sims_cores),
@@ -174,6 +181,15 @@ pub(crate) fn ms(value: f64) -> String {
         format!("{value:.0}")
     } else {
         format!("{value:.2}")
+    }
+}
+
+/// CPU per request; with rounds, the kept median and the rounds' range.
+fn proxy_cpu(run: &RunResult) -> String {
+    let median = optional(run.cpu.proxy_s_per_1k, 3);
+    match super::rounds::spread(&run.cpu_rounds) {
+        Some(spread) => format!("{median} ({spread})"),
+        None => median,
     }
 }
 

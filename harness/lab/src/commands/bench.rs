@@ -96,6 +96,11 @@ pub struct Args {
     /// round after the other, and its median run by CPU per request kept.
     #[arg(long, value_name = "N", default_value_t = 3)]
     registry_rounds: u32,
+    /// Rounds of the size table: at each size and concurrency the scenarios take turns this
+    /// many times, and each keeps its median run by CPU per request (the rounds' range is
+    /// shown beside it).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    rounds: u32,
     /// Worker threads of each proxy: Envoy's `--concurrency` and vllm-router's tokio workers
     /// (`TOKIO_WORKER_THREADS`), so that both run as many.
     #[arg(long, value_name = "N", default_value_t = EnvoyOptions::default().concurrency)]
@@ -257,6 +262,7 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         registry,
         registry_rounds: args.registry_rounds,
         proxy_threads: args.proxy_threads,
+        rounds: args.rounds,
     };
     if e2e.concurrencies.contains(&0) {
         bail!("--concurrency must be at least 1");
@@ -264,8 +270,8 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
     if e2e.proxy_threads == 0 {
         bail!("--proxy-threads must be at least 1");
     }
-    if e2e.registry_rounds == 0 {
-        bail!("--registry-rounds must be at least 1");
+    if e2e.registry_rounds == 0 || e2e.rounds == 0 {
+        bail!("--rounds and --registry-rounds must be at least 1");
     }
     for count in &e2e.registry {
         sims::check_alias_count(*count).map_err(|e| anyhow::anyhow!("--registry: {e}"))?;
