@@ -254,7 +254,9 @@ const CHECK_ROUNDS: usize = 3;
 /// A few requests one at a time: the scenario works before it is measured. A round with a
 /// failure is tried again (a proxy's pooled connection may have been closed by an idle
 /// worker just as it sent on it, as vllm-router's was at 256 KB): the scenario does not work
-/// when no round of [`CHECK_ROUNDS`] passes.
+/// when no round of [`CHECK_ROUNDS`] passes. A peer that does not is measured all the same,
+/// its failures counted in its errors column (vllm-router's stale pooled connections, up to
+/// one per user of the last run, outlast the check's rounds).
 async fn check_workload(
     workload: &Arc<Completion>,
     scenario: Scenario,
@@ -280,10 +282,12 @@ async fn check_workload(
         }
         problems.extend(report.problems);
     }
-    bail!(
-        "the {scenario} scenario does not work: {}",
-        problems.join("; ")
-    )
+    let problems = problems.join("; ");
+    if scenario.is_peer() {
+        log::warn!("{scenario} failed its check, measured all the same: {problems}");
+        return Ok(());
+    }
+    bail!("the {scenario} scenario does not work: {problems}")
 }
 
 struct Measured {

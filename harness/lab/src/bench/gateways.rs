@@ -119,6 +119,11 @@ impl Scenario {
         ) || self == Scenario::PinrouteNative
     }
 
+    /// Another project's proxy, compared with: its failures are its result, not the bench's.
+    pub fn is_peer(self) -> bool {
+        self.vllm_router_policy().is_some() || self == Scenario::Python
+    }
+
     /// How the side-by-side tables name it: vllm-router with its policy.
     pub fn peer_name(self) -> &'static str {
         match self {

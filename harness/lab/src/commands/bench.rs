@@ -210,7 +210,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let failed: u64 = results
         .runs
         .iter()
-        .filter(|r| r.scenario.vllm_router_policy().is_none() && r.scenario != Scenario::Python)
+        .filter(|r| !r.scenario.is_peer())
         .map(|r| r.unexpected)
         .sum();
     if failed > 0 {
