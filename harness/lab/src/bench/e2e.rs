@@ -113,7 +113,7 @@ pub async fn run_e2e(
         results,
         |a, b| (a.scenario, a.size, a.concurrency) == (b.scenario, b.size, b.concurrency),
         |run| run.cpu.proxy_s_per_1k,
-        |median, rounds| median.cpu_rounds = rounds,
+        RunResult::keep_rounds,
     );
     results.sort_by_key(|r| (r.size, r.scenario, r.concurrency));
     Ok(results)

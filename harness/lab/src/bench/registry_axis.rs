@@ -61,7 +61,11 @@ pub fn medians(rounds: Vec<RegistryRun>) -> Vec<RegistryRun> {
         rounds,
         |a, b| (a.workers, a.run.scenario) == (b.workers, b.run.scenario),
         RegistryRun::cpu_ms,
-        |median, rounds| median.cpu_rounds = rounds,
+        |median, cell| {
+            let runs: Vec<RunResult> = cell.iter().map(|r| r.run.clone()).collect();
+            median.run.keep_rounds(&runs);
+            median.cpu_rounds = std::mem::take(&mut median.run.cpu_rounds);
+        },
     )
 }
 

@@ -84,6 +84,17 @@ pub struct RunResult {
     pub cpu_rounds: Vec<f64>,
 }
 
+impl RunResult {
+    /// Takes from every round of its cell (`rounds`, in the order they ran) their CPU per
+    /// request and their failures, so that a failed request in any round fails the bench.
+    pub fn keep_rounds(&mut self, rounds: &[RunResult]) {
+        self.cpu_rounds = rounds.iter().filter_map(|r| r.cpu.proxy_s_per_1k).collect();
+        self.unexpected = rounds.iter().map(|r| r.unexpected).sum();
+        self.problems = rounds.iter().flat_map(|r| r.problems.clone()).collect();
+        self.problems.dedup();
+    }
+}
+
 /// CPU used during the measured period, in cores (1.0 = one CPU busy all the time).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuUse {
@@ -376,6 +387,23 @@ pub(crate) mod tests {
             "9x Python at 16 is short of 10x"
         );
         assert_eq!(checks[4].met, Some(true));
+    }
+
+    #[test]
+    fn a_failure_in_a_round_that_is_not_the_median_still_counts() {
+        let round = |cpu: f64, unexpected: u64| {
+            let mut run = run(Scenario::PinrouteNative, 1024, 16, 4000.0, 3.0);
+            run.cpu.proxy_s_per_1k = Some(cpu);
+            run.unexpected = unexpected;
+            run.problems = (0..unexpected).map(|_| "HTTP 502".to_string()).collect();
+            run
+        };
+        let rounds = [round(0.20, 0), round(0.30, 2), round(0.25, 0)];
+        let mut median = rounds[2].clone();
+        median.keep_rounds(&rounds);
+        assert_eq!(median.cpu_rounds, vec![0.20, 0.30, 0.25]);
+        assert_eq!(median.unexpected, 2);
+        assert_eq!(median.problems, vec!["HTTP 502".to_string()]);
     }
 
     #[test]

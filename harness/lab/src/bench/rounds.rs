@@ -3,12 +3,14 @@
 //! median run by CPU per request, with every round's CPU beside it.
 
 /// Of `runs`, one per cell (`same_cell`), in the order cells first ran: the median run by
-/// `cpu` (the upper one of an even count), given every run's CPU in the order they ran.
-pub fn medians<T>(
+/// `cpu` (the upper one of an even count), with what `merge` takes from all of the cell's
+/// runs, given in the order they ran (every round's CPU, and every failure: a round that is
+/// not the median still counts).
+pub fn medians<T: Clone>(
     runs: Vec<T>,
     same_cell: impl Fn(&T, &T) -> bool,
     cpu: impl Fn(&T) -> Option<f64>,
-    keep_rounds: impl Fn(&mut T, Vec<f64>),
+    merge: impl Fn(&mut T, &[T]),
 ) -> Vec<T> {
     let mut cells: Vec<Vec<T>> = Vec::new();
     for run in runs {
@@ -22,12 +24,11 @@ pub fn medians<T>(
     }
     cells
         .into_iter()
-        .filter_map(|mut cell| {
-            let rounds: Vec<f64> = cell.iter().filter_map(&cpu).collect();
-            cell.sort_by(|a, b| cpu(a).unwrap_or(0.0).total_cmp(&cpu(b).unwrap_or(0.0)));
-            let middle = cell.len() / 2;
-            let mut median = cell.into_iter().nth(middle)?;
-            keep_rounds(&mut median, rounds);
+        .filter_map(|cell| {
+            let mut by_cpu: Vec<&T> = cell.iter().collect();
+            by_cpu.sort_by(|a, b| cpu(a).unwrap_or(0.0).total_cmp(&cpu(b).unwrap_or(0.0)));
+            let mut median = (*by_cpu.get(by_cpu.len() / 2)?).clone();
+            merge(&mut median, &cell);
             Some(median)
         })
         .collect()
@@ -59,7 +60,7 @@ mod tests {
                 .collect(),
             |x, y| x.0 == y.0,
             |run| Some(run.1),
-            |median, rounds| median.2 = rounds,
+            |median, cell| median.2 = cell.iter().map(|run| run.1).collect(),
         );
         assert_eq!(
             kept,
