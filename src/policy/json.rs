@@ -4,16 +4,18 @@
 //! once and every field pinroute does not own (numbers, unicode escapes, member order)
 //! reaches the worker exactly as the client wrote it.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 
 use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// The members of a JSON object, in order, with their raw values.
+/// The members of a JSON object, in order, with their raw values. A key is borrowed from
+/// the bytes unless it had escapes to undo.
 #[derive(Debug)]
 pub struct JsonObject<'a> {
-    members: Vec<(String, &'a RawValue)>,
+    members: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
 /// Deepest nesting of arrays and objects accepted, the top-level object included (serde_json's
@@ -76,7 +78,7 @@ impl<'a> JsonObject<'a> {
             .iter()
             .find(|(_, value)| nests_deeper_than(value.get(), MAX_DEPTH - 1))
         {
-            return Err(JsonObjectError::TooDeep(key.clone()));
+            return Err(JsonObjectError::TooDeep(key.clone().into_owned()));
         }
         Ok(Self { members })
     }
@@ -86,7 +88,7 @@ impl<'a> JsonObject<'a> {
     }
 
     pub fn members(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
-        self.members.iter().map(|(k, v)| (k.as_str(), *v))
+        self.members.iter().map(|(k, v)| (k.as_ref(), *v))
     }
 }
 
@@ -137,7 +139,7 @@ fn classify(error: &serde_json::Error) -> JsonObjectError {
     }
 }
 
-type Members<'a> = Result<Vec<(String, &'a RawValue)>, JsonObjectError>;
+type Members<'a> = Result<Vec<(Cow<'a, str>, &'a RawValue)>, JsonObjectError>;
 
 /// Reads an object's members; sets the cell and stops at the one past [`MAX_MEMBERS`].
 struct MembersVisitor<'c>(&'c Cell<bool>);
@@ -152,10 +154,10 @@ impl<'de> Visitor<'de> for MembersVisitor<'_> {
     /// Reads every member, even after a duplicate key: the object must be read to its end
     /// for the rest of the document to be checked.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members: Vec<(String, &'de RawValue)> = Vec::new();
+        let mut members: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::new();
         let mut duplicate = None;
         let mut read = 0usize;
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             read += 1;
             if read > MAX_MEMBERS {
                 self.0.set(true);
@@ -169,16 +171,54 @@ impl<'de> Visitor<'de> for MembersVisitor<'_> {
             members.push((key, value));
         }
         Ok(match duplicate {
-            Some(key) => Err(JsonObjectError::DuplicateKey(key)),
+            Some(key) => Err(JsonObjectError::DuplicateKey(key.into_owned())),
             None => Ok(members),
         })
     }
 }
 
+/// A member's key: borrowed from the document when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, key: &'de str) -> Result<Self::Value, E> {
+        Ok(Key(Cow::Borrowed(key)))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(Key(Cow::Owned(key.to_owned())))
+    }
+}
+
 /// Writes `"key":` with the key escaped as JSON.
 pub fn write_key(out: &mut String, key: &str) {
-    out.push_str(&serde_json::Value::String(key.to_string()).to_string());
+    if key.bytes().any(needs_escape) {
+        out.push_str(&serde_json::Value::String(key.to_string()).to_string());
+    } else {
+        out.push('"');
+        out.push_str(key);
+        out.push('"');
+    }
     out.push(':');
+}
+
+/// Whether JSON must escape `byte` in a string: a quote, a backslash or a control character.
+fn needs_escape(byte: u8) -> bool {
+    matches!(byte, b'"' | b'\\' | 0x00..=0x1f)
 }
 
 #[cfg(test)]

@@ -89,6 +89,35 @@ fn write_key_escapes() {
 }
 
 #[test]
+fn write_key_writes_what_serde_json_writes_for_every_kind_of_key() {
+    let keys = [
+        "model",
+        "",
+        "é✓",
+        "a\\b",
+        "tab\t",
+        "\u{1}\u{1f}\u{7f}",
+        "q\"",
+        "/",
+    ];
+    for key in keys {
+        let mut out = String::new();
+        write_key(&mut out, key);
+        assert_eq!(
+            out,
+            format!("{}:", serde_json::to_string(key).unwrap()),
+            "{key:?}"
+        );
+    }
+}
+
+#[test]
+fn a_duplicate_key_is_found_whether_or_not_either_copy_has_escapes() {
+    let error = JsonObject::parse(br#"{"nvext": 1, "nv\u0065xt": 2}"#).unwrap_err();
+    assert_eq!(error, JsonObjectError::DuplicateKey("nvext".into()));
+}
+
+#[test]
 fn a_duplicate_key_is_named_whatever_follows_it() {
     let error = JsonObject::parse(br#"{"a": 1, "a": 2, "b": 3}"#).unwrap_err();
     assert_eq!(error, JsonObjectError::DuplicateKey("a".into()));
