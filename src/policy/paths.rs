@@ -116,6 +116,13 @@ fn matches_route(route: &str, canonical: &str) -> bool {
 /// `raw` without its query or fragment, percent-decoded once, with repeated slashes merged
 /// and `.` and `..` segments resolved.
 pub fn canonical_path(raw: &str) -> String {
+    match is_canonical(raw) {
+        true => raw.to_owned(),
+        false => canonicalised(raw),
+    }
+}
+
+fn canonicalised(raw: &str) -> String {
     let path = raw.split(['?', '#']).next().unwrap_or_default();
     let decoded = percent_decoded(path);
     let mut segments: Vec<&str> = Vec::new();
@@ -127,6 +134,18 @@ pub fn canonical_path(raw: &str) -> String {
         }
     }
     format!("/{}", segments.join("/"))
+}
+
+/// Whether `raw` is its own canonical path, as almost every client's is: `/` and segments
+/// none of which is empty, `.` or `..`, with nothing to decode and no query or fragment.
+fn is_canonical(raw: &str) -> bool {
+    let Some(segments) = raw.strip_prefix('/') else {
+        return false;
+    };
+    !raw.contains(['%', '?', '#'])
+        && segments
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
 }
 
 fn percent_decoded(path: &str) -> String {

@@ -155,3 +155,33 @@ fn a_stored_response_is_read_and_cancelled_at_its_own_paths() {
         assert_eq!(kept, None, "{other}");
     }
 }
+
+#[test]
+fn a_path_taken_as_canonical_is_what_canonicalising_it_gives() {
+    let paths = [
+        "/v1/completions",
+        "/",
+        "",
+        "v1/completions",
+        "/v1//completions",
+        "/v1/completions/",
+        "/v1/./completions",
+        "/v1/../v1/completions",
+        "/v1/.",
+        "/v1/..",
+        "/v1/completions?x=1",
+        "/v1/completions#f",
+        "/v1/%63ompletions",
+        "/v1/.hidden/..x/x..",
+        "/é/✓",
+    ];
+    for raw in paths {
+        assert_eq!(canonical_path(raw), canonicalised(raw), "{raw:?}");
+    }
+    assert!(is_canonical("/v1/completions") && is_canonical("/v1/.hidden/..x/x.."));
+    for raw in [
+        "/", "", "/v1/", "/v1//x", "/v1/./x", "/v1/../x", "/v1?x", "/%41",
+    ] {
+        assert!(!is_canonical(raw), "{raw:?}");
+    }
+}
