@@ -15,6 +15,7 @@ use crate::policy::config::DECODE_CLUSTER;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{INTERNAL_PREFIX, RELAYED_HEADER};
 use crate::policy::hop::HopFailure;
+use crate::policy::registry::address_text;
 
 /// The request headers a call carries besides the forwarded ones.
 const CALL_HEADERS: &[&str] = &[
@@ -66,7 +67,7 @@ pub fn send_next(env: &Env<impl Host>, routed: &Routed) -> Option<u32> {
     let retry = routed.retry.as_ref()?;
     let next = routed.decode.alternates.first()?;
     let settings = &env.config.settings;
-    let address = next.address.to_string();
+    let address = address_text(next.address);
     let mut headers: Vec<(&str, &str)> = retry
         .headers
         .iter()

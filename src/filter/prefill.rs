@@ -18,7 +18,7 @@ use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::{Hop, HopFailure};
 use crate::policy::json::JsonObject;
-use crate::policy::registry::Worker;
+use crate::policy::registry::{Worker, address_text};
 use crate::policy::resolve::{Target, TokenHop};
 use crate::policy::rewrite::{self, DecodeBody};
 use crate::policy::trace::TRACEPARENT;
@@ -72,7 +72,7 @@ pub fn dispatch(
     env: &Env<impl Host>,
     mut attempt: PrefillAttempt,
 ) -> Result<Box<Prefilling>, RouteError> {
-    let address = attempt.target.worker.address.to_string();
+    let address = address_text(attempt.target.worker.address);
     let rank = attempt.target.rank.map(|r| r.to_string());
     let mut headers: Vec<(&str, &str)> = vec![
         (":method", "POST"),

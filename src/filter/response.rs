@@ -12,7 +12,7 @@ use crate::policy::config::Settings;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::HopFailure;
-use crate::policy::registry::WorkerId;
+use crate::policy::registry::{WorkerId, address_text};
 use crate::policy::resolve::TokenHop;
 use crate::policy::rewrite::BodyEdit;
 use crate::policy::{answers, picker, retries};
@@ -59,13 +59,13 @@ pub fn route(
     prefill: Option<ServedPrefill>,
 ) -> Result<Box<Routed>, RouteError> {
     let target = &decode.target;
-    let address = target.worker.address.to_string();
+    let address = address_text(target.worker.address);
     env.set_request_header(&env.config.settings.upstream_header, Some(&address))?;
     // The client's copies of both headers were removed with the headers (§7): only the
     // filter's own need setting.
     let pool = retries::pool_candidates(&decode, &env.config.pool_members);
     if let Some(pool) = &pool {
-        let listed: Vec<String> = pool.iter().map(ToString::to_string).collect();
+        let listed: Vec<String> = pool.iter().copied().map(address_text).collect();
         env.set_request_header(headers::POOL_HEADER, Some(&listed.join(",")))?;
     }
     if let Some(rank) = target.rank {

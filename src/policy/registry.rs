@@ -85,6 +85,31 @@ fn one() -> u32 {
     1
 }
 
+/// `address` as its `Display` writes it (`ip:port`), without the formatting machinery: a
+/// request names a few workers' addresses in headers.
+pub fn address_text(address: SocketAddr) -> String {
+    let SocketAddr::V4(v4) = address else {
+        return address.to_string();
+    };
+    let mut text = String::with_capacity(21);
+    for (at, octet) in v4.ip().octets().into_iter().enumerate() {
+        if at > 0 {
+            text.push('.');
+        }
+        push_decimal(&mut text, u16::from(octet));
+    }
+    text.push(':');
+    push_decimal(&mut text, v4.port());
+    text
+}
+
+fn push_decimal(text: &mut String, n: u16) {
+    if n >= 10 {
+        push_decimal(text, n / 10);
+    }
+    text.extend(char::from_digit(u32::from(n % 10), 10));
+}
+
 fn model_names<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<ModelNames>, D::Error> {
     let names: Option<Vec<String>> = Option::deserialize(deserializer)?;
     Ok(names.map(|names| names.iter().map(|name| Rc::from(name.as_str())).collect()))

@@ -146,3 +146,21 @@ fn invalid_registries_are_refused_with_the_reason() {
         assert!(message.contains(why), "{json}: {message}");
     }
 }
+
+#[test]
+fn an_address_is_written_as_display_writes_it() {
+    let addresses = [
+        "0.0.0.0:0",
+        "10.0.0.11:8000",
+        "127.0.9.99:65535",
+        "255.255.255.255:1",
+        "1.20.100.3:10",
+        "[::1]:8000",
+        "[2001:db8::7]:443",
+    ];
+    for text in addresses {
+        let address: SocketAddr = text.parse().unwrap();
+        assert_eq!(address_text(address), text);
+        assert_eq!(address_text(address), address.to_string());
+    }
+}
