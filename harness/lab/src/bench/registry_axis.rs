@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gateways::Scenario;
 use super::results::{BenchResults, RunResult, TARGET_CONCURRENCY, TargetCheck};
+use super::rounds::Difference;
 use super::table::{Style, grid, ms};
 
 /// The prompt size of the axis's runs.
@@ -75,10 +76,16 @@ fn find(runs: &[RegistryRun], scenario: Scenario, workers: u64) -> Option<&Regis
         .find(|r| r.run.scenario == scenario && r.workers == workers)
 }
 
-/// A pinroute build's CPU per request minus [`BASELINE`]'s with as many workers.
-fn filter_share_ms(runs: &[RegistryRun], build: &RegistryRun) -> Option<f64> {
+/// A pinroute build's CPU per request minus [`BASELINE`]'s with as many workers, round by
+/// round (`rounds::Difference`).
+fn filter_share(runs: &[RegistryRun], build: &RegistryRun) -> Option<Difference> {
     let envoy = find(runs, BASELINE, build.workers)?;
-    Some(build.cpu_ms()? - envoy.cpu_ms()?)
+    let single = build.cpu_ms().zip(envoy.cpu_ms()).map(|(b, e)| b - e);
+    Difference::of(&build.cpu_rounds, &envoy.cpu_rounds, single)
+}
+
+fn filter_share_ms(runs: &[RegistryRun], build: &RegistryRun) -> Option<f64> {
+    filter_share(runs, build).map(|share| share.median)
 }
 
 /// One row per registry size and scenario.
@@ -103,7 +110,7 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
                 .run
                 .scenario
                 .runs_pinroute()
-                .then(|| filter_share_ms(runs, r))
+                .then(|| filter_share(runs, r))
                 .flatten();
             vec![
                 format!("{0}+{0}", r.workers),
@@ -112,7 +119,7 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
                 ms(r.run.ttfb.p50_ms),
                 r.cpu_ms().map_or_else(dash, |v| format!("{v:.3}")),
                 super::rounds::spread(&r.cpu_rounds).unwrap_or_else(dash),
-                share.map_or_else(dash, |v| format!("{v:.3}")),
+                share.map_or_else(dash, |share| share.render()),
                 r.run
                     .proxy_peak_rss_mib
                     .map_or_else(dash, |v| format!("{v:.0}")),
@@ -223,5 +230,25 @@ mod tests {
             None,
             "one round: no spread"
         );
+    }
+
+    #[test]
+    fn with_rounds_the_share_is_the_median_of_the_rounds_differences() {
+        let rounds = vec![
+            at(1, BASELINE, 0.20),
+            at(1, Scenario::PinrouteNative, 0.25),
+            at(1, BASELINE, 0.30),
+            at(1, Scenario::PinrouteNative, 0.40),
+            at(1, BASELINE, 0.22),
+            at(1, Scenario::PinrouteNative, 0.35),
+        ];
+        let kept = medians(rounds);
+        let share = filter_share(&kept, &kept[1]).unwrap();
+        assert!(
+            (share.median - 0.10).abs() < 1e-9,
+            "{share:?}: 0.05, 0.10, 0.13 round by round, not 0.35 - 0.22"
+        );
+        let table = render(&kept, Style::Text);
+        assert!(table.contains("0.100 (0.050 to 0.130)"), "{table}");
     }
 }

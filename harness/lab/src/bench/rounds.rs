@@ -41,9 +41,70 @@ pub fn spread(rounds: &[f64]) -> Option<String> {
     (rounds.len() > 1).then(|| format!("{low:.3}–{high:.3}"))
 }
 
+/// One process's CPU per request minus another's, from rounds in which the two ran one after
+/// the other (whatever else weighed on the machine then weighed on both).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Difference {
+    /// The median of the round-by-round differences (the upper one of an even count), or
+    /// the difference of the two runs without rounds.
+    pub median: f64,
+    /// The lowest and highest round's difference, with rounds.
+    pub range: Option<(f64, f64)>,
+}
+
+impl Difference {
+    /// `ours` minus `theirs`, round by round when both ran the same rounds (more than one),
+    /// else `single`: the difference of the runs kept.
+    pub fn of(ours: &[f64], theirs: &[f64], single: Option<f64>) -> Option<Difference> {
+        if ours.len() < 2 || ours.len() != theirs.len() {
+            return single.map(|median| Difference {
+                median,
+                range: None,
+            });
+        }
+        let mut differences: Vec<f64> = ours.iter().zip(theirs).map(|(o, t)| o - t).collect();
+        differences.sort_by(f64::total_cmp);
+        Some(Difference {
+            median: *differences.get(differences.len() / 2)?,
+            range: Some((*differences.first()?, *differences.last()?)),
+        })
+    }
+
+    /// `0.022`, or with rounds `0.022 (-0.001 to 0.061)`.
+    pub fn render(&self) -> String {
+        match self.range {
+            Some((low, high)) => format!("{:.3} ({low:.3} to {high:.3})", self.median),
+            None => format!("{:.3}", self.median),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_difference_with_rounds_is_their_median_difference_with_its_range() {
+        let paired = Difference::of(&[0.52, 0.60, 0.50], &[0.47, 0.48, 0.40], Some(0.0)).unwrap();
+        assert!(
+            (paired.median - 0.10).abs() < 1e-9,
+            "{paired:?}: 0.05, 0.12, 0.10"
+        );
+        let (low, high) = paired.range.unwrap();
+        assert!(
+            (low - 0.05).abs() < 1e-9 && (high - 0.12).abs() < 1e-9,
+            "{paired:?}"
+        );
+        assert_eq!(paired.render(), "0.100 (0.050 to 0.120)");
+        let single = Difference::of(&[0.3], &[0.2], Some(0.1)).unwrap();
+        assert_eq!((single.range, single.render().as_str()), (None, "0.100"));
+        assert_eq!(
+            Difference::of(&[0.3, 0.4], &[0.2], Some(0.05)).map(|d| d.median),
+            Some(0.05),
+            "rounds that do not pair: the runs kept"
+        );
+        assert_eq!(Difference::of(&[], &[], None), None);
+    }
 
     #[test]
     fn each_cell_keeps_its_median_and_an_even_count_the_upper_one() {

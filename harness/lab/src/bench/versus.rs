@@ -6,6 +6,7 @@
 
 use super::gateways::Scenario;
 use super::results::{BenchResults, RunResult, TARGET_CONCURRENCY, TargetCheck, size_label};
+use super::rounds::Difference;
 use super::table::{Style, grid, ms};
 
 /// The filter's own CPU per request at 1 KB, in ms, at most: the `.wasm`'s, the native
@@ -32,18 +33,15 @@ impl Row<'_> {
             .map(|r| self.pinroute.throughput_rps / r.throughput_rps)
     }
 
-    /// The build's CPU per request minus Envoy's own two hops': with rounds, the median of
-    /// the differences round by round (the two ran one after the other, so whatever else
-    /// weighed on the machine then weighed on both), else the difference of the two runs.
-    fn filter_share_ms(&self) -> Option<f64> {
+    /// The build's CPU per request minus Envoy's own two hops' (`rounds::Difference`).
+    fn filter_share(&self) -> Option<Difference> {
         let envoy = self.envoy?;
-        let (ours, theirs) = (&self.pinroute.cpu_rounds, &envoy.cpu_rounds);
-        if ours.len() > 1 && ours.len() == theirs.len() {
-            let mut differences: Vec<f64> = ours.iter().zip(theirs).map(|(p, e)| p - e).collect();
-            differences.sort_by(f64::total_cmp);
-            return differences.get(differences.len() / 2).copied();
-        }
-        Some(cpu_ms(self.pinroute)? - cpu_ms(envoy)?)
+        let single = cpu_ms(self.pinroute).zip(cpu_ms(envoy)).map(|(p, e)| p - e);
+        Difference::of(&self.pinroute.cpu_rounds, &envoy.cpu_rounds, single)
+    }
+
+    fn filter_share_ms(&self) -> Option<f64> {
+        self.filter_share().map(|share| share.median)
     }
 }
 
@@ -133,7 +131,7 @@ fn cells(row: &Row<'_>) -> Vec<String> {
             cpu(row.envoy)
         ),
         cpu_ratio,
-        row.filter_share_ms().map_or_else(dash, three),
+        row.filter_share().map_or_else(dash, |share| share.render()),
     ]
 }
 
