@@ -173,6 +173,7 @@ fn meta(options: &BenchOptions, load_before: [f64; 3], wasm_bytes: Option<u64>) 
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         cpus: procfs::cpus(),
+        cpu_model: procfs::cpu_model(),
         load_average_before: load_before,
         quick: options.quick,
         scenarios: e2e.map_or_else(Vec::new, |e| e.scenarios.clone()),

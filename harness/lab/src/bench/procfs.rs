@@ -108,10 +108,34 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// The processor's model as the kernel names it (`/proc/cpuinfo`), empty if unknown: CPU
+/// figures in ms compare only between runs on the same model.
+pub fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
+        .map(|text| model_name(&text))
+        .unwrap_or_default()
+}
+
+fn model_name(cpuinfo: &str) -> String {
+    cpuinfo
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(key, _)| key.trim() == "model name")
+        .map(|(_, value)| value.trim().to_string())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_model_is_the_first_model_name() {
+        let cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9R14\nprocessor\t: 1\nmodel name\t: other\n";
+        assert_eq!(model_name(cpuinfo), "AMD EPYC 9R14");
+        assert_eq!(model_name("processor\t: 0\n"), "");
+    }
 
     #[test]
     fn reads_ticks_past_a_tricky_command_name() {

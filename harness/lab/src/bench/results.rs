@@ -30,6 +30,9 @@ pub struct BenchResults {
 pub struct Meta {
     pub unix_time: u64,
     pub cpus: usize,
+    /// The processor's model (empty in results saved before it was kept).
+    #[serde(default)]
+    pub cpu_model: String,
     /// 1, 5 and 15 minute load averages just before the first run.
     pub load_average_before: [f64; 3],
     pub quick: bool,
@@ -341,6 +344,7 @@ pub(crate) mod tests {
             meta: Meta {
                 unix_time: 0,
                 cpus: 2,
+                cpu_model: String::new(),
                 load_average_before: [0.0; 3],
                 quick: true,
                 scenarios: Scenario::ALL.to_vec(),
