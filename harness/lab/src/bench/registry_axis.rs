@@ -178,6 +178,14 @@ mod tests {
         RegistryRun::single(workers, run)
     }
 
+    /// Rounds at one worker of each role: each the baseline's CPU, then `build`'s.
+    fn rounds(build: Scenario, cpu_ms: &[(f64, f64)]) -> Vec<RegistryRun> {
+        cpu_ms
+            .iter()
+            .flat_map(|&(baseline, ours)| [at(1, BASELINE, baseline), at(1, build, ours)])
+            .collect()
+    }
+
     #[test]
     fn the_filter_share_is_judged_against_envoy_naming_as_many_workers() {
         let mut results = results(vec![]);
@@ -210,14 +218,10 @@ mod tests {
 
     #[test]
     fn rounds_keep_the_median_run_of_each_size_and_scenario() {
-        let rounds = vec![
-            at(1, BASELINE, 0.20),
-            at(1, Scenario::Pinroute, 0.35),
-            at(1, BASELINE, 0.26),
-            at(1, Scenario::Pinroute, 0.30),
-            at(1, BASELINE, 0.22),
-            at(1, Scenario::Pinroute, 0.31),
-        ];
+        let rounds = rounds(
+            Scenario::Pinroute,
+            &[(0.20, 0.35), (0.26, 0.30), (0.22, 0.31)],
+        );
         let kept = medians(rounds);
         assert_eq!(kept.len(), 2);
         assert_eq!(kept[0].run.scenario, BASELINE);
@@ -234,14 +238,10 @@ mod tests {
 
     #[test]
     fn with_rounds_the_share_is_the_median_of_the_rounds_differences() {
-        let rounds = vec![
-            at(1, BASELINE, 0.20),
-            at(1, Scenario::PinrouteNative, 0.25),
-            at(1, BASELINE, 0.30),
-            at(1, Scenario::PinrouteNative, 0.40),
-            at(1, BASELINE, 0.22),
-            at(1, Scenario::PinrouteNative, 0.35),
-        ];
+        let rounds = rounds(
+            Scenario::PinrouteNative,
+            &[(0.20, 0.25), (0.30, 0.40), (0.22, 0.35)],
+        );
         let kept = medians(rounds);
         let share = filter_share(&kept, &kept[1]).unwrap();
         assert!(
