@@ -116,6 +116,14 @@ pub fn cpu_model() -> String {
         .unwrap_or_default()
 }
 
+/// `2 CPUs (AMD EPYC)`, or `2 CPUs` when the model is unknown.
+pub fn machine(cpus: usize, model: &str) -> String {
+    match model {
+        "" => format!("{cpus} CPUs"),
+        model => format!("{cpus} CPUs ({model})"),
+    }
+}
+
 fn model_name(cpuinfo: &str) -> String {
     cpuinfo
         .lines()
@@ -135,6 +143,8 @@ mod tests {
         let cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9R14\nprocessor\t: 1\nmodel name\t: other\n";
         assert_eq!(model_name(cpuinfo), "AMD EPYC 9R14");
         assert_eq!(model_name("processor\t: 0\n"), "");
+        assert_eq!(machine(2, "AMD EPYC"), "2 CPUs (AMD EPYC)");
+        assert_eq!(machine(2, ""), "2 CPUs");
     }
 
     #[test]

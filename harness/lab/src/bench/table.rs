@@ -92,12 +92,8 @@ fn heading(results: &BenchResults, style: Style) -> String {
         .map_or("not built".to_string(), |b| format!("{b} bytes"));
     let lines = [
         format!(
-            "{} CPUs{}, load average before the run {:.2} / {:.2} / {:.2}{}",
-            m.cpus,
-            match m.cpu_model.as_str() {
-                "" => String::new(),
-                model => format!(" ({model})"),
-            },
+            "{}, load average before the run {:.2} / {:.2} / {:.2}{}",
+            super::procfs::machine(m.cpus, &m.cpu_model),
             load[0],
             load[1],
             load[2],

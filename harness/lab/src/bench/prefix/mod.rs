@@ -224,6 +224,7 @@ pub async fn run_prefix_bench(options: &PrefixOptions) -> Result<PrefixResults> 
         meta: report::Meta {
             unix_time: unix_seconds(),
             cpus: procfs::cpus(),
+            cpu_model: procfs::cpu_model(),
             load_average_before: load_before,
             traffics: options
                 .traffics

@@ -14,6 +14,7 @@ use super::fleet::FleetSpec;
 use super::traffic::{LABELS, Sharing, Traffic};
 use super::{Chooser, Measured, Scrape};
 use crate::bench::plot::{Line, Panel, draw_panels};
+use crate::bench::procfs;
 use crate::bench::results::TargetCheck;
 use crate::bench::table::{Style, grid, ms, targets, title_mark};
 use crate::load::LatencySummary;
@@ -30,6 +31,9 @@ pub struct PrefixResults {
 pub struct Meta {
     pub unix_time: u64,
     pub cpus: usize,
+    /// The processor's model (empty in results saved before it was kept).
+    #[serde(default)]
+    pub cpu_model: String,
     pub load_average_before: [f64; 3],
     /// Each traffic's name and shape.
     pub traffics: Vec<(String, String)>,
@@ -736,8 +740,8 @@ pub fn render(results: &PrefixResults, style: Style) -> String {
     let fleet = &meta.fleet;
     let _ = writeln!(
         out,
-        "- {} CPUs, load average before the run {:.2} / {:.2} / {:.2}",
-        meta.cpus,
+        "- {}, load average before the run {:.2} / {:.2} / {:.2}",
+        procfs::machine(meta.cpus, &meta.cpu_model),
         meta.load_average_before[0],
         meta.load_average_before[1],
         meta.load_average_before[2]
@@ -1052,6 +1056,7 @@ mod tests {
             meta: Meta {
                 unix_time: 0,
                 cpus: 2,
+                cpu_model: String::new(),
                 load_average_before: [0.0; 3],
                 traffics: Vec::new(),
                 choosers: vec![Chooser::PinroutePrefix],
