@@ -42,11 +42,10 @@ pub fn served_worker(
 ) -> (WorkerId, Vec<WorkerId>) {
     let first = decode.target.worker.id;
     let alternates: &[Worker] = &decode.alternates;
-    let served = upstream.filter(|_| pooled).map(str::parse::<SocketAddr>);
-    let at = served.and_then(|served| {
-        let served = served.ok()?;
-        alternates.iter().position(|w| w.address == served)
-    });
+    let served = upstream
+        .filter(|_| pooled)
+        .and_then(|s| s.parse::<SocketAddr>().ok());
+    let at = served.and_then(|served| alternates.iter().position(|w| w.address == served));
     let Some(at) = at else {
         return (first, Vec::new());
     };
