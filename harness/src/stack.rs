@@ -48,6 +48,8 @@ pub struct StackSpec {
     pub worker_fronts: Option<WorkerFronts>,
     /// The filter as this native Envoy dynamic module (`libpinroute.so`) in place of `wasm`.
     pub native_module: Option<PathBuf>,
+    /// More of Envoy's environment (`PINROUTE_OWN_TIME`).
+    pub envoy_env: Vec<(String, String)>,
 }
 
 /// The certificate the workers' TLS fronts present, and the CA whose certificates they
@@ -95,6 +97,7 @@ impl StackSpec {
             picker: None,
             worker_fronts: None,
             native_module: None,
+            envoy_env: Vec::new(),
         }
     }
 }
@@ -156,6 +159,7 @@ impl Stack {
             bootstrap = with_native_module(&bootstrap)?;
             options.env.push(module_env(module)?);
         }
+        options.env.extend(spec.envoy_env.iter().cloned());
         let binary = envoy_binary(&repo_root())?;
         let envoy = Envoy::start_with(&binary, &bootstrap, work_dir, &options).await?;
         Ok(Stack {

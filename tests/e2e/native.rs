@@ -8,7 +8,12 @@
 
 use std::path::PathBuf;
 
-use pinroute_harness::envoy::native::default_module_path;
+use std::time::Duration;
+
+use pinroute_harness::envoy::cumulative_quantile;
+use pinroute_harness::envoy::native::{
+    OWN_TIME_ENV, OWN_TIME_REQUEST_HISTOGRAM, OWN_TIME_STATS, default_module_path,
+};
 use pinroute_harness::sim::SimRole;
 use pinroute_harness::stack::StackSpec;
 
@@ -87,5 +92,53 @@ async fn the_modules_counters_keep_the_wasm_filters_names() {
     assert_eq!(
         stat(&deployment, "wasmcustom.pinroute.errors.unknown_worker").await,
         1
+    );
+}
+
+#[tokio::test]
+async fn asked_to_the_module_counts_its_own_time_apart_from_envoys_and_otherwise_nothing() {
+    let plain = disaggregated_native().await;
+    complete(&plain, &[], &prompt())
+        .await
+        .assert_ok("the request");
+    for name in OWN_TIME_STATS {
+        assert_eq!(plain.envoy.stat(name).await.unwrap(), None, "{name}");
+    }
+
+    let mut spec = disaggregated_native_spec();
+    spec.envoy_env
+        .push((OWN_TIME_ENV.to_owned(), "1".to_owned()));
+    let timed = start(spec).await;
+    let requests = 20;
+    for _ in 0..requests {
+        complete(&timed, &[], &prompt())
+            .await
+            .assert_ok("the request");
+    }
+    let [own, envoy, reads] = OWN_TIME_STATS;
+    let (own, envoy, reads) = (
+        stat(&timed, own).await,
+        stat(&timed, envoy).await,
+        stat(&timed, reads).await,
+    );
+    assert!(own > 0 && envoy > 0, "own {own} ns, Envoy's {envoy} ns");
+    assert!(
+        reads >= 10 * (requests - 4),
+        "two reads for each hook and callback, some of the last requests' not added yet: {reads}"
+    );
+    // Envoy computes a histogram's quantiles when it flushes its stats (every 5 s).
+    let mut median = None;
+    for _ in 0..40 {
+        let stats = timed.envoy.admin_get("/stats").await.unwrap();
+        median = cumulative_quantile(&stats, OWN_TIME_REQUEST_HISTOGRAM, "P50");
+        if median.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let median = median.expect("no request's own time recorded");
+    assert!(
+        median > 0.0 && median < own as f64,
+        "a request's own time, {median} ns, is part of all of them, {own} ns"
     );
 }

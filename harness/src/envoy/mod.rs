@@ -38,7 +38,9 @@ pub use edge::{
     DEFAULT_REQUEST_HEADERS_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, EdgeOptions, request_timeout,
 };
 pub use picker_mode::{PICKER_CLUSTER, PICKER_MESSAGE_TIMEOUT};
-pub use process::{Envoy, EnvoyOptions, HotRestart, admin_stat};
+pub use process::{
+    Envoy, EnvoyOptions, HotRestart, admin_stat, admin_stats_text, cumulative_quantile, stat_value,
+};
 pub use tls::{
     ApiKey, ApiKeys, Callers, DEFAULT_IDENTITY_HEADER, Jwt, KEY_HEADERS, ListenerTls, WorkerTls,
 };

@@ -13,6 +13,18 @@ use super::repo_root;
 pub const MODULE_NAME: &str = "pinroute";
 /// The folder Envoy looks for a dynamic module in first.
 pub const SEARCH_PATH_ENV: &str = "ENVOY_DYNAMIC_MODULES_SEARCH_PATH";
+/// Set to `1`, the module counts its own time apart from Envoy's in two counters
+/// ([`OWN_TIME_STATS`]).
+pub const OWN_TIME_ENV: &str = "PINROUTE_OWN_TIME";
+/// The counters of [`OWN_TIME_ENV`] as `/stats` names them: the module's own nanoseconds,
+/// those inside the callbacks it made into Envoy, and its readings of the clock.
+pub const OWN_TIME_STATS: [&str; 3] = [
+    "wasmcustom.pinroute.module.own_ns",
+    "wasmcustom.pinroute.module.envoy_ns",
+    "wasmcustom.pinroute.module.clock_reads",
+];
+/// The histogram of [`OWN_TIME_ENV`]: each request's own nanoseconds in the module.
+pub const OWN_TIME_REQUEST_HISTOGRAM: &str = "wasmcustom.pinroute.module.request_own_ns";
 /// The cargo profile that builds the module (release, but unwinding: the module catches its
 /// panics rather than abort Envoy).
 pub const PROFILE: &str = "dynamic-module";

@@ -349,6 +349,13 @@ pub async fn admin_stat(admin: SocketAddr, name: &str) -> Result<Option<u64>> {
     stat_value(&admin_get(&http, admin, "/stats").await?, name)
 }
 
+/// The text of `/stats` of the Envoy whose admin interface is `admin` (read with
+/// [`stat_value`] and [`cumulative_quantile`]).
+pub async fn admin_stats_text(admin: SocketAddr) -> Result<String> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    admin_get(&http, admin, "/stats").await
+}
+
 async fn admin_get(http: &reqwest::Client, admin: SocketAddr, path: &str) -> Result<String> {
     let url = format!("http://{admin}{path}");
     let response = http
@@ -403,13 +410,27 @@ async fn first_listener(http: &reqwest::Client, admin: SocketAddr) -> Result<Soc
     Ok(SocketAddr::new(ip, socket.port_value))
 }
 
-/// Finds `name: value` in the text output of `/stats`.
-fn stat_value(stats: &str, name: &str) -> Result<Option<u64>> {
-    let Some(value) = stats.lines().find_map(|line| {
+/// The value of stat `name` in the text output of `/stats`.
+fn stat_text<'a>(stats: &'a str, name: &str) -> Option<&'a str> {
+    stats.lines().find_map(|line| {
         line.split_once(": ")
             .filter(|(stat, _)| *stat == name)
             .map(|(_, value)| value)
-    }) else {
+    })
+}
+
+/// The quantile `quantile` (`P50`) since Envoy started of histogram `name` in the text output
+/// of `/stats` (`name: P0(interval,cumulative) P25(…) …`); `None` without it or its values.
+pub fn cumulative_quantile(stats: &str, name: &str, quantile: &str) -> Option<f64> {
+    let value = stat_text(stats, name)?;
+    let start = value.find(&format!("{quantile}("))? + quantile.len() + 1;
+    let pair = value.get(start..)?.split(')').next()?;
+    pair.split(',').nth(1)?.trim().parse().ok()
+}
+
+/// Finds `name: value` in the text output of `/stats`.
+pub fn stat_value(stats: &str, name: &str) -> Result<Option<u64>> {
+    let Some(value) = stat_text(stats, name) else {
         return Ok(None);
     };
     value

@@ -13,6 +13,8 @@ mod contexts;
 mod dynamic;
 #[cfg(not(all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
 mod envoy;
+#[cfg(any(test, all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
+mod own_time;
 pub mod rules;
 
 use std::time::Duration;

@@ -15,7 +15,7 @@ pub type FilterConfigEnvoyPtr = *mut c_void;
 pub type FilterEnvoyPtr = *mut c_void;
 
 /// `http_filter_http_callout` and `http_filter_config_http_callout` alike.
-pub type Callout = unsafe extern "C" fn(
+pub type Callout = unsafe fn(
     *mut c_void,
     *mut u64,
     ModuleBuffer,
@@ -174,54 +174,79 @@ pub const METRICS_SUCCESS: u32 = 0;
 pub const CONTINUE: u32 = 0;
 pub const STOP: u32 = 1;
 
-// SAFETY (of the block): each declaration is the signature abi.h gives the callback; Envoy
-// exports them all from its binary, where the module's references resolve at `dlopen`.
-unsafe extern "C" {
-    pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+/// Declares Envoy's callbacks and, for each, a function of the same name that the module
+/// calls: the callback, its time counted as Envoy's ([`crate::filter::host::own_time`]).
+macro_rules! callbacks {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        mod envoy {
+            use super::*;
+            // SAFETY (of the block): each declaration is the signature abi.h gives the
+            // callback; Envoy exports them all from its binary, where the module's references
+            // resolve at `dlopen`.
+            unsafe extern "C" {
+                $(pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
+            }
+        }
+        $(
+            $(#[$doc])*
+            /// # Safety
+            /// The callback's contract in abi.h.
+            #[inline]
+            pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                let _in_envoy = crate::filter::host::own_time::Timed::envoy();
+                // SAFETY: the caller's contract.
+                unsafe { envoy::$name($($arg),*) }
+            }
+        )*
+    };
+}
 
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+callbacks! {
+    fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: FilterConfigEnvoyPtr,
         name: ModuleBuffer,
         label_names: *mut ModuleBuffer,
         label_names_length: usize,
         id: *mut usize,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
         config: FilterConfigEnvoyPtr,
         name: ModuleBuffer,
         label_names: *mut ModuleBuffer,
         label_names_length: usize,
         id: *mut usize,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+    fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
         config: FilterConfigEnvoyPtr,
         name: ModuleBuffer,
         label_names: *mut ModuleBuffer,
         label_names_length: usize,
         id: *mut usize,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
         config: FilterConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
         label_values_length: usize,
         value: u64,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
         config: FilterConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
         label_values_length: usize,
         value: u64,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
         config: FilterConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
         label_values_length: usize,
         value: u64,
     ) -> u32;
-    pub fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+    fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
         config: FilterConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
@@ -229,7 +254,7 @@ unsafe extern "C" {
         value: u64,
     ) -> u32;
 
-    pub fn envoy_dynamic_module_callback_http_get_header(
+    fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterEnvoyPtr,
         header_type: u32,
         key: ModuleBuffer,
@@ -237,31 +262,31 @@ unsafe extern "C" {
         index: usize,
         optional_size: *mut usize,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_get_headers_size(
+    fn envoy_dynamic_module_callback_http_get_headers_size(
         filter: FilterEnvoyPtr,
         header_type: u32,
     ) -> usize;
-    pub fn envoy_dynamic_module_callback_http_get_headers(
+    fn envoy_dynamic_module_callback_http_get_headers(
         filter: FilterEnvoyPtr,
         header_type: u32,
         result_headers: *mut EnvoyHttpHeader,
     ) -> bool;
     /// Sets a filter-state string (Envoy's `StringAccessor`, which `%FILTER_STATE(key:PLAIN)%`
     /// prints); false without a stream.
-    pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
         filter: FilterEnvoyPtr,
         key: ModuleBuffer,
         value: ModuleBuffer,
     ) -> bool;
     /// A null `value` removes the header.
-    pub fn envoy_dynamic_module_callback_http_set_header(
+    fn envoy_dynamic_module_callback_http_set_header(
         filter: FilterEnvoyPtr,
         header_type: u32,
         key: ModuleBuffer,
         value: ModuleBuffer,
     ) -> bool;
 
-    pub fn envoy_dynamic_module_callback_http_send_response(
+    fn envoy_dynamic_module_callback_http_send_response(
         filter: FilterEnvoyPtr,
         status_code: u32,
         headers: *mut ModuleHttpHeader,
@@ -270,40 +295,40 @@ unsafe extern "C" {
         details: ModuleBuffer,
     );
 
-    pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+    fn envoy_dynamic_module_callback_http_get_body_chunks_size(
         filter: FilterEnvoyPtr,
         body_type: u32,
     ) -> usize;
-    pub fn envoy_dynamic_module_callback_http_get_body_chunks(
+    fn envoy_dynamic_module_callback_http_get_body_chunks(
         filter: FilterEnvoyPtr,
         body_type: u32,
         result: *mut EnvoyBuffer,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_get_body_size(
+    fn envoy_dynamic_module_callback_http_get_body_size(
         filter: FilterEnvoyPtr,
         body_type: u32,
     ) -> usize;
-    pub fn envoy_dynamic_module_callback_http_append_body(
+    fn envoy_dynamic_module_callback_http_append_body(
         filter: FilterEnvoyPtr,
         body_type: u32,
         data: ModuleBuffer,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_drain_body(
+    fn envoy_dynamic_module_callback_http_drain_body(
         filter: FilterEnvoyPtr,
         body_type: u32,
         number_of_bytes: usize,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_received_buffered_request_body(
+    fn envoy_dynamic_module_callback_http_received_buffered_request_body(
         filter: FilterEnvoyPtr,
     ) -> bool;
 
-    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
         filter: FilterEnvoyPtr,
         attribute_id: u32,
         result: *mut EnvoyBuffer,
     ) -> bool;
 
-    pub fn envoy_dynamic_module_callback_http_filter_http_callout(
+    fn envoy_dynamic_module_callback_http_filter_http_callout(
         filter: FilterEnvoyPtr,
         callout_id_out: *mut u64,
         cluster_name: ModuleBuffer,
@@ -315,7 +340,7 @@ unsafe extern "C" {
 
     /// The same as `http_filter_http_callout`, made by a filter configuration on the main
     /// thread: its answer comes to `on_http_filter_config_http_callout_done`.
-    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(
         config: FilterConfigEnvoyPtr,
         callout_id_out: *mut u64,
         cluster_name: ModuleBuffer,
@@ -327,48 +352,48 @@ unsafe extern "C" {
 
     /// A scheduler any thread may commit events to; each runs
     /// `on_http_filter_config_scheduled` on the main thread.
-    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
         config: FilterConfigEnvoyPtr,
     ) -> *mut c_void;
 
-    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
         scheduler: *mut c_void,
         event_id: u64,
     );
 
-    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
         scheduler: *mut c_void,
     );
 
-    pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+    fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
 
-    pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
+    fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
 
     /// The stream's span; null when the request is not traced (Envoy's null span).
-    pub fn envoy_dynamic_module_callback_http_get_active_span(
+    fn envoy_dynamic_module_callback_http_get_active_span(
         filter: FilterEnvoyPtr,
     ) -> *mut c_void;
     /// A child of `span` (an egress span), the module's until `child_span_finish`; null if
     /// none could be made.
-    pub fn envoy_dynamic_module_callback_http_span_spawn_child(
+    fn envoy_dynamic_module_callback_http_span_spawn_child(
         filter: FilterEnvoyPtr,
         span: *mut c_void,
         operation: ModuleBuffer,
     ) -> *mut c_void;
     /// Hex ids, in storage Envoy reuses at the next such call: copied at once.
-    pub fn envoy_dynamic_module_callback_http_span_get_trace_id(
+    fn envoy_dynamic_module_callback_http_span_get_trace_id(
         span: *mut c_void,
         out: *mut EnvoyBuffer,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_span_get_span_id(
+    fn envoy_dynamic_module_callback_http_span_get_span_id(
         span: *mut c_void,
         out: *mut EnvoyBuffer,
     ) -> bool;
-    pub fn envoy_dynamic_module_callback_http_span_set_tag(
+    fn envoy_dynamic_module_callback_http_span_set_tag(
         span: *mut c_void,
         key: ModuleBuffer,
         value: ModuleBuffer,
     );
     /// Finishes a child span and frees it.
-    pub fn envoy_dynamic_module_callback_http_child_span_finish(span: *mut c_void);
+    fn envoy_dynamic_module_callback_http_child_span_finish(span: *mut c_void);
 }

@@ -28,6 +28,7 @@ use super::host::{
 };
 use super::poller;
 use super::spans;
+use crate::filter::host::own_time::{self, Timed};
 use crate::filter::host::{Flow, MetricKind};
 use crate::filter::metrics::fixed_metrics;
 use crate::filter::root::Root;
@@ -93,6 +94,7 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
             if log::set_logger(&LOGGER).is_ok() {
                 log::set_max_level(log::LevelFilter::Info);
             }
+            own_time::start_if_asked();
             abi::ABI_VERSION.as_ptr()
         },
         std::ptr::null,
@@ -106,7 +108,16 @@ fn define_metrics(
     models: &[impl AsRef<str>],
 ) -> HashMap<String, (MetricKind, usize)> {
     let mut defined = HashMap::new();
-    for (kind, name) in fixed_metrics(models) {
+    let own_time = [
+        (MetricKind::Counter, own_time::MODULE_NS),
+        (MetricKind::Counter, own_time::ENVOY_NS),
+        (MetricKind::Counter, own_time::CLOCK_READS),
+        (MetricKind::Histogram, own_time::REQUEST_NS),
+    ]
+    .into_iter()
+    .filter(|_| own_time::on())
+    .map(|(kind, name)| (kind, name.to_owned()));
+    for (kind, name) in fixed_metrics(models).into_iter().chain(own_time) {
         match define_metric(config, kind, &name) {
             Some(id) => {
                 defined.insert(name, (kind, id));
@@ -198,6 +209,8 @@ struct FilterState {
     /// The stream's Envoy filter, as its last hook named it (for what outlives the hooks:
     /// an open call span, [`spans::abandon`]).
     filter: Cell<FilterEnvoyPtr>,
+    /// The module's own time in the stream's hooks so far, when it counts it ([`own_time`]).
+    own_ns: Cell<u64>,
 }
 
 /// Restores [`CURRENT`] when a hook is over, however it ends.
@@ -284,6 +297,20 @@ fn stream_hook(
     let Some(state) = (unsafe { module.cast::<FilterState>().as_ref() }) else {
         return abi::CONTINUE;
     };
+    let status = timed(&state.own_ns, || {
+        stream_hook_guarded(hook, state, filter, on_panic, event)
+    });
+    count_own_time(state.config);
+    status
+}
+
+fn stream_hook_guarded(
+    hook: &str,
+    state: &FilterState,
+    filter: FilterEnvoyPtr,
+    on_panic: OnPanic,
+    event: impl FnOnce(&mut Stream<Dynamic>) -> u32,
+) -> u32 {
     guarded(
         hook,
         || {
@@ -316,6 +343,51 @@ fn stream_hook(
             abi::STOP
         },
     )
+}
+
+/// Runs `body` as the module's own time, added to `own` (a stream's so far).
+fn timed<R>(own: &Cell<u64>, body: impl FnOnce() -> R) -> R {
+    let _timed = Timed::module();
+    if !own_time::on() {
+        return body();
+    }
+    let before = own_time::module_total_ns();
+    let result = body();
+    let took = own_time::module_total_ns().saturating_sub(before);
+    own.set(own.get().saturating_add(took));
+    result
+}
+
+/// Adds what this thread counted of its own time and Envoy's to configuration `key`'s
+/// counters, once it has enough and no hook runs ([`own_time`]).
+fn count_own_time(key: u64) {
+    if !own_time::on() {
+        return;
+    }
+    if let Some(counted) = own_time::take() {
+        update_metrics(
+            key,
+            &[
+                (own_time::MODULE_NS, counted.module_ns),
+                (own_time::ENVOY_NS, counted.envoy_ns),
+                (own_time::CLOCK_READS, counted.clock_reads),
+            ],
+        );
+    }
+}
+
+/// Updates metrics of configuration `key` from this thread.
+fn update_metrics(key: u64, updates: &[(&str, u64)]) {
+    ROOTS.with(|roots| {
+        let Ok(roots) = roots.try_borrow() else {
+            return;
+        };
+        if let Some(thread_root) = roots.iter().find(|r| r.config.key == key) {
+            for (name, value) in updates {
+                thread_root.config.update_metric(name, *value);
+            }
+        }
+    });
 }
 
 fn status(flow: Flow) -> u32 {
@@ -381,6 +453,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: *const c_void,
     filter: FilterEnvoyPtr,
 ) -> *const c_void {
+    let _timed = Timed::module();
+    let started = own_time::on().then(own_time::module_total_ns);
     guarded(
         "http_filter_new",
         || {
@@ -406,6 +480,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
                 end_pending: Cell::new(false),
                 broken: Cell::new(false),
                 filter: Cell::new(filter),
+                own_ns: Cell::new(
+                    started.map_or(0, |ns| own_time::module_total_ns().saturating_sub(ns)),
+                ),
             });
             Box::into_raw(state).cast_const().cast::<c_void>()
         },
@@ -484,11 +561,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     let Some(state) = (unsafe { module.cast::<FilterState>().as_ref() }) else {
         return;
     };
-    guarded(
-        "stream_complete",
-        || state.end(filter),
-        || state.broken.set(true),
-    );
+    timed(&state.own_ns, || {
+        guarded(
+            "stream_complete",
+            || state.end(filter),
+            || state.broken.set(true),
+        );
+    });
 }
 
 #[unsafe(no_mangle)]
@@ -499,17 +578,25 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_v
     // SAFETY: `module` is the `FilterState` `http_filter_new` boxed; Envoy destroys it once,
     // after its last hook, and this takes it back.
     let state = unsafe { Box::from_raw(module.cast_mut().cast::<FilterState>()) };
-    guarded(
-        "http_filter_destroy",
-        || spans::abandon(state.filter.get()),
-        || (),
-    );
-    guarded(
-        "http_filter_destroy",
-        || state.end(std::ptr::null_mut()),
-        || (),
-    );
-    drop(state);
+    let own = Cell::new(0);
+    let key = state.config;
+    timed(&own, || {
+        guarded(
+            "http_filter_destroy",
+            || spans::abandon(state.filter.get()),
+            || (),
+        );
+        guarded(
+            "http_filter_destroy",
+            || state.end(std::ptr::null_mut()),
+            || (),
+        );
+        own.set(state.own_ns.get());
+        drop(state);
+    });
+    if own_time::on() {
+        update_metrics(key, &[(own_time::REQUEST_NS, own.get())]);
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -523,6 +610,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     chunks: *const EnvoyBuffer,
     chunks_size: usize,
 ) {
+    let _timed = Timed::module();
     let Ok(token) = u32::try_from(callout_id) else {
         return;
     };

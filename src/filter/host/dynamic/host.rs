@@ -78,6 +78,28 @@ impl ModuleConfig {
     pub fn envoy(&self) -> abi::FilterConfigEnvoyPtr {
         self.envoy as abi::FilterConfigEnvoyPtr
     }
+
+    /// Adds `value` to the counter `name`, or records it in the histogram `name`, if it was
+    /// defined.
+    pub fn update_metric(&self, name: &str, value: u64) {
+        let Some((kind, id)) = self.metrics.get(name) else {
+            return;
+        };
+        if !self.alive.load(Ordering::Acquire) {
+            return;
+        }
+        let update = match kind {
+            MetricKind::Counter => {
+                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter
+            }
+            MetricKind::Histogram => {
+                abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value
+            }
+            MetricKind::Gauge => return,
+        };
+        // SAFETY: the configuration is alive, and `id` one of its metrics of `kind`; no labels.
+        unsafe { update(self.envoy(), *id, std::ptr::null_mut(), 0, value) };
+    }
 }
 
 /// Defines one metric on Envoy's filter configuration (during `config_new` only).

@@ -86,7 +86,7 @@ fn take(filter: FilterEnvoyPtr) -> Option<SpanPtr> {
     })
 }
 
-type IdGetter = unsafe extern "C" fn(*mut c_void, *mut EnvoyBuffer) -> bool;
+type IdGetter = unsafe fn(*mut c_void, *mut EnvoyBuffer) -> bool;
 
 fn id(span: SpanPtr, getter: IdGetter) -> Option<String> {
     let mut out = EnvoyBuffer::NULL;
