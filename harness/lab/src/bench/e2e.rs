@@ -1,6 +1,7 @@
 //! The end-to-end runs: every scenario, prompt size and concurrency against the same sim
 //! workers, with the CPU and memory of every process involved.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,11 +14,13 @@ use super::gateways::{Gateway, GatewayInputs, Scenario, start_gateway};
 use super::plot::short_size;
 use super::procfs::{self, MachineTicks, TICKS_PER_SECOND};
 use super::registry_axis::{self, RegistryRun};
-use super::results::{CpuUse, RunResult, TARGET_CONCURRENCY};
+use super::results::{CpuUse, OwnTime, RunResult, TARGET_CONCURRENCY};
 use super::rounds;
 use super::sims::{SimAddresses, Workers};
 use super::workload::{Bodies, Completion, NamedHosts, Route};
 use crate::load::{LoadReport, LoadSpec, Stop, run_load};
+use pinroute_harness::envoy::native;
+use pinroute_harness::envoy::{admin_stats_text, cumulative_quantile, stat_value};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,6 +140,9 @@ pub async fn run_registry_axis(
     if scenarios.iter().any(|s| s.runs_pinroute()) {
         scenarios.insert(0, registry_axis::BASELINE);
     }
+    if scenarios.contains(&Scenario::PinrouteNative) {
+        scenarios.push(registry_axis::TIMED);
+    }
     if options.registry.is_empty() || scenarios.is_empty() {
         return Ok(Vec::new());
     }
@@ -185,6 +191,8 @@ struct Contender {
     scenario: Scenario,
     workload: Arc<Completion>,
     pids: Pids,
+    /// The admin interface of an Envoy whose module counts its own time.
+    own_time: Option<SocketAddr>,
 }
 
 impl Contender {
@@ -195,7 +203,14 @@ impl Contender {
         options: &E2eOptions,
         concurrency: usize,
     ) -> Result<RunResult> {
-        let measured = measure(&self.workload, options, concurrency, self.pids).await?;
+        let measured = measure(
+            &self.workload,
+            options,
+            concurrency,
+            self.pids,
+            self.own_time,
+        )
+        .await?;
         Ok(run_result(self.scenario, size, &self.workload, measured))
     }
 }
@@ -229,10 +244,15 @@ async fn contenders(
             proxy: gateway.as_ref().map(Gateway::pid),
             sims: sims_pid,
         };
+        let own_time = gateway
+            .as_ref()
+            .filter(|_| *scenario == registry_axis::TIMED)
+            .and_then(Gateway::envoy_admin);
         contenders.push(Contender {
             scenario: *scenario,
             workload,
             pids,
+            own_time,
         });
     }
     Ok(contenders)
@@ -294,6 +314,7 @@ struct Measured {
     report: LoadReport,
     cpu: CpuUse,
     peak_rss_mib: Option<f64>,
+    own_time: Option<OwnTime>,
 }
 
 /// One closed-loop run, with CPU counters read at the edges of the measured period.
@@ -302,6 +323,7 @@ async fn measure(
     options: &E2eOptions,
     concurrency: usize,
     pids: Pids,
+    own_time_admin: Option<SocketAddr>,
 ) -> Result<Measured> {
     if let Some(pid) = pids.proxy {
         procfs::reset_peak_rss(pid)?;
@@ -313,11 +335,22 @@ async fn measure(
         request_timeout: options.request_timeout,
     };
     let measure_from = Instant::now() + options.warmup;
+    let measure_to = measure_from + options.duration;
     let first = tokio::spawn(snapshot_at(measure_from, pids));
-    let last = tokio::spawn(snapshot_at(measure_from + options.duration, pids));
+    let last = tokio::spawn(snapshot_at(measure_to, pids));
+    let counted = own_time_admin.map(|admin| {
+        (
+            tokio::spawn(own_time_at(measure_from, admin)),
+            tokio::spawn(own_time_at(measure_to, admin)),
+        )
+    });
     let report = run_load(workload.clone(), &spec).await;
     let (first, last) = (first.await??, last.await??);
     let cpu = cpu_use(&first, &last, report.outcomes.total);
+    let own_time = match counted {
+        Some((first, last)) => Some(own_time(&first.await??, &last.await??)?),
+        None => None,
+    };
     let peak_rss_mib = pids
         .proxy
         .map(procfs::peak_rss_kib)
@@ -327,6 +360,42 @@ async fn measure(
         report,
         cpu,
         peak_rss_mib,
+        own_time,
+    })
+}
+
+async fn own_time_at(at: Instant, admin: SocketAddr) -> Result<String> {
+    tokio::time::sleep_until(at).await;
+    admin_stats_text(admin).await
+}
+
+/// The native module's requests counter.
+const REQUESTS_STAT: &str = "wasmcustom.pinroute.requests";
+
+/// The module's own time and Envoy's per request between two readings of its `/stats`.
+fn own_time(first: &str, last: &str) -> Result<OwnTime> {
+    let [module, envoy, reads] = native::OWN_TIME_STATS;
+    let mut deltas = [0.0; 4];
+    for (delta, name) in deltas.iter_mut().zip([module, envoy, reads, REQUESTS_STAT]) {
+        let (Some(a), Some(b)) = (stat_value(first, name)?, stat_value(last, name)?) else {
+            bail!(
+                "the module did not count its own time (is {} set?)",
+                native::OWN_TIME_ENV
+            );
+        };
+        *delta = b.saturating_sub(a) as f64;
+    }
+    let [module, envoy, reads, requests] = deltas;
+    if requests == 0.0 {
+        bail!("the module counted no request while its time was measured");
+    }
+    let per_request_us = |ns: f64| ns / requests / 1000.0;
+    Ok(OwnTime {
+        module_us: per_request_us(module),
+        envoy_us: per_request_us(envoy),
+        clock_reads: reads / requests,
+        request_median_us: cumulative_quantile(last, native::OWN_TIME_REQUEST_HISTOGRAM, "P50")
+            .map(|ns| ns / 1000.0),
     })
 }
 
@@ -379,6 +448,7 @@ fn run_result(
         proxy_peak_rss_mib: measured.peak_rss_mib,
         vs_floor: None,
         cpu_rounds: Vec::new(),
+        own_time: measured.own_time,
     }
 }
 
@@ -406,4 +476,42 @@ fn one_line(r: &RunResult) -> String {
         r.cpu.machine_busy_cores,
         r.cpu.others_cores,
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_time_is_what_the_module_counted_per_request_between_two_readings() {
+        let stats = |own, envoy, reads, requests| {
+            format!(
+                "wasmcustom.pinroute.module.clock_reads: {reads}\n\
+                 wasmcustom.pinroute.module.envoy_ns: {envoy}\n\
+                 wasmcustom.pinroute.module.own_ns: {own}\n\
+                 wasmcustom.pinroute.module.request_own_ns: P0(nan,9000) P25(nan,14000) \
+                 P50(15000,16500) P75(nan,18000) P100(nan,90000)\n\
+                 wasmcustom.pinroute.requests: {requests}\n"
+            )
+        };
+        let first = stats(1_000_000, 5_000_000, 300, 100);
+        let last = stats(17_000_000, 33_000_000, 100_300, 1_100);
+        let own = own_time(&first, &last).unwrap();
+        assert_eq!(
+            own,
+            OwnTime {
+                module_us: 16.0,
+                envoy_us: 28.0,
+                clock_reads: 100.0,
+                request_median_us: Some(16.5),
+            }
+        );
+        let uncounted = "wasmcustom.pinroute.requests: 100\n";
+        assert!(
+            own_time(uncounted, &last).is_err(),
+            "the variable was not set"
+        );
+        assert!(own_time(&last, &last).is_err(), "no request in between");
+    }
 }

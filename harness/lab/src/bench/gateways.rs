@@ -52,6 +52,10 @@ pub enum Scenario {
     /// `Pinroute` with the filter as the native Envoy dynamic module instead of wasm.
     #[serde(rename = "pinroute-native")]
     PinrouteNative,
+    /// `PinrouteNative` counting its own time apart from Envoy's (`PINROUTE_OWN_TIME`): the
+    /// registry axis's measure of the module's own code.
+    #[serde(rename = "pinroute-native-timed")]
+    PinrouteNativeTimed,
     /// One request to the Python (FastAPI + httpx) proxy, which sends both hops.
     Python,
     /// One request to vllm-router (`--vllm-pd-disaggregation`, its default `cache_aware`
@@ -64,13 +68,14 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Floor,
         Scenario::Envoy,
         Scenario::EnvoyTwoHops,
         Scenario::EnvoyTwoHopsNamed,
         Scenario::Pinroute,
         Scenario::PinrouteNative,
+        Scenario::PinrouteNativeTimed,
         Scenario::PinrouteTls,
         Scenario::PinrouteMtls,
         Scenario::Python,
@@ -86,6 +91,7 @@ impl Scenario {
             Scenario::EnvoyTwoHopsNamed => "envoy-2hop-named",
             Scenario::Pinroute => "pinroute",
             Scenario::PinrouteNative => "pinroute-native",
+            Scenario::PinrouteNativeTimed => "pinroute-native-timed",
             Scenario::PinrouteTls => "pinroute-tls",
             Scenario::PinrouteMtls => "pinroute-mtls",
             Scenario::Python => "python",
@@ -116,7 +122,15 @@ impl Scenario {
         matches!(
             self,
             Scenario::Pinroute | Scenario::PinrouteTls | Scenario::PinrouteMtls
-        ) || self == Scenario::PinrouteNative
+        ) || self.runs_native_module()
+    }
+
+    /// Whether the scenario's Envoy runs the filter as the native module.
+    pub fn runs_native_module(self) -> bool {
+        matches!(
+            self,
+            Scenario::PinrouteNative | Scenario::PinrouteNativeTimed
+        )
     }
 
     /// Another project's proxy, compared with: its failures are its result, not the bench's.
@@ -145,6 +159,9 @@ impl Scenario {
             }
             Scenario::Pinroute => "Envoy + pinroute: both hops, pinned",
             Scenario::PinrouteNative => "the same, the filter as a native dynamic module",
+            Scenario::PinrouteNativeTimed => {
+                "the same, counting the module's own time apart from Envoy's"
+            }
             Scenario::PinrouteTls => "the same, clients over TLS",
             Scenario::PinrouteMtls => "the same, mutual TLS to clients and to both workers",
             Scenario::Python => "Python proxy (FastAPI + httpx, like vLLM's example)",
@@ -186,6 +203,15 @@ pub enum Gateway {
 }
 
 impl Gateway {
+    /// The admin interface of an Envoy gateway.
+    pub fn envoy_admin(&self) -> Option<SocketAddr> {
+        match self {
+            Gateway::Envoy(envoy) => Some(envoy.admin()),
+            Gateway::TlsEnvoy(gateway) => Some(gateway.envoy.admin()),
+            Gateway::Python(_) | Gateway::VllmRouter(_) => None,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         match self {
             Gateway::Envoy(envoy) => envoy.pid(),
@@ -265,13 +291,17 @@ pub async fn start_gateway(
                 Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))
         }
-        Scenario::PinrouteNative => {
+        Scenario::PinrouteNative | Scenario::PinrouteNativeTimed => {
             let Some(module) = inputs.native_module else {
-                bail!("the pinroute-native scenario needs the module")
+                bail!("the {scenario} scenario needs the module")
             };
             let wasm_yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
             let yaml = native::with_native_module(&wasm_yaml)?;
-            let options = inputs.envoy_options(vec![native::module_env(module)?]);
+            let mut env = vec![native::module_env(module)?];
+            if scenario == Scenario::PinrouteNativeTimed {
+                env.push((native::OWN_TIME_ENV.to_owned(), "1".to_owned()));
+            }
+            let options = inputs.envoy_options(env);
             Some(Gateway::Envoy(
                 Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
             ))

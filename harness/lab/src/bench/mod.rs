@@ -107,7 +107,7 @@ async fn end_to_end(
         (Some(given), true) => Some(given.clone()),
         (None, true) => Some(pinroute_harness::wasm::build_filter()?),
     };
-    let native_module = match e2e.scenarios.contains(&Scenario::PinrouteNative) {
+    let native_module = match e2e.scenarios.iter().any(|s| s.runs_native_module()) {
         true => Some(pinroute_harness::wasm::build_native_module()?),
         false => None,
     };

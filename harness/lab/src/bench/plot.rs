@@ -276,6 +276,7 @@ pub(crate) fn color(scenario: Scenario) -> RGBColor {
         Scenario::EnvoyTwoHopsNamed => RGBColor(197, 176, 213),
         Scenario::Pinroute => RGBColor(214, 39, 40),
         Scenario::PinrouteNative => RGBColor(23, 190, 207),
+        Scenario::PinrouteNativeTimed => RGBColor(158, 218, 229),
         Scenario::PinrouteTls => RGBColor(227, 119, 194),
         Scenario::PinrouteMtls => RGBColor(140, 86, 75),
         Scenario::Python => RGBColor(44, 160, 44),

@@ -85,6 +85,10 @@ pub struct RunResult {
     /// when it ran in several (`--rounds`): this run is their median.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cpu_rounds: Vec<f64>,
+    /// The native module's own time per request and Envoy's inside its calls, as it counted
+    /// them (`pinroute-native-timed` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_time: Option<OwnTime>,
 }
 
 impl RunResult {
@@ -110,6 +114,20 @@ pub struct CpuUse {
     pub machine_busy_cores: f64,
     /// `machine_busy_cores` minus the benchmark's own processes: other work on the machine.
     pub others_cores: f64,
+}
+
+/// What the native module counted of its time during a run (`PINROUTE_OWN_TIME`), per
+/// request: its own code, and Envoy's work inside the callbacks it made.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OwnTime {
+    pub module_us: f64,
+    pub envoy_us: f64,
+    /// The counting's own readings of the clock, which both figures include.
+    pub clock_reads: f64,
+    /// The median request's own time in the module (since Envoy started), which a thread
+    /// preempted inside a hook now and then does not move as it moves the mean.
+    #[serde(default)]
+    pub request_median_us: Option<f64>,
 }
 
 /// A run compared with the floor at the same size and concurrency.
@@ -336,6 +354,7 @@ pub(crate) mod tests {
             proxy_peak_rss_mib: None,
             vs_floor: None,
             cpu_rounds: vec![],
+            own_time: None,
         }
     }
 

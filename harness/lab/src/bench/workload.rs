@@ -111,6 +111,7 @@ impl Route {
             (
                 Scenario::Pinroute
                 | Scenario::PinrouteNative
+                | Scenario::PinrouteNativeTimed
                 | Scenario::PinrouteTls
                 | Scenario::PinrouteMtls,
                 Some(proxy),

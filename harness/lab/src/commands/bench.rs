@@ -244,12 +244,13 @@ fn options(args: &Args, out_dir: PathBuf) -> Result<BenchOptions> {
         (None, false) => FULL_REGISTRY.to_vec(),
     };
     let e2e = E2eOptions {
-        // Envoy naming its hosts adds nothing to the size table's one worker of each role:
-        // by default only the registry axis runs it, as its baseline.
+        // Envoy naming its hosts adds nothing to the size table's one worker of each role,
+        // and the module counting its time is its own measure: by default only the registry
+        // axis runs them, as its baseline and beside the module.
         scenarios: args.scenarios.clone().unwrap_or_else(|| {
             Scenario::ALL
                 .into_iter()
-                .filter(|s| *s != registry_axis::BASELINE)
+                .filter(|s| ![registry_axis::BASELINE, registry_axis::TIMED].contains(s))
                 .collect()
         }),
         sizes: sizes.clone(),
