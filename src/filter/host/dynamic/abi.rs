@@ -39,17 +39,26 @@ impl EnvoyBuffer {
         length: 0,
     };
 
-    /// The bytes, copied.
+    /// The bytes, borrowed for as long as the caller says they live.
     ///
     /// # Safety
     /// `ptr` points to `length` readable bytes (or is null), as Envoy guarantees for the
-    /// duration of the callback that handed the buffer out.
-    pub unsafe fn to_vec(self) -> Vec<u8> {
+    /// duration of the callback that handed the buffer out, and `'a` ends before that.
+    pub unsafe fn as_slice<'a>(self) -> &'a [u8] {
         if self.ptr.is_null() || self.length == 0 {
-            return Vec::new();
+            return &[];
         }
-        // SAFETY: the caller's contract: `length` readable bytes at `ptr`.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length) }.to_vec()
+        // SAFETY: the caller's contract: `length` readable bytes at `ptr`, for `'a`.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length) }
+    }
+
+    /// The bytes, copied.
+    ///
+    /// # Safety
+    /// As [`Self::as_slice`]'s.
+    pub unsafe fn to_vec(self) -> Vec<u8> {
+        // SAFETY: the caller's contract.
+        unsafe { self.as_slice() }.to_vec()
     }
 }
 
@@ -108,9 +117,9 @@ impl EnvoyHttpHeader {
                 length: self.value_length,
             },
         );
-        // SAFETY: the caller's contract.
-        let (key, value) = unsafe { (key.to_vec(), value.to_vec()) };
-        (String::from_utf8_lossy(&key).into_owned(), value)
+        // SAFETY: the caller's contract; both are copied before it returns.
+        let (key, value) = unsafe { (key.as_slice(), value.as_slice()) };
+        (String::from_utf8_lossy(key).into_owned(), value.to_vec())
     }
 }
 

@@ -259,9 +259,10 @@ fn read_body(filter: FilterEnvoyPtr, body_type: u32, out: &mut Vec<u8>) {
         )
     };
     if ok {
+        out.reserve(chunks.iter().map(|chunk| chunk.length).sum());
         for chunk in chunks {
             // SAFETY: Envoy's body slices, valid until this hook ends or the body changes.
-            out.extend_from_slice(&unsafe { chunk.to_vec() });
+            out.extend_from_slice(unsafe { chunk.as_slice() });
         }
     }
 }
@@ -698,10 +699,10 @@ unsafe fn call_answer(
         // SAFETY: Envoy's header bytes, valid during the hook.
         .map(|h| unsafe { h.copied() })
         .collect();
-    let mut body = Vec::new();
+    let mut body = Vec::with_capacity(chunks.iter().map(|chunk| chunk.length).sum());
     for chunk in chunks {
         // SAFETY: Envoy's body slices, valid during the hook.
-        body.extend_from_slice(&unsafe { chunk.to_vec() });
+        body.extend_from_slice(unsafe { chunk.as_slice() });
     }
     (headers, body)
 }
