@@ -345,8 +345,7 @@ fn read_admin_address(path: &Path) -> Result<Option<SocketAddr>> {
 /// The stat `name` of the Envoy whose admin interface is `admin`, for a caller that does
 /// not own its [`Envoy`].
 pub async fn admin_stat(admin: SocketAddr, name: &str) -> Result<Option<u64>> {
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    stat_value(&admin_get(&http, admin, "/stats").await?, name)
+    stat_value(&admin_stats_text(admin).await?, name)
 }
 
 /// The text of `/stats` of the Envoy whose admin interface is `admin` (read with

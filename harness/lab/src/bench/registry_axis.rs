@@ -95,13 +95,8 @@ struct Spread {
 
 impl Spread {
     fn of(values: impl Iterator<Item = f64>) -> Option<Spread> {
-        let mut values: Vec<f64> = values.collect();
-        values.sort_by(f64::total_cmp);
-        Some(Spread {
-            median: *values.get(values.len() / 2)?,
-            low: *values.first()?,
-            high: *values.last()?,
-        })
+        let (median, low, high) = super::rounds::median_and_range(values)?;
+        Some(Spread { median, low, high })
     }
 
     /// `16.1`, or over rounds `16.1 (15.8 to 16.9)`.

@@ -41,6 +41,17 @@ pub fn spread(rounds: &[f64]) -> Option<String> {
     (rounds.len() > 1).then(|| format!("{low:.3}–{high:.3}"))
 }
 
+/// The median of `values` (the upper one of an even count), their lowest and highest.
+pub fn median_and_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64, f64)> {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    Some((
+        *values.get(values.len() / 2)?,
+        *values.first()?,
+        *values.last()?,
+    ))
+}
+
 /// One process's CPU per request minus another's, from rounds in which the two ran one after
 /// the other (whatever else weighed on the machine then weighed on both).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,11 +73,10 @@ impl Difference {
                 range: None,
             });
         }
-        let mut differences: Vec<f64> = ours.iter().zip(theirs).map(|(o, t)| o - t).collect();
-        differences.sort_by(f64::total_cmp);
+        let (median, low, high) = median_and_range(ours.iter().zip(theirs).map(|(o, t)| o - t))?;
         Some(Difference {
-            median: *differences.get(differences.len() / 2)?,
-            range: Some((*differences.first()?, *differences.last()?)),
+            median,
+            range: Some((low, high)),
         })
     }
 

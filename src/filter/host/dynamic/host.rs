@@ -82,23 +82,52 @@ impl ModuleConfig {
     /// Adds `value` to the counter `name`, or records it in the histogram `name`, if it was
     /// defined.
     pub fn update_metric(&self, name: &str, value: u64) {
-        let Some((kind, id)) = self.metrics.get(name) else {
+        let Some(&(kind, id)) = self.metrics.get(name) else {
             return;
         };
+        // Not counted is all a failure means here, as for the filter's own metrics.
+        let _ = match kind {
+            MetricKind::Histogram => self.record(id, value),
+            _ => self.add(kind, id, i64::try_from(value).unwrap_or(i64::MAX)),
+        };
+    }
+
+    /// Adds `offset` to Envoy's metric `id` of `kind` (a gauge's may be negative).
+    fn add(&self, kind: MetricKind, id: usize, offset: i64) -> Result<(), HostError> {
         if !self.alive.load(Ordering::Acquire) {
-            return;
+            return Err(HostError::Refused("the configuration is gone"));
         }
-        let update = match kind {
-            MetricKind::Counter => {
-                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter
+        let add = match (kind, offset < 0) {
+            (MetricKind::Gauge, true) => {
+                abi::envoy_dynamic_module_callback_http_filter_config_decrement_gauge
             }
-            MetricKind::Histogram => {
-                abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value
+            (MetricKind::Gauge, false) => {
+                abi::envoy_dynamic_module_callback_http_filter_config_increment_gauge
             }
-            MetricKind::Gauge => return,
+            _ => abi::envoy_dynamic_module_callback_http_filter_config_increment_counter,
         };
-        // SAFETY: the configuration is alive, and `id` one of its metrics of `kind`; no labels.
-        unsafe { update(self.envoy(), *id, std::ptr::null_mut(), 0, value) };
+        let by = offset.unsigned_abs();
+        // SAFETY: the configuration is alive, and `id` one of its metrics; no labels.
+        let result = unsafe { add(self.envoy(), id, std::ptr::null_mut(), 0, by) };
+        refused(result == abi::METRICS_SUCCESS, "metric not updated")
+    }
+
+    /// Records `value` in Envoy's histogram `id`.
+    fn record(&self, id: usize, value: u64) -> Result<(), HostError> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(HostError::Refused("the configuration is gone"));
+        }
+        // SAFETY: the configuration is alive, and `id` one of its histograms; no labels.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+                self.envoy(),
+                id,
+                std::ptr::null_mut(),
+                0,
+                value,
+            )
+        };
+        refused(result == abi::METRICS_SUCCESS, "metric not recorded")
     }
 }
 
@@ -587,61 +616,14 @@ impl Host for Dynamic {
         let (Some(kind), id) = envoy_metric(id) else {
             return Err(HostError::NotFound);
         };
-        if !self.config.alive.load(Ordering::Acquire) {
-            return Err(HostError::Refused("the configuration is gone"));
-        }
-        let (config, by) = (self.config.envoy(), offset.unsigned_abs());
-        // SAFETY: the configuration is alive, and `id` one of its metrics; no labels.
-        let result = unsafe {
-            match (kind, offset < 0) {
-                (MetricKind::Gauge, true) => {
-                    abi::envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
-                        config,
-                        id,
-                        std::ptr::null_mut(),
-                        0,
-                        by,
-                    )
-                }
-                (MetricKind::Gauge, false) => {
-                    abi::envoy_dynamic_module_callback_http_filter_config_increment_gauge(
-                        config,
-                        id,
-                        std::ptr::null_mut(),
-                        0,
-                        by,
-                    )
-                }
-                _ => abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
-                    config,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    by,
-                ),
-            }
-        };
-        refused(result == abi::METRICS_SUCCESS, "metric not updated")
+        self.config.add(kind, id, offset)
     }
 
     fn record_metric(&self, id: u32, value: u64) -> Result<(), HostError> {
         let (Some(MetricKind::Histogram), id) = envoy_metric(id) else {
             return Err(HostError::NotFound);
         };
-        if !self.config.alive.load(Ordering::Acquire) {
-            return Err(HostError::Refused("the configuration is gone"));
-        }
-        // SAFETY: the configuration is alive, and `id` one of its histograms; no labels.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
-                self.config.envoy(),
-                id,
-                std::ptr::null_mut(),
-                0,
-                value,
-            )
-        };
-        refused(result == abi::METRICS_SUCCESS, "metric not recorded")
+        self.config.record(id, value)
     }
 
     fn now_nanos(&self) -> u64 {
