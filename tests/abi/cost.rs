@@ -4,15 +4,13 @@
 //! the counts `docs/benchmarks.md` explains the filter's CPU with, and the bounds below keep
 //! a change from adding crossings unnoticed.
 
+use pinroute_tests::streamed::{self, CHUNKS, WARM_UP_REQUESTS};
 use pinroute_tests::{CallCounts, Host, HostOptions};
 
-use crate::{REGISTRY, engine_load, send_completion, wasm};
+use crate::{REGISTRY, engine_load, wasm};
 
-const PREFILL_ANSWER: &str = r#"{"id": "cmpl-1", "choices": [{"text": "x"}], "kv_transfer_params": {"remote_engine_id": "e-101", "remote_block_ids": [1, 2]}}"#;
 /// A 1 KB completion, as `pinroute-lab bench` sends at its smallest size.
 const PROMPT_BYTES: usize = 1024;
-/// Streamed chunks of the decode answer (8 tokens and `[DONE]`, as the bench's sims send).
-const CHUNKS: usize = 9;
 
 /// The host call that writes an access-log field (`docs/metrics.md`, "The access log").
 const LOG_FIELD_CALL: &str = "proxy_set_property";
@@ -27,39 +25,10 @@ fn counting_host(config: &str) -> Host {
     Host::with_options(&wasm(), config, options).unwrap()
 }
 
-fn body() -> String {
-    let head = r#"{"model": "m", "max_tokens": 8, "stream": true, "prompt": ""#;
-    let tail = r#""}"#;
-    let words = "a ".repeat((PROMPT_BYTES - head.len() - tail.len()) / 2);
-    format!("{head}{words}{tail}")
-}
-
 /// One request from its headers to `proxy_on_delete`; returns what it crossed.
 fn one_request(host: &mut Host, pins: &[(&str, &str)]) -> CallCounts {
     host.reset_call_counts();
-    let ctx = send_completion(host, pins, &body());
-    let calls = host.take_http_calls();
-    assert_eq!(calls.len(), 1, "one prefill hop");
-    host.http_call_response(
-        calls[0].token,
-        &[(":status", "200")],
-        PREFILL_ANSWER.as_bytes(),
-    )
-    .unwrap();
-    assert!(host.stream(ctx).unwrap().request_forwarded);
-    host.response_headers(
-        ctx,
-        &[(":status", "200"), ("content-type", "text/event-stream")],
-        false,
-    )
-    .unwrap();
-    for chunk in 0..CHUNKS {
-        let data = format!("data: {{\"choices\": [{{\"text\": \"t{chunk}\"}}]}}\n\n");
-        host.response_body(ctx, data.as_bytes(), chunk + 1 == CHUNKS)
-            .unwrap();
-    }
-    host.done(ctx).unwrap();
-    assert!(host.failure().is_none(), "{:?}", host.failure());
+    streamed::complete(host, pins, &streamed::body(PROMPT_BYTES)).unwrap();
     host.call_counts().clone()
 }
 
@@ -86,10 +55,6 @@ struct Bound {
     /// The access log's fields, one host call each (none with `access_log_fields: false`).
     log_fields: u64,
 }
-
-/// Requests before the measured one: the VM's heap has grown to what a request needs (a
-/// growth is reported to the memory gauge, one host call, not a cost of every request).
-const WARM_UP_REQUESTS: usize = 3;
 
 fn check(label: &str, config: &str, pins: &[(&str, &str)], bound: Bound) -> CallCounts {
     check_on(counting_host(config), label, pins, bound)
@@ -195,5 +160,36 @@ fn a_pinned_streamed_completion_crosses_into_the_vm_and_out_a_bounded_number_of_
             host_calls: 39,
             log_fields: 8,
         },
+    );
+}
+
+/// A registry of `per_pool` prefill and as many decode workers.
+fn registry_of(per_pool: usize) -> String {
+    let worker = |id: usize, role: &str| {
+        format!(
+            r#"{{"id": {id}, "role": "{role}", "address": "10.{}.{}.{}:8000"}}"#,
+            id >> 16,
+            (id >> 8) & 0xff,
+            id & 0xff
+        )
+    };
+    let workers: Vec<String> = (1..=per_pool)
+        .map(|n| worker(n, "prefill"))
+        .chain((1..=per_pool).map(|n| worker(100_000 + n, "decode")))
+        .collect();
+    format!(r#"{{"workers": [{}]}}"#, workers.join(", "))
+}
+
+#[test]
+fn an_unpinned_request_takes_as_many_instructions_with_thousands_of_workers_as_with_two() {
+    let count = |per_pool| {
+        let mut host = counting_host(&registry_of(per_pool));
+        streamed::instructions_per_request(&mut host, PROMPT_BYTES, 20).unwrap()
+    };
+    let (few, many) = (count(1), count(1000));
+    println!("instructions per request: {few} with 1+1 workers, {many} with 1000+1000");
+    assert!(
+        many * 10 <= few * 11,
+        "{many} instructions with 1000+1000 workers, over 10 % more than {few} with 1+1"
     );
 }

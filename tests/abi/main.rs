@@ -50,21 +50,7 @@ pub fn host(config: &str) -> Host {
     Host::with_options(&wasm(), config, options).expect("the filter loads")
 }
 
-pub fn completion_headers(extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut headers: Vec<(String, String)> = [
-        (":method", "POST"),
-        (":path", "/v1/completions"),
-        (":authority", "gateway"),
-        ("content-type", "application/json"),
-        ("x-request-id", "req-1"),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|(n, v)| (n.to_string(), v.to_string()))
-    .collect();
-    headers.sort_by_key(|(n, _)| !n.starts_with(':'));
-    headers
-}
+pub use pinroute_tests::streamed::completion_headers;
 
 /// Sends a completion request's headers and body; returns the stream id.
 pub fn send_completion(host: &mut Host, headers: &[(&str, &str)], body: &str) -> u32 {

@@ -70,6 +70,8 @@ fn load_module(path: &Path) -> Result<Module> {
             let mut config = Config::new();
             // Tests run the filter briefly; a fast compile matters more than fast code.
             config.cranelift_opt_level(wasmtime::OptLevel::None);
+            // Counts the instructions the filter executes ([`Host::instructions`]).
+            config.consume_fuel(true);
             let engine = Engine::new(&config)?;
             cache.engine = Some(engine.clone());
             engine
@@ -114,6 +116,7 @@ impl Host {
         );
         let engine = module.engine().clone();
         let mut store = Store::new(&engine, HostState::new(options));
+        store.set_fuel(u64::MAX)?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
         hostcalls::add_to_linker(&mut linker)?;
         wasi::add_to_linker(&mut linker)?;
@@ -535,6 +538,12 @@ impl Host {
     }
 
     /// Why the VM is dead, if a call trapped.
+    /// The wasm instructions the filter has executed since it was loaded (wasmtime's fuel:
+    /// one per instruction, a few bookkeeping ones free), the same on every machine.
+    pub fn instructions(&self) -> u64 {
+        u64::MAX - self.store.get_fuel().unwrap_or(u64::MAX)
+    }
+
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()
     }

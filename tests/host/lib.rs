@@ -49,6 +49,7 @@ mod hostcalls;
 mod memory;
 pub mod pairs;
 pub mod state;
+pub mod streamed;
 pub mod types;
 mod wasi;
 

@@ -40,6 +40,9 @@ pub struct EnvoyOptions {
     /// Environment variables Envoy gets besides this process's own (the dynamic module's
     /// search path, `native::module_env`).
     pub env: Vec<(String, String)>,
+    /// A command Envoy runs under, with its arguments (`valgrind --tool=callgrind`, say):
+    /// Envoy's own command line follows them.
+    pub wrapper: Vec<String>,
 }
 
 impl Default for EnvoyOptions {
@@ -50,6 +53,7 @@ impl Default for EnvoyOptions {
             hot_restart: HotRestart::Disabled,
             ready_timeout: Duration::from_secs(20),
             env: Vec::new(),
+            wrapper: Vec::new(),
         }
     }
 }
@@ -280,7 +284,14 @@ fn envoy_command(
     admin_address_path: &Path,
     options: &EnvoyOptions,
 ) -> Command {
-    let mut command = Command::new(binary);
+    let mut command = match options.wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    };
     command
         .arg("-c")
         .arg(config_path)

@@ -10,6 +10,7 @@ use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 
+use super::counted::{self, CountedWork};
 use super::gateways::{Gateway, GatewayInputs, Scenario, start_gateway};
 use super::plot::short_size;
 use super::procfs::{self, MachineTicks, TICKS_PER_SECOND};
@@ -177,6 +178,48 @@ pub async fn run_registry_axis(
     }
     progress.finish_and_clear();
     Ok(registry_axis::medians(runs))
+}
+
+/// The filter's instructions per request at each registry size of `options`, for each
+/// pinroute build it runs (`counted`): the native module's only where valgrind is installed.
+pub async fn count_registry_work(
+    options: &E2eOptions,
+    inputs: &GatewayInputs<'_>,
+    sims: SimAddresses,
+) -> Result<Vec<CountedWork>> {
+    let wasm = options.scenarios.contains(&Scenario::Pinroute);
+    let native = match (
+        options.scenarios.contains(&Scenario::PinrouteNative),
+        counted::valgrind(),
+    ) {
+        (true, None) => {
+            log::warn!(
+                "valgrind is not installed: the native module's instructions are not counted"
+            );
+            None
+        }
+        (wanted, valgrind) => valgrind.filter(|_| wanted),
+    };
+    let mut counted = Vec::new();
+    for count in &options.registry {
+        let workers = Workers::aliased(sims, *count)?;
+        let inputs = GatewayInputs {
+            workers: &workers,
+            ..*inputs
+        };
+        if wasm {
+            counted.push(counted::count_wasm(inputs.wasm, &workers, *count)?);
+        }
+        if let Some(valgrind) = &native {
+            log::info!(
+                "counting the native module's instructions with {count}+{count} workers under callgrind"
+            );
+            let work =
+                counted::count_native(valgrind, &inputs, *count, options.request_timeout).await?;
+            counted.push(work);
+        }
+    }
+    Ok(counted)
 }
 
 /// Whether pinroute's requests carry the pins of the sims' workers.

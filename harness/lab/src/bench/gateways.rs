@@ -259,13 +259,29 @@ pub struct GatewayInputs<'a> {
 
 impl GatewayInputs<'_> {
     /// How an Envoy of the bench runs: `threads` worker threads, with `env`.
-    fn envoy_options(&self, env: Vec<(String, String)>) -> EnvoyOptions {
+    pub fn envoy_options(&self, env: Vec<(String, String)>) -> EnvoyOptions {
         EnvoyOptions {
             concurrency: self.threads,
             env,
             ..EnvoyOptions::default()
         }
     }
+}
+
+/// Envoy with the native module in front of `inputs.workers`, run with `options` (and the
+/// module's search path).
+pub async fn start_native(
+    inputs: &GatewayInputs<'_>,
+    dir: &Path,
+    mut options: EnvoyOptions,
+) -> Result<Envoy> {
+    let Some(module) = inputs.native_module else {
+        bail!("the native module was not built")
+    };
+    let wasm_yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
+    let yaml = native::with_native_module(&wasm_yaml)?;
+    options.env.push(native::module_env(module)?);
+    Envoy::start_with(inputs.envoy_binary, &yaml, dir, &options).await
 }
 
 /// Starts the proxy of `scenario` (`None` for the floor).
@@ -292,19 +308,13 @@ pub async fn start_gateway(
             ))
         }
         Scenario::PinrouteNative | Scenario::PinrouteNativeTimed => {
-            let Some(module) = inputs.native_module else {
-                bail!("the {scenario} scenario needs the module")
-            };
-            let wasm_yaml = pinroute_bootstrap(inputs.workers, inputs.wasm, unlogged_edge())?;
-            let yaml = native::with_native_module(&wasm_yaml)?;
-            let mut env = vec![native::module_env(module)?];
+            let mut options = inputs.envoy_options(Vec::new());
             if scenario == Scenario::PinrouteNativeTimed {
-                env.push((native::OWN_TIME_ENV.to_owned(), "1".to_owned()));
+                options
+                    .env
+                    .push((native::OWN_TIME_ENV.to_owned(), "1".to_owned()));
             }
-            let options = inputs.envoy_options(env);
-            Some(Gateway::Envoy(
-                Envoy::start_with(inputs.envoy_binary, &yaml, &dir, &options).await?,
-            ))
+            Some(Gateway::Envoy(start_native(inputs, &dir, options).await?))
         }
         Scenario::PinrouteTls | Scenario::PinrouteMtls => {
             let mutual = scenario == Scenario::PinrouteMtls;

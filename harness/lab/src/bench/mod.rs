@@ -15,6 +15,7 @@
 //! ([`plot`]), and the targets checked ([`results`]).
 
 pub mod child;
+pub mod counted;
 pub mod e2e;
 pub mod gateways;
 pub mod micro;
@@ -41,7 +42,8 @@ use anyhow::{Context, Result};
 pub use gateways::Scenario;
 pub use results::BenchResults;
 
-use e2e::{E2eOptions, run_e2e, run_registry_axis};
+use counted::CountedWork;
+use e2e::{E2eOptions, count_registry_work, run_e2e, run_registry_axis};
 use gateways::GatewayInputs;
 use pinroute_harness::envoy::{ENVOY_VERSION, EnvoyOptions, envoy_binary, repo_root};
 use registry_axis::RegistryRun;
@@ -69,14 +71,15 @@ pub async fn run_bench(options: &BenchOptions) -> Result<BenchResults> {
         Some((sizes, budget_ms)) => micro::run_micro(sizes, *budget_ms)?,
         None => Vec::new(),
     };
-    let (runs, registry, wasm_bytes) = match &options.e2e {
+    let (runs, registry, counted, wasm_bytes) = match &options.e2e {
         Some(e2e) => end_to_end(e2e, options, &root).await?,
-        None => (Vec::new(), Vec::new(), filter_size()),
+        None => (Vec::new(), Vec::new(), Vec::new(), filter_size()),
     };
     let mut results = BenchResults {
         meta: meta(options, load_before, wasm_bytes),
         runs,
         registry,
+        counted,
         micro,
         targets: Vec::new(),
     };
@@ -100,7 +103,12 @@ async fn end_to_end(
     e2e: &E2eOptions,
     options: &BenchOptions,
     root: &Path,
-) -> Result<(Vec<results::RunResult>, Vec<RegistryRun>, Option<u64>)> {
+) -> Result<(
+    Vec<results::RunResult>,
+    Vec<RegistryRun>,
+    Vec<CountedWork>,
+    Option<u64>,
+)> {
     let needs_envoy = e2e.scenarios.iter().any(|s| s.runs_envoy());
     let wasm = match (&e2e.wasm, e2e.scenarios.iter().any(|s| s.runs_pinroute())) {
         (_, false) => None,
@@ -151,12 +159,13 @@ async fn end_to_end(
     };
     let runs = run_e2e(e2e, &inputs, sims.pid()).await?;
     let registry = run_registry_axis(e2e, &inputs, sims.addresses, sims.pid()).await?;
+    let counted = count_registry_work(e2e, &inputs, sims.addresses).await?;
     let wasm_bytes = wasm
         .as_deref()
         .and_then(|w| std::fs::metadata(w).ok())
         .map(|m| m.len())
         .or_else(filter_size);
-    Ok((runs, registry, wasm_bytes))
+    Ok((runs, registry, counted, wasm_bytes))
 }
 
 /// The size of an already built release filter, if any.

@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::counted;
 use super::gateways::Scenario;
 use super::results::{BenchResults, OwnTime, RunResult, TARGET_CONCURRENCY, TargetCheck};
 use super::rounds::Difference;
@@ -191,10 +192,11 @@ pub fn render(runs: &[RegistryRun], style: Style) -> String {
 }
 
 /// For each pinroute build: its own share with the most workers within 10 % of its share with
-/// the fewest. The `.wasm`'s is its CPU per request minus [`BASELINE`]'s; the native module's,
-/// when [`TIMED`] ran, the time the median request took in its own code (Envoy's work inside
-/// its calls is Envoy's hosts and pools; the mean beside it counts the waits of a thread
-/// preempted inside a hook), else its CPU like the `.wasm`'s.
+/// the fewest. Where the bench counted them (`counted`), the share is the instructions the
+/// filter executed per request, which no other work on the machine moves; else the native
+/// module's, when [`TIMED`] ran, the time the median request took in its own code (Envoy's
+/// work inside its calls is Envoy's hosts and pools; the mean beside it counts the waits of a
+/// thread preempted inside a hook); else the build's CPU per request minus [`BASELINE`]'s.
 pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
     let runs = &results.registry;
     let (Some(fewest), Some(most)) = (
@@ -207,9 +209,13 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
         .into_iter()
         .filter(|build| runs.iter().any(|r| r.run.scenario == *build))
         .map(|build| {
-            let counted =
+            let counted = |workers| counted::filter_of(&results.counted, build, workers);
+            let timed =
                 |workers| find(runs, TIMED, workers).and_then(RegistryRun::request_median_us);
-            match (build, counted(fewest), counted(most)) {
+            if let (Some(few), Some(many), true) = (counted(fewest), counted(most), fewest < most) {
+                return counted_check(results, build, (fewest, few), (most, many));
+            }
+            match (build, timed(fewest), timed(most)) {
                 (Scenario::PinrouteNative, Some(few), Some(many)) if fewest < most => {
                     own_time_check(runs, (fewest, few), (most, many))
                 }
@@ -217,6 +223,50 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
             }
         })
         .collect()
+}
+
+/// The build's instructions per request, as `counted` counted them, at the fewest and the
+/// most workers; Envoy's other instructions (native) and the CPU share beside them.
+fn counted_check(
+    results: &BenchResults,
+    build: Scenario,
+    (fewest, few): (u64, f64),
+    (most, many): (u64, f64),
+) -> TargetCheck {
+    let target = flat_target(
+        build,
+        "own work per request (the instructions it executes, counted)",
+        fewest,
+        most,
+    );
+    let envoy = |workers| {
+        results
+            .counted
+            .iter()
+            .find(|c| c.build == build && c.workers == workers)
+            .and_then(|c| c.envoy)
+    };
+    let envoy = match (envoy(most), envoy(fewest)) {
+        (Some(many), Some(few)) => {
+            format!("; Envoy's other instructions {many:.0} against {few:.0}")
+        }
+        _ => String::new(),
+    };
+    let cpu_share = |workers| {
+        find(&results.registry, build, workers)
+            .and_then(|r| filter_share_ms(&results.registry, r))
+            .map_or_else(|| "-".into(), |ms| format!("{ms:.3}"))
+    };
+    TargetCheck {
+        target,
+        measured: format!(
+            "{many:.0} instructions against {few:.0} ({:+.1} %){envoy}; its CPU share {} ms against {}",
+            (many / few - 1.0) * 100.0,
+            cpu_share(most),
+            cpu_share(fewest),
+        ),
+        met: Some(many <= few * (1.0 + FLAT_WITHIN)),
+    }
 }
 
 fn flat_target(build: Scenario, share: &str, fewest: u64, most: u64) -> String {
@@ -383,6 +433,56 @@ mod tests {
             Some(false),
             "18.0 is 12.5 % over 16.0"
         );
+    }
+
+    #[test]
+    fn counted_instructions_judge_a_build_before_its_time_or_cpu() {
+        let counted = |workers, build, filter, envoy| counted::CountedWork {
+            workers,
+            build,
+            filter,
+            envoy,
+        };
+        let mut results = results(vec![]);
+        results.registry = vec![
+            at(1, BASELINE, 0.20),
+            at(1, Scenario::Pinroute, 0.25),
+            at(1, Scenario::PinrouteNative, 0.21),
+            at(1000, BASELINE, 0.30),
+            at(1000, Scenario::Pinroute, 0.45),
+            at(1000, Scenario::PinrouteNative, 0.34),
+        ];
+        results.counted = vec![
+            counted(1, Scenario::Pinroute, 134_000.0, None),
+            counted(1, Scenario::PinrouteNative, 68_000.0, Some(420_000.0)),
+            counted(1000, Scenario::Pinroute, 143_000.0, None),
+            counted(1000, Scenario::PinrouteNative, 76_000.0, Some(550_000.0)),
+        ];
+        let checks = check_targets(&results);
+        assert_eq!(checks.len(), 2);
+        assert_eq!(
+            checks[0].met,
+            Some(true),
+            "143,000 within 10 % of 134,000, though the CPU share tripled: {:?}",
+            checks[0]
+        );
+        assert!(
+            checks[0].measured.starts_with(
+                "143000 instructions against 134000 (+6.7 %); its CPU share 0.150 ms against 0.050"
+            ),
+            "{:?}",
+            checks[0]
+        );
+        assert_eq!(checks[1].met, Some(false), "76,000 is 11.8 % over 68,000");
+        assert!(
+            checks[1]
+                .measured
+                .contains("Envoy's other instructions 550000 against 420000"),
+            "{:?}",
+            checks[1]
+        );
+        let table = counted::render(&results.counted, Style::Text);
+        assert!(table.contains("callgrind (x86)"), "{table}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::counted::CountedWork;
 use super::gateways::Scenario;
 use super::micro::MicroRun;
 use super::registry_axis::{self, RegistryRun};
@@ -21,6 +22,9 @@ pub struct BenchResults {
     /// The registry-size axis (`registry_axis`): unpinned, N workers of each role.
     #[serde(default)]
     pub registry: Vec<RegistryRun>,
+    /// The filter's instructions per request by registry size (`counted`).
+    #[serde(default)]
+    pub counted: Vec<CountedWork>,
     pub micro: Vec<MicroRun>,
     pub targets: Vec<TargetCheck>,
 }
@@ -381,6 +385,7 @@ pub(crate) mod tests {
             },
             runs,
             registry: vec![],
+            counted: Vec::new(),
             micro: vec![],
             targets: vec![],
         }

@@ -54,6 +54,15 @@ pub fn render(results: &BenchResults, style: Style) -> String {
         );
         out.push_str(&super::registry_axis::render(&results.registry, style));
     }
+    if !results.counted.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}The filter's work by registry size, counted in instructions: unpinned, {}, one request at a time (the `.wasm` in the ABI tests' host, the native module in Envoy under callgrind)\n",
+            title_mark(style),
+            size_label(super::registry_axis::SIZE),
+        );
+        out.push_str(&super::counted::render(&results.counted, style));
+    }
     if !results.micro.is_empty() {
         let _ = writeln!(
             out,
