@@ -36,13 +36,10 @@ pub struct CountedWork {
 /// Requests counted per registry size, after the warm-up; every one is unpinned, so each
 /// makes the choice among the workers.
 const REQUESTS: u64 = 100;
-/// Requests the native module's Envoy serves before the count, on [`WARM_UP_USERS`]
-/// connections: each Envoy thread has configured its module, read the registry and opened
-/// its pools by then (work done once per thread, not per request).
-const NATIVE_WARM_UP: u64 = 64;
-/// Connections of the warm-up: with two Envoy threads, all of them on one thread is a chance
-/// of one in 2^15.
-const WARM_UP_USERS: usize = 16;
+/// Requests the native module's Envoy serves before the count: its one worker thread has
+/// configured its module, read the registry and opened its pools by then (work done once
+/// per thread, not per request).
+const NATIVE_WARM_UP: u64 = 16;
 /// Envoy under callgrind starts about fifty times slower.
 const CALLGRIND_READY: Duration = Duration::from_secs(600);
 
@@ -73,7 +70,8 @@ pub fn valgrind() -> Option<PathBuf> {
 }
 
 /// The native module's instructions per request with `inputs.workers` as its registry:
-/// Envoy under callgrind serves [`NATIVE_WARM_UP`] unpinned 1 KB completions, then
+/// Envoy with one worker thread under callgrind serves [`NATIVE_WARM_UP`] unpinned 1 KB
+/// completions, then
 /// [`REQUESTS`] more one at a time between a reset of callgrind's counts and a dump of them.
 /// Envoy's timers firing meanwhile are counted as Envoy's.
 pub async fn count_native(
@@ -88,7 +86,10 @@ pub async fn count_native(
     let dir = inputs.work_dir.join("pinroute-native-counted");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dump = dir.join("callgrind.out");
+    // One worker thread: the warm-up's thread is the count's (under callgrind, whose threads
+    // take turns, one thread may accept every connection of a run).
     let mut options = inputs.envoy_options(Vec::new());
+    options.concurrency = 1;
     options.wrapper = vec![
         valgrind.display().to_string(),
         "--tool=callgrind".into(),
@@ -110,16 +111,16 @@ pub async fn count_native(
         tls: None,
         named: None,
     });
-    let spec = |concurrency, requests| LoadSpec {
-        concurrency,
+    let spec = |requests| LoadSpec {
+        concurrency: 1,
         stop: Stop::Requests(requests),
         warmup: Duration::ZERO,
         request_timeout,
     };
     let pid = envoy.pid().to_string();
-    check_sent(run_load(workload.clone(), &spec(WARM_UP_USERS, NATIVE_WARM_UP)).await)?;
+    check_sent(run_load(workload.clone(), &spec(NATIVE_WARM_UP)).await)?;
     callgrind_control(valgrind, "--zero", &pid)?;
-    check_sent(run_load(workload.clone(), &spec(1, REQUESTS)).await)?;
+    check_sent(run_load(workload.clone(), &spec(REQUESTS)).await)?;
     callgrind_control(valgrind, "--dump", &pid)?;
     let dumped = dir.join("callgrind.out.1");
     let text = std::fs::read_to_string(&dumped)

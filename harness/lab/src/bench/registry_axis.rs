@@ -6,7 +6,8 @@
 //! headers pinroute uses) from the filter's share (pinroute minus `envoy-2hop-named` at the
 //! same N). The native module's share is a few hundredths of a millisecond, less than a
 //! round's CPU moves end to end; beside it, the module counting its own time
-//! (`pinroute-native-timed`) tells its own code apart from Envoy's work inside its calls.
+//! (`pinroute-native-timed`) tells its own code apart from Envoy's work inside its calls, and
+//! the instructions each build executes per request (`counted`), which judge the target.
 
 use serde::{Deserialize, Serialize};
 
