@@ -281,12 +281,11 @@ fn counter(build: Scenario) -> &'static str {
     }
 }
 
-/// The filter's instructions per request of `build` with `workers` of each role.
-pub fn filter_of(counted: &[CountedWork], build: Scenario, workers: u64) -> Option<f64> {
+/// The count of `build` with `workers` of each role.
+pub fn find(counted: &[CountedWork], build: Scenario, workers: u64) -> Option<&CountedWork> {
     counted
         .iter()
         .find(|c| c.build == build && c.workers == workers)
-        .map(|c| c.filter)
 }
 
 #[cfg(test)]

@@ -210,7 +210,8 @@ pub fn check_targets(results: &BenchResults) -> Vec<TargetCheck> {
         .into_iter()
         .filter(|build| runs.iter().any(|r| r.run.scenario == *build))
         .map(|build| {
-            let counted = |workers| counted::filter_of(&results.counted, build, workers);
+            let counted =
+                |workers| counted::find(&results.counted, build, workers).map(|c| c.filter);
             let timed =
                 |workers| find(runs, TIMED, workers).and_then(RegistryRun::request_median_us);
             if let (Some(few), Some(many), true) = (counted(fewest), counted(most), fewest < most) {
@@ -240,13 +241,7 @@ fn counted_check(
         fewest,
         most,
     );
-    let envoy = |workers| {
-        results
-            .counted
-            .iter()
-            .find(|c| c.build == build && c.workers == workers)
-            .and_then(|c| c.envoy)
-    };
+    let envoy = |workers| counted::find(&results.counted, build, workers).and_then(|c| c.envoy);
     let envoy = match (envoy(most), envoy(fewest)) {
         (Some(many), Some(few)) => {
             format!("; Envoy's other instructions {many:.0} against {few:.0}")
