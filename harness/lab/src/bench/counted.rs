@@ -40,6 +40,8 @@ const REQUESTS: u64 = 100;
 /// configured its module, read the registry and opened its pools by then (work done once
 /// per thread, not per request).
 const NATIVE_WARM_UP: u64 = 16;
+/// Tokens streamed back, as in the `.wasm`'s count (`streamed::CHUNKS`, `[DONE]` the last).
+const TOKENS: u32 = streamed::CHUNKS as u32 - 1;
 /// Envoy under callgrind starts about fifty times slower.
 const CALLGRIND_READY: Duration = Duration::from_secs(600);
 
@@ -71,9 +73,8 @@ pub fn valgrind() -> Option<PathBuf> {
 
 /// The native module's instructions per request with `inputs.workers` as its registry:
 /// Envoy with one worker thread under callgrind serves [`NATIVE_WARM_UP`] unpinned 1 KB
-/// completions, then
-/// [`REQUESTS`] more one at a time between a reset of callgrind's counts and a dump of them.
-/// Envoy's timers firing meanwhile are counted as Envoy's.
+/// completions, then [`REQUESTS`] more one at a time between a reset of callgrind's counts
+/// and a dump of them. Envoy's timers firing meanwhile are counted as Envoy's.
 pub async fn count_native(
     valgrind: &Path,
     inputs: &GatewayInputs<'_>,
@@ -86,6 +87,16 @@ pub async fn count_native(
     let dir = inputs.work_dir.join("pinroute-native-counted");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dump = dir.join("callgrind.out");
+    let dumped = dir.join("callgrind.out.1");
+    // A dump left by an earlier count must not pass for this one's.
+    for file in [&dump, &dumped] {
+        match std::fs::remove_file(file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", file.display()));
+            }
+            _ => {}
+        }
+    }
     // One worker thread: the warm-up's thread is the count's (under callgrind, whose threads
     // take turns, one thread may accept every connection of a run).
     let mut options = inputs.envoy_options(Vec::new());
@@ -107,7 +118,7 @@ pub async fn count_native(
     )?;
     let workload = Arc::new(Completion {
         route: route.unpinned(),
-        bodies: Bodies::new(super::registry_axis::SIZE, 8),
+        bodies: Bodies::new(super::registry_axis::SIZE, TOKENS),
         tls: None,
         named: None,
     });
@@ -122,7 +133,6 @@ pub async fn count_native(
     callgrind_control(valgrind, "--zero", &pid)?;
     check_sent(run_load(workload.clone(), &spec(REQUESTS)).await)?;
     callgrind_control(valgrind, "--dump", &pid)?;
-    let dumped = dir.join("callgrind.out.1");
     let text = std::fs::read_to_string(&dumped)
         .with_context(|| format!("reading callgrind's dump {}", dumped.display()))?;
     drop(envoy);
