@@ -248,11 +248,7 @@ fn counted_check(
         }
         _ => String::new(),
     };
-    let cpu_share = |workers| {
-        find(&results.registry, build, workers)
-            .and_then(|r| filter_share_ms(&results.registry, r))
-            .map_or_else(|| "-".into(), |ms| format!("{ms:.3}"))
-    };
+    let cpu_share = |workers| cpu_share_text(&results.registry, build, workers);
     TargetCheck {
         target,
         measured: format!(
@@ -263,6 +259,13 @@ fn counted_check(
         ),
         met: Some(many <= few * (1.0 + FLAT_WITHIN)),
     }
+}
+
+/// The build's CPU share with `workers` of each role, in ms, or `-` where not measured.
+fn cpu_share_text(runs: &[RegistryRun], build: Scenario, workers: u64) -> String {
+    find(runs, build, workers)
+        .and_then(|r| filter_share_ms(runs, r))
+        .map_or_else(|| "-".into(), |ms| format!("{ms:.3}"))
 }
 
 fn flat_target(build: Scenario, share: &str, fewest: u64, most: u64) -> String {
@@ -314,11 +317,7 @@ fn own_time_check(
             .and_then(spread)
             .map_or_else(|| "-".into(), |us| format!("{:.1}", us.median))
     };
-    let cpu_share = |workers| {
-        find(runs, build, workers)
-            .and_then(|r| filter_share_ms(runs, r))
-            .map_or_else(|| "-".into(), |ms| format!("{ms:.3}"))
-    };
+    let cpu_share = |workers| cpu_share_text(runs, build, workers);
     TargetCheck {
         target,
         measured: format!(

@@ -288,11 +288,20 @@ fn read_body(filter: FilterEnvoyPtr, body_type: u32, out: &mut Vec<u8>) {
         )
     };
     if ok {
-        out.reserve(chunks.iter().map(|chunk| chunk.length).sum());
-        for chunk in chunks {
-            // SAFETY: Envoy's body slices, valid until this hook ends or the body changes.
-            out.extend_from_slice(unsafe { chunk.as_slice() });
-        }
+        // SAFETY: Envoy's body slices, valid until this hook ends or the body changes.
+        unsafe { append_chunks(out, &chunks) };
+    }
+}
+
+/// Appends Envoy's body slices `chunks` to `out`, growing it once.
+///
+/// # Safety
+/// Each chunk is valid as [`EnvoyBuffer::as_slice`] requires, for the duration of the call.
+unsafe fn append_chunks(out: &mut Vec<u8>, chunks: &[EnvoyBuffer]) {
+    out.reserve(chunks.iter().map(|chunk| chunk.length).sum());
+    for chunk in chunks {
+        // SAFETY: the caller's contract.
+        out.extend_from_slice(unsafe { chunk.as_slice() });
     }
 }
 
@@ -681,11 +690,9 @@ unsafe fn call_answer(
         // SAFETY: Envoy's header bytes, valid during the hook.
         .map(|h| unsafe { h.copied() })
         .collect();
-    let mut body = Vec::with_capacity(chunks.iter().map(|chunk| chunk.length).sum());
-    for chunk in chunks {
-        // SAFETY: Envoy's body slices, valid during the hook.
-        body.extend_from_slice(unsafe { chunk.as_slice() });
-    }
+    let mut body = Vec::new();
+    // SAFETY: Envoy's body slices, valid during the hook.
+    unsafe { append_chunks(&mut body, chunks) };
     (headers, body)
 }
 
