@@ -39,17 +39,13 @@ const NOT_RELAYED: &[&str] = &[
 /// The request as it is routed, with the `body_len` bytes of body Envoy holds.
 pub fn keep_for_retry(env: &Env<impl Host>, body_len: usize) -> Result<DecodeRetry, RouteError> {
     let routed = env.host.request_headers().map_err(host_failure)?;
-    let mut headers: Vec<(String, String)> = routed
-        .iter()
-        .filter(|(name, _)| CALL_HEADERS.contains(&name.as_str()))
-        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
-        .collect();
     // The request's own `traceparent` already names Envoy's span (`stream::on_headers`).
-    headers.extend(forwarded_headers(
-        &routed,
-        &env.config.settings.upstream_header,
-        None,
-    ));
+    let forwarded = forwarded_headers(&routed, &env.config.settings.upstream_header, None);
+    let headers: Headers = routed
+        .texts()
+        .filter(|(name, _)| CALL_HEADERS.contains(name))
+        .chain(forwarded.texts())
+        .collect();
     let body = match body_len {
         0 => Vec::new(),
         len => env.host.request_body(len).map_err(host_failure)?,
@@ -68,11 +64,7 @@ pub fn send_next(env: &Env<impl Host>, routed: &Routed) -> Option<u32> {
     let next = routed.decode.alternates.first()?;
     let settings = &env.config.settings;
     let address = address_text(next.address);
-    let mut headers: Vec<(&str, &str)> = retry
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
+    let mut headers: Vec<(&str, &str)> = retry.headers.texts().collect();
     headers.push((&settings.upstream_header, &address));
     let body = (!retry.body.is_empty()).then_some(retry.body.as_slice());
     let token = env.call(DECODE_CLUSTER, &headers, body, settings.decode_timeout())?;
@@ -113,12 +105,7 @@ pub fn relay(env: &Env<impl Host>, call: &CallAnswer, status: u16, served: &[(&s
 
 /// The worker's answer headers the client gets: never one that speaks for the filter.
 fn relayed(headers: &Headers) -> impl Iterator<Item = (&str, &str)> {
-    headers
-        .iter()
-        .filter(|(name, _)| {
-            !name.starts_with(':')
-                && !name.starts_with(INTERNAL_PREFIX)
-                && !NOT_RELAYED.contains(&name.as_str())
-        })
-        .filter_map(|(name, value)| Some((name.as_str(), std::str::from_utf8(value).ok()?)))
+    headers.texts().filter(|(name, _)| {
+        !name.starts_with(':') && !name.starts_with(INTERNAL_PREFIX) && !NOT_RELAYED.contains(name)
+    })
 }

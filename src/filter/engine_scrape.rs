@@ -166,9 +166,8 @@ fn read_answer(
         .call_response_headers()
         .map_err(|s| ScrapeError::NoAnswer(format!("{s:?}")))?;
     let status = headers
-        .iter()
-        .find(|(n, _)| n == ":status")
-        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+        .get(":status")
+        .map(|v| String::from_utf8_lossy(v).into_owned());
     match status.as_deref() {
         Some("200") => {}
         Some(other) => return Err(ScrapeError::Status(other.into())),

@@ -123,9 +123,8 @@ pub fn whole_body(
 
 pub fn header_text<'h>(headers: &'h Headers, name: &str) -> &'h str {
     headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .get(name)
+        .and_then(|v| std::str::from_utf8(v).ok())
         .unwrap_or("")
 }
 
@@ -135,20 +134,17 @@ pub fn forwarded_headers(
     headers: &Headers,
     upstream_header: &str,
     traceparent: Option<&str>,
-) -> Vec<(String, String)> {
-    let mut forwarded: Vec<(String, String)> = headers
-        .iter()
-        .filter(|(name, _)| {
-            !name.starts_with(':')
-                && !name.starts_with("content-")
-                && !NOT_FORWARDED.contains(&name.as_str())
-                && !headers::must_strip(name, upstream_header)
-        })
-        .filter_map(|(name, value)| Some((name.clone(), String::from_utf8(value.clone()).ok()?)))
-        .collect();
+) -> Headers {
+    let mut forwarded = headers.filtered(|name, value| {
+        !name.starts_with(':')
+            && !name.starts_with("content-")
+            && !NOT_FORWARDED.contains(&name)
+            && !headers::must_strip(name, upstream_header)
+            && std::str::from_utf8(value).is_ok()
+    });
     if let Some(traceparent) = traceparent {
-        forwarded.retain(|(name, _)| name != TRACEPARENT);
-        forwarded.push((TRACEPARENT.to_owned(), traceparent.to_owned()));
+        forwarded.remove(TRACEPARENT);
+        forwarded.push(TRACEPARENT.as_bytes(), traceparent.as_bytes());
     }
     forwarded
 }

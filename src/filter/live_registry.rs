@@ -65,10 +65,7 @@ pub fn take_fetched(host: &impl Host, body_size: usize) -> Result<Registry, Stri
     let headers = host
         .call_response_headers()
         .map_err(|s| format!("no response ({s:?})"))?;
-    let status = headers
-        .iter()
-        .find(|(n, _)| n == ":status")
-        .map(|(_, v)| v.as_slice());
+    let status = headers.get(":status");
     if status != Some(b"200".as_slice()) {
         let status = status.map_or("none".into(), |s| String::from_utf8_lossy(s).into_owned());
         return Err(format!("the registry answered status {status}"));

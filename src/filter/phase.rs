@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use serde_json::value::RawValue;
 
 use super::call_span::CallSpan;
+use super::host::Headers;
 use crate::policy::api::Api;
 use crate::policy::error::RouteError;
 use crate::policy::pins::HeaderHints;
@@ -25,10 +26,10 @@ use crate::policy::rewrite::DecodeBody;
 pub enum Phase {
     Headers,
     /// A completion request whose body is arriving.
-    CompletionBody(Completion),
+    CompletionBody(Box<Completion>),
     /// Another path's JSON body, read whole before its worker is chosen (it may name the
     /// model) and it goes on (`policy::passthrough`).
-    PassthroughBody(HeaderHints),
+    PassthroughBody(Box<HeaderHints>),
     /// The prefill call is in flight; the request waits for it.
     Prefill(Box<Prefilling>),
     /// On its way to the token-generating worker; the response side acts on its answer.
@@ -43,7 +44,7 @@ pub struct Completion {
     /// Its API: the plain spelling of its path is the one both hops carry.
     pub api: Api,
     /// Client headers, minus stripped ones, for the prefill hop.
-    pub forwarded: Vec<(String, String)>,
+    pub forwarded: Headers,
 }
 
 /// A prefill hop to make, and what is needed to retry it or to go on to decode.
@@ -52,7 +53,7 @@ pub struct PrefillAttempt {
     /// Unpinned fallbacks still to try, next last.
     pub remaining: Vec<Target>,
     pub api: Api,
-    pub forwarded: Vec<(String, String)>,
+    pub forwarded: Headers,
     /// The prefill body, kept only while a retry may need it.
     pub body: String,
     pub decode_body: DecodeBody,
@@ -105,7 +106,7 @@ pub enum Answer {
 /// The routed request, kept for the filter to send again.
 pub struct DecodeRetry {
     /// Its headers as routed, but for the steering and hop-by-hop ones.
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Vec<u8>,
     /// The call in flight, if one is.
     pub token: Option<u32>,

@@ -44,7 +44,7 @@ pub enum PrefillVerdict {
 
 /// The first attempt of `candidates` (in order).
 pub fn first_attempt(
-    completion: &Completion,
+    completion: Completion,
     request: &JsonObject<'_>,
     mut candidates: Vec<Target>,
     decode_body: DecodeBody,
@@ -59,7 +59,7 @@ pub fn first_attempt(
         target,
         remaining: candidates,
         api: completion.api,
-        forwarded: completion.forwarded.clone(),
+        forwarded: completion.forwarded,
         body: rewrite::prefill_body(completion.api, request, held_body_size),
         decode_body,
         decode,
@@ -88,14 +88,13 @@ pub fn dispatch(
         headers.push((DP_RANK_HEADER, rank));
     }
     // Where the hop has a span of its own, the worker's parent is that span.
-    let parent = attempt.forwarded.iter().find(|(n, _)| n == TRACEPARENT);
-    let span = call_span::open(env, SPAN_OPERATION, parent.map_or("", |(_, v)| v.as_str()));
+    let parent = attempt.forwarded.texts().find(|(n, _)| *n == TRACEPARENT);
+    let span = call_span::open(env, SPAN_OPERATION, parent.map_or("", |(_, v)| v));
     headers.extend(
         attempt
             .forwarded
-            .iter()
-            .filter(|(n, _)| span.is_none() || n != TRACEPARENT)
-            .map(|(n, v)| (n.as_str(), v.as_str())),
+            .texts()
+            .filter(|(n, _)| span.is_none() || *n != TRACEPARENT),
     );
     if let Some(span) = &span {
         headers.push((TRACEPARENT, &span.traceparent));

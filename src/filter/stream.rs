@@ -163,7 +163,7 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     env.count(Counter::Requests);
     let headers = env.host.request_headers().map_err(host_failure)?;
     let destination = intake::admit(env, &headers)?;
-    let named = || headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+    let named = || headers.iter();
     let mut hints = pins::parse_headers(named())?;
     if let Some(picker) = &env.config.settings.picker {
         hints.picked = picker::parse_headers(picker.protocol, named())?;
@@ -209,11 +209,11 @@ fn on_headers<H: Host>(env: &mut Env<H>, end_of_stream: bool) -> Step {
     let forwarded = forwarded_headers(&headers, upstream_header, traceparent.as_deref());
     env.take_slot()?;
     env.set_request_header("content-length", None)?;
-    let completion = Completion {
+    let completion = Box::new(Completion {
         hints,
         api,
         forwarded,
-    };
+    });
     Ok((Phase::CompletionBody(completion), Flow::Pause))
 }
 
@@ -253,7 +253,7 @@ fn route_one_hop<H: Host>(
 ) -> Step {
     let reads_body = passthrough::read_as_json(header_text(headers, "content-type"));
     if !end_of_stream && reads_body {
-        return Ok((Phase::PassthroughBody(hints), Flow::Pause));
+        return Ok((Phase::PassthroughBody(Box::new(hints)), Flow::Pause));
     }
     let body = if end_of_stream {
         RoutedBody::Empty
@@ -282,7 +282,7 @@ fn answer_model_list<H: Host>(env: &Env<H>, list: &str) -> Step {
 
 fn on_completion_body<H: Host>(
     env: &mut Env<H>,
-    completion: Completion,
+    completion: Box<Completion>,
     size: usize,
     end: bool,
 ) -> Step {
@@ -344,7 +344,7 @@ fn on_completion_body<H: Host>(
         PrefillPlan::Candidates(targets) => targets,
     };
     let attempt = prefill::first_attempt(
-        &completion,
+        *completion,
         &request,
         candidates,
         decode_body,
@@ -361,7 +361,7 @@ fn on_completion_body<H: Host>(
 /// names `kv_transfer_params`.
 fn on_passthrough_body<H: Host>(
     env: &mut Env<H>,
-    hints: HeaderHints,
+    hints: Box<HeaderHints>,
     size: usize,
     end: bool,
 ) -> Step {

@@ -94,7 +94,7 @@ impl<'a> JsonObject<'a> {
 
 /// Whether valid JSON `text` nests arrays and objects deeper than `limit`. Scalars (a prompt
 /// string, most often) are not scanned at all.
-fn nests_deeper_than(text: &str, limit: usize) -> bool {
+pub fn nests_deeper_than(text: &str, limit: usize) -> bool {
     let bytes = text.as_bytes();
     if !matches!(bytes.first(), Some(b'[' | b'{')) {
         return false;

@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use super::api::Api;
 use super::error::RouteError;
 use super::hop::HopFailure;
-use super::json::{JsonObject, write_key};
+use super::json::{JsonObject, MAX_DEPTH, nests_deeper_than, write_key};
 
 /// What the prefill worker is told: produce KV for a remote decode.
 pub const PREFILL_KV_TRANSFER_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
@@ -278,20 +278,35 @@ impl DecodeBody {
 }
 
 /// The `kv_transfer_params` a prefill worker returned: an object, or none (`null` or absent,
-/// as with shared-storage connectors).
+/// as with shared-storage connectors). The answer's other members are checked as JSON and
+/// skipped, not kept.
 pub fn prefill_kv_transfer_params(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> {
-    let object = JsonObject::parse(response)
-        .map_err(|_| HopFailure::BadResponse("the body is not a JSON object"))?;
-    let Some(params) = object.get(KV_TRANSFER_PARAMS) else {
+    let not_an_object = HopFailure::BadResponse("the body is not a JSON object");
+    // A struct would also be read from an array.
+    if response.trim_ascii_start().first() != Some(&b'{') {
+        return Err(not_an_object);
+    }
+    let answer: PrefillAnswerMembers<'_> =
+        serde_json::from_slice(response).map_err(|_| not_an_object)?;
+    let Some(params) = answer.kv_transfer_params else {
         return Ok(None);
     };
+    if nests_deeper_than(params.get(), MAX_DEPTH - 1) {
+        return Err(HopFailure::BadResponse("kv_transfer_params nest too deep"));
+    }
     match params.get().as_bytes().first() {
         Some(b'{') => Ok(Some(params.to_owned())),
-        Some(b'n') => Ok(None),
         _ => Err(HopFailure::BadResponse(
             "kv_transfer_params is not an object",
         )),
     }
+}
+
+/// The one member of a prefill answer the filter reads.
+#[derive(serde::Deserialize)]
+struct PrefillAnswerMembers<'a> {
+    #[serde(borrow)]
+    kv_transfer_params: Option<&'a RawValue>,
 }
 
 /// Writes `{"k":v,...}` member by member.

@@ -13,7 +13,7 @@ pub struct Envoy;
 
 impl Host for Envoy {
     fn request_headers(&self) -> Result<Headers, HostError> {
-        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).map_err(refused)
+        header_map(MapType::HttpRequestHeaders)
     }
 
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
@@ -95,7 +95,7 @@ impl Host for Envoy {
     }
 
     fn call_response_headers(&self) -> Result<Headers, HostError> {
-        hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).map_err(refused)
+        header_map(MapType::HttpCallResponseHeaders)
     }
 
     fn call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
@@ -148,6 +148,40 @@ impl Host for Envoy {
     }
 }
 
+fn header_map(map: MapType) -> Result<Headers, HostError> {
+    let bytes = hostcalls::get_map_serialized(map).map_err(refused)?;
+    deserialized(&bytes).ok_or(HostError::Refused("a malformed header map"))
+}
+
+/// A map as proxy-wasm serializes it (`proxy_get_header_map_pairs`): a count, then each
+/// header's name and value sizes, then the names and values, each followed by a NUL. None
+/// when the bytes are not such a map.
+fn deserialized(bytes: &[u8]) -> Option<Headers> {
+    if bytes.is_empty() {
+        return Some(Headers::default());
+    }
+    let (count, rest) = bytes.split_first_chunk::<4>()?;
+    let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
+    let (sizes, mut text) = rest.split_at_checked(count.checked_mul(8)?)?;
+    let mut headers = Headers::with_capacity(count, text.len(), text.len());
+    for sizes in sizes.chunks_exact(8) {
+        let (name_size, value_size) = sizes.split_first_chunk::<4>()?;
+        let name;
+        (name, text) = nul_terminated(text, name_size)?;
+        let value;
+        (value, text) = nul_terminated(text, value_size.first_chunk::<4>()?)?;
+        headers.push(name, value);
+    }
+    Some(headers)
+}
+
+/// The `size` bytes at the start of `text`, and what follows their NUL.
+fn nul_terminated<'t>(text: &'t [u8], size: &[u8; 4]) -> Option<(&'t [u8], &'t [u8])> {
+    let size = usize::try_from(u32::from_le_bytes(*size)).ok()?;
+    let (field, rest) = text.split_at_checked(size)?;
+    Some((field, rest.get(1..)?))
+}
+
 fn property(path: &[&str]) -> Option<String> {
     let value = hostcalls::get_property(path.to_vec()).ok()??;
     String::from_utf8(value).ok()
@@ -164,5 +198,43 @@ fn refused(status: Status) -> HostError {
         Status::Empty => HostError::Refused("empty"),
         Status::InternalFailure => HostError::Refused("internal failure"),
         _ => HostError::Refused("unexpected status"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn serialized(pairs: &[(&str, &str)]) -> Vec<u8> {
+        let size = |len: usize| u32::try_from(len).unwrap().to_le_bytes();
+        let mut bytes = size(pairs.len()).to_vec();
+        for (name, value) in pairs {
+            bytes.extend(size(name.len()));
+            bytes.extend(size(value.len()));
+        }
+        for (name, value) in pairs {
+            bytes.extend([name.as_bytes(), b"\0", value.as_bytes(), b"\0"].concat());
+        }
+        bytes
+    }
+
+    #[test]
+    fn serialized_maps_are_read_and_truncated_ones_refused() {
+        let pairs = [
+            (":method", "POST"),
+            ("x-dynamo-worker-id", "7"),
+            ("empty", ""),
+        ];
+        let bytes = serialized(&pairs);
+        let headers = deserialized(&bytes).unwrap();
+        assert_eq!(headers.texts().collect::<Vec<_>>(), pairs);
+        assert_eq!(deserialized(&[]), Some(Headers::default()));
+        for cut in 1..bytes.len() {
+            assert_eq!(deserialized(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut huge = bytes.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(deserialized(&huge), None);
     }
 }

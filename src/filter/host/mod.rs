@@ -13,6 +13,7 @@ mod contexts;
 mod dynamic;
 #[cfg(not(all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
 mod envoy;
+mod headers;
 #[cfg(any(test, all(feature = "dynamic-module", not(target_arch = "wasm32"))))]
 mod own_time;
 pub mod rules;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use crate::policy::trace::SpanIds;
 
-pub type Headers = Vec<(String, Vec<u8>)>;
+pub use headers::Headers;
 
 /// A shared-data value and its compare-and-swap token (`None`: no such key).
 pub type SharedValue = (Option<Vec<u8>>, Option<u32>);

@@ -64,7 +64,7 @@ impl Request {
     fn refused(&mut self) -> (Flow, Flow) {
         let mut state = self.host.state();
         state.code_details = Some(CONNECT_FAILURE.into());
-        state.response_headers = vec![(":status".into(), b"503".to_vec())];
+        state.response_headers = [(":status", "503")].into_iter().collect();
         state.response_body = REFUSED.as_bytes().to_vec();
         drop(state);
         let headers = self.response_headers(false);

@@ -2,6 +2,7 @@
 //! §5): the scrape round, hostile or silent workers, and the choices the figures change.
 
 use super::*;
+use crate::filter::host::Headers;
 use crate::policy::engine_load::EngineTable;
 
 const SECOND: u64 = 1_000_000_000;
@@ -45,10 +46,10 @@ fn answer_all(
         let address = call.header("x-envoy-original-dst-host").unwrap().to_owned();
         let (headers, body) = match answer(&address) {
             Some((status, page)) => (
-                vec![(":status".to_string(), status.to_string().into_bytes())],
+                [(":status", status.to_string())].into_iter().collect(),
                 page,
             ),
-            None => (Vec::new(), String::new()),
+            None => (Headers::default(), String::new()),
         };
         let size = body.len();
         host.state().call_answer = (headers, body.into_bytes());
@@ -79,7 +80,7 @@ fn one_round_scrapes_every_worker_through_the_prefill_cluster_once_a_period() {
     }
     for call in calls {
         host.state().call_answer = (
-            vec![(":status".into(), b"200".to_vec())],
+            [(":status", "200")].into_iter().collect(),
             page(1, 2).into_bytes(),
         );
         root.on_call_answer(call.token, page(1, 2).len());

@@ -201,14 +201,13 @@ impl FakeHost {
 }
 
 fn text(headers: &Headers, name: &str) -> Option<String> {
-    let (_, value) = headers.iter().find(|(n, _)| n == name)?;
-    String::from_utf8(value.clone()).ok()
+    String::from_utf8(headers.get(name)?.to_vec()).ok()
 }
 
 fn set(headers: &mut Headers, name: &str, value: Option<&str>) {
-    headers.retain(|(n, _)| n != name);
+    headers.remove(name);
     if let Some(value) = value {
-        headers.push((name.to_string(), value.as_bytes().to_vec()));
+        headers.push(name.as_bytes(), value.as_bytes());
     }
 }
 

@@ -198,7 +198,7 @@ impl Request {
     /// Answers `call` with `status` (none: no response at all) and `body`.
     fn answer(&mut self, call: &Call, status: Option<u16>, body: &str) {
         let headers = status
-            .map(|s| vec![(":status".to_string(), s.to_string().into_bytes())])
+            .map(|s| [(":status", s.to_string())].into_iter().collect())
             .unwrap_or_default();
         self.host.state().call_answer = (headers, body.as_bytes().to_vec());
         self.call_answer(call.token, body.len());
@@ -207,7 +207,7 @@ impl Request {
     /// The worker's response headers (and, when `body` is given, its whole body) come back.
     fn respond(&mut self, status: u16, body: Option<&str>) -> Flow {
         let mut state = self.host.state();
-        state.response_headers = vec![(":status".into(), status.to_string().into_bytes())];
+        state.response_headers = [(":status", status.to_string())].into_iter().collect();
         state.response_body = body.unwrap_or_default().as_bytes().to_vec();
         drop(state);
         let action = self.response_headers(body.is_none());

@@ -165,15 +165,30 @@ fn the_prefill_answer_gives_its_kv_transfer_params() {
             .unwrap()
             .is_none()
     );
+    let deepest = format!(
+        r#"{{"kv_transfer_params": {}{}}}"#,
+        "{\"a\":".repeat(126),
+        "1".to_owned() + &"}".repeat(126)
+    );
+    assert!(prefill_kv_transfer_params(deepest.as_bytes()).is_ok());
 }
 
 #[test]
 fn an_unusable_prefill_answer_is_a_failure_of_the_hop() {
+    let deep = format!(
+        r#"{{"kv_transfer_params": {}{}}}"#,
+        "{\"a\":".repeat(128),
+        "}".repeat(128)
+    );
     for response in [
         b"not json".as_slice(),
         b"[]",
+        br#"[{"kv_transfer_params": {}}]"#,
+        br#"{"kv_transfer_params": {}} x"#,
+        br#"{"kv_transfer_params": {}, "kv_transfer_params": {}}"#,
         br#"{"kv_transfer_params": "x"}"#,
         br#"{"kv_transfer_params": [1]}"#,
+        deep.as_bytes(),
     ] {
         assert!(
             matches!(

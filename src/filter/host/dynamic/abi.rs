@@ -102,11 +102,11 @@ impl EnvoyHttpHeader {
         value_length: 0,
     };
 
-    /// The header's name and value, copied.
+    /// The header's name and value.
     ///
     /// # Safety
-    /// Its pointers are Envoy's header bytes, still valid.
-    pub unsafe fn copied(&self) -> (String, Vec<u8>) {
+    /// Its pointers are Envoy's header bytes, valid for the lifetime the caller gives them.
+    pub unsafe fn slices<'a>(&self) -> (&'a [u8], &'a [u8]) {
         let (key, value) = (
             EnvoyBuffer {
                 ptr: self.key_ptr,
@@ -117,9 +117,8 @@ impl EnvoyHttpHeader {
                 length: self.value_length,
             },
         );
-        // SAFETY: the caller's contract; both are copied before it returns.
-        let (key, value) = unsafe { (key.as_slice(), value.as_slice()) };
-        (String::from_utf8_lossy(key).into_owned(), value.to_vec())
+        // SAFETY: the caller's contract.
+        unsafe { (key.as_slice(), value.as_slice()) }
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`Host`] over Envoy's dynamic-module callbacks. Like proxy-wasm's host calls, the per-stream
 //! calls act on the stream whose hook is running: [`super::hooks`] names it in [`CURRENT`]
-//! for the duration of the hook, and stashes a call's answer in [`CALL_ANSWER`] while the
+//! for the duration of the hook, and lends a call's answer through [`CALL_ANSWER`] while the
 //! stream reads it; a resume is left in [`RESUME`] for the hook to make once it is done.
 //! Metrics go through the filter configuration (any thread may count), and shared data is one
 //! process-wide table with proxy-wasm's compare-and-swap semantics.
@@ -155,8 +155,8 @@ pub fn define_metric(
 thread_local! {
     /// The stream whose hook runs on this thread (null: none).
     pub static CURRENT: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
-    /// The answer of the call being delivered to a stream: its headers and body.
-    pub static CALL_ANSWER: RefCell<Option<(Headers, Vec<u8>)>> = const { RefCell::new(None) };
+    /// The answer of the call being delivered on this thread, as Envoy lent it.
+    static CALL_ANSWER: Cell<Option<LentAnswer>> = const { Cell::new(None) };
     /// The stream a host call asked to resume during the running hook: it is resumed once the
     /// hook's work is over (`super::hooks`), not from inside it.
     pub static RESUME: Cell<FilterEnvoyPtr> = const { Cell::new(std::ptr::null_mut()) };
@@ -221,11 +221,30 @@ fn headers(filter: FilterEnvoyPtr, header_type: u32) -> Result<Headers, HostErro
         abi::envoy_dynamic_module_callback_http_get_headers(filter, header_type, raw.as_mut_ptr())
     };
     refused(ok, "the header map is not available")?;
-    Ok(raw
+    // SAFETY: Envoy's header bytes, valid until this hook ends or a header is set.
+    Ok(unsafe { copied(&raw) })
+}
+
+/// Envoy's headers `raw`, copied into one map.
+///
+/// # Safety
+/// Each header's pointers are Envoy's header bytes, valid for the duration of the call.
+unsafe fn copied(raw: &[EnvoyHttpHeader]) -> Headers {
+    let names = raw
         .iter()
-        // SAFETY: Envoy's header bytes, valid until this hook ends or a header is set.
-        .map(|h| unsafe { h.copied() })
-        .collect())
+        .map(|h| h.key_length)
+        .fold(0, usize::saturating_add);
+    let values = raw
+        .iter()
+        .map(|h| h.value_length)
+        .fold(0, usize::saturating_add);
+    let mut headers = Headers::with_capacity(raw.len(), names, values);
+    for header in raw {
+        // SAFETY: the caller's contract.
+        let (name, value) = unsafe { header.slices() };
+        headers.push(name, value);
+    }
+    headers
 }
 
 fn header(filter: FilterEnvoyPtr, header_type: u32, name: &str) -> Option<Vec<u8>> {
@@ -571,17 +590,18 @@ impl Host for Dynamic {
     }
 
     fn call_response_headers(&self) -> Result<Headers, HostError> {
-        CALL_ANSWER.with(|answer| match &*answer.borrow() {
-            Some((headers, _)) => Ok(headers.clone()),
-            None => Err(HostError::NotFound),
-        })
+        let answer = CALL_ANSWER.get().ok_or(HostError::NotFound)?;
+        // SAFETY: a lent answer is in `CALL_ANSWER` only while its callback runs.
+        Ok(unsafe { copied(answer.headers()) })
     }
 
     fn call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        CALL_ANSWER.with(|answer| match &*answer.borrow() {
-            Some((_, body)) => Ok(body.get(..size).unwrap_or(body).to_vec()),
-            None => Err(HostError::NotFound),
-        })
+        let answer = CALL_ANSWER.get().ok_or(HostError::NotFound)?;
+        let mut body = Vec::new();
+        // SAFETY: a lent answer is in `CALL_ANSWER` only while its callback runs.
+        unsafe { append_chunks(&mut body, answer.chunks()) };
+        body.truncate(size);
+        Ok(body)
     }
 
     fn shared_data(&self, key: &str) -> Result<SharedValue, HostError> {
@@ -664,42 +684,52 @@ impl Host for Dynamic {
     }
 }
 
-/// A call's answer as the stream reads it: its headers and whole body.
-///
-/// # Safety
-/// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
-/// valid during the hook.
-unsafe fn call_answer(
+/// A call's answer as Envoy lent it to the callback delivering it: its headers and body
+/// slices, valid while that callback runs.
+#[derive(Debug, Clone, Copy)]
+struct LentAnswer {
     headers: *const EnvoyHttpHeader,
     headers_size: usize,
     chunks: *const EnvoyBuffer,
     chunks_size: usize,
-) -> (Headers, Vec<u8>) {
-    let headers = match headers.is_null() {
-        true => &[][..],
-        // SAFETY: the caller's contract.
-        false => unsafe { std::slice::from_raw_parts(headers, headers_size) },
-    };
-    let chunks = match chunks.is_null() {
-        true => &[][..],
-        // SAFETY: the caller's contract.
-        false => unsafe { std::slice::from_raw_parts(chunks, chunks_size) },
-    };
-    let headers = headers
-        .iter()
-        // SAFETY: Envoy's header bytes, valid during the hook.
-        .map(|h| unsafe { h.copied() })
-        .collect();
-    let mut body = Vec::new();
-    // SAFETY: Envoy's body slices, valid during the hook.
-    unsafe { append_chunks(&mut body, chunks) };
-    (headers, body)
 }
 
-/// Stashes a call's answer in [`CALL_ANSWER`] while `deliver` runs with its body's size.
+impl LentAnswer {
+    /// # Safety
+    /// The callback that lent the answer still runs.
+    unsafe fn headers<'a>(self) -> &'a [EnvoyHttpHeader] {
+        match self.headers.is_null() {
+            true => &[],
+            // SAFETY: the caller's contract: Envoy's `headers_size` headers.
+            false => unsafe { std::slice::from_raw_parts(self.headers, self.headers_size) },
+        }
+    }
+
+    /// # Safety
+    /// As [`Self::headers`]'.
+    unsafe fn chunks<'a>(self) -> &'a [EnvoyBuffer] {
+        match self.chunks.is_null() {
+            true => &[],
+            // SAFETY: the caller's contract: Envoy's `chunks_size` body slices.
+            false => unsafe { std::slice::from_raw_parts(self.chunks, self.chunks_size) },
+        }
+    }
+
+    /// A reset or an answer over the buffer limit: no response, as proxy-wasm tells it.
+    const NONE: Self = Self {
+        headers: std::ptr::null(),
+        headers_size: 0,
+        chunks: std::ptr::null(),
+        chunks_size: 0,
+    };
+}
+
+/// Lends a call's answer to the stream in [`CALL_ANSWER`] while `deliver` runs with its body's
+/// size (the answer a call delivered inside `deliver` lends is withdrawn after it).
 ///
 /// # Safety
-/// As [`call_answer`]'s.
+/// `headers` and `chunks` point to `headers_size` and `chunks_size` entries (or are null),
+/// valid while `deliver` runs.
 pub unsafe fn with_call_answer(
     result: u32,
     headers: *const EnvoyHttpHeader,
@@ -709,15 +739,17 @@ pub unsafe fn with_call_answer(
     deliver: impl FnOnce(usize),
 ) {
     let answer = match result {
-        // SAFETY: the caller's contract.
-        abi::CALLOUT_RESULT_SUCCESS => unsafe {
-            call_answer(headers, headers_size, chunks, chunks_size)
+        abi::CALLOUT_RESULT_SUCCESS => LentAnswer {
+            headers,
+            headers_size,
+            chunks,
+            chunks_size,
         },
-        // A reset or an answer over the buffer limit: no response, as proxy-wasm tells it.
-        _ => (Headers::new(), Vec::new()),
+        _ => LentAnswer::NONE,
     };
-    let body_size = answer.1.len();
-    CALL_ANSWER.with(|stash| stash.replace(Some(answer)));
+    // SAFETY: the caller's contract.
+    let body_size = unsafe { answer.chunks() }.iter().map(|c| c.length).sum();
+    let lent_before = CALL_ANSWER.replace(Some(answer));
     deliver(body_size);
-    CALL_ANSWER.with(|stash| stash.replace(None));
+    CALL_ANSWER.set(lent_before);
 }

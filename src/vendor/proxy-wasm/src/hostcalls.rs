@@ -180,6 +180,22 @@ pub fn get_map(map_type: MapType) -> Result<Vec<(String, String)>, Status> {
     }
 }
 
+// pinroute: the map as the host serialized it, for a caller that reads it in one piece
+// instead of two allocations a header; a status other than Ok is returned, not a panic.
+pub fn get_map_serialized(map_type: MapType) -> Result<Bytes, Status> {
+    unsafe {
+        let mut return_data: *mut u8 = null_mut();
+        let mut return_size: usize = 0;
+        match proxy_get_header_map_pairs(map_type, &mut return_data, &mut return_size) {
+            Status::Ok if !return_data.is_null() => {
+                Ok(Vec::from_raw_parts(return_data, return_size, return_size))
+            }
+            Status::Ok => Ok(Vec::new()),
+            status => Err(status),
+        }
+    }
+}
+
 pub fn get_map_bytes(map_type: MapType) -> Result<Vec<(String, Bytes)>, Status> {
     unsafe {
         let mut return_data: *mut u8 = null_mut();
