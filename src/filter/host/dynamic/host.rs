@@ -390,8 +390,9 @@ fn attribute(attribute_id: u32) -> Option<String> {
 }
 
 /// Shared data as proxy-wasm's: values with a compare-and-swap token, one table per process
-/// (made on first use).
-type SharedTable = HashMap<String, (Vec<u8>, u32)>;
+/// (made on first use). Values are shared, so that the lock is held while a value's count
+/// changes, not while it is copied.
+type SharedTable = HashMap<String, (Arc<[u8]>, u32)>;
 static SHARED: Mutex<Option<SharedTable>> = Mutex::new(None);
 static NEXT_CAS: AtomicU32 = AtomicU32::new(1);
 
@@ -605,14 +606,20 @@ impl Host for Dynamic {
     }
 
     fn shared_data(&self, key: &str) -> Result<SharedValue, HostError> {
-        let table = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(match table.as_ref().and_then(|t| t.get(key)) {
-            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+        let held = {
+            let table = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+            table.as_ref().and_then(|t| t.get(key)).cloned()
+        };
+        Ok(match held {
+            Some((value, cas)) => (Some(value.to_vec()), Some(cas)),
             None => (None, None),
         })
     }
 
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), HostError> {
+        let value = Arc::from(value);
+        // The value replaced is freed once the lock is released.
+        let _replaced;
         let mut table = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
         let table = table.get_or_insert_with(HashMap::new);
         match table.get_mut(key) {
@@ -620,11 +627,11 @@ impl Host for Dynamic {
                 Err(HostError::CasMismatch)
             }
             Some(entry) => {
-                *entry = (value.to_vec(), next_cas());
+                _replaced = std::mem::replace(entry, (value, next_cas()));
                 Ok(())
             }
             None => {
-                table.insert(key.to_owned(), (value.to_vec(), next_cas()));
+                table.insert(key.to_owned(), (value, next_cas()));
                 Ok(())
             }
         }
