@@ -12,7 +12,7 @@ use crate::policy::config::Settings;
 use crate::policy::error::RouteError;
 use crate::policy::headers::{self, DP_RANK_HEADER};
 use crate::policy::hop::HopFailure;
-use crate::policy::registry::{WorkerId, address_text};
+use crate::policy::registry::{WorkerId, address_text, push_address};
 use crate::policy::resolve::TokenHop;
 use crate::policy::rewrite::BodyEdit;
 use crate::policy::{answers, picker, retries};
@@ -65,8 +65,14 @@ pub fn route(
     // filter's own need setting.
     let pool = retries::pool_candidates(&decode, &env.config.pool_members);
     if let Some(pool) = &pool {
-        let listed: Vec<String> = pool.iter().copied().map(address_text).collect();
-        env.set_request_header(headers::POOL_HEADER, Some(&listed.join(",")))?;
+        let mut listed = String::with_capacity(22 * pool.len());
+        for (at, address) in pool.iter().copied().enumerate() {
+            if at > 0 {
+                listed.push(',');
+            }
+            push_address(&mut listed, address);
+        }
+        env.set_request_header(headers::POOL_HEADER, Some(&listed))?;
     }
     if let Some(rank) = target.rank {
         env.set_request_header(DP_RANK_HEADER, Some(&rank.to_string()))?;

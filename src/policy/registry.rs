@@ -88,26 +88,33 @@ fn one() -> u32 {
 /// `address` as its `Display` writes it (`ip:port`), without the formatting machinery: a
 /// request names a few workers' addresses in headers.
 pub fn address_text(address: SocketAddr) -> String {
-    let SocketAddr::V4(v4) = address else {
-        return address.to_string();
-    };
     let mut text = String::with_capacity(21);
+    push_address(&mut text, address);
+    text
+}
+
+/// Appends `address` as [`address_text`] spells it.
+pub fn push_address(text: &mut String, address: SocketAddr) {
+    let SocketAddr::V4(v4) = address else {
+        text.push_str(&address.to_string());
+        return;
+    };
     for (at, octet) in v4.ip().octets().into_iter().enumerate() {
         if at > 0 {
             text.push('.');
         }
-        push_decimal(&mut text, u16::from(octet));
+        push_decimal(text, u16::from(octet));
     }
     text.push(':');
-    push_decimal(&mut text, v4.port());
-    text
+    push_decimal(text, v4.port());
 }
 
 fn push_decimal(text: &mut String, n: u16) {
     if n >= 10 {
         push_decimal(text, n / 10);
     }
-    text.extend(char::from_digit(u32::from(n % 10), 10));
+    let digit = b'0'.saturating_add(u8::try_from(n % 10).unwrap_or_default());
+    text.push(char::from(digit));
 }
 
 fn model_names<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<ModelNames>, D::Error> {
