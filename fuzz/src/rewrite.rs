@@ -20,7 +20,8 @@
 //!
 //! For every response: `prefill_kv_transfer_params` never panics, returns the response's
 //! own `kv_transfer_params` object byte-identical, `None` for absent or `null`, and an error
-//! for a body that is not an object or a `kv_transfer_params` of another type.
+//! for a body that is not an object, a `kv_transfer_params` of another type or one given
+//! twice (the response's other members are not read: another key given twice is no error).
 
 use pinroute::policy::api::Api;
 use pinroute::policy::hop::HopFailure;
@@ -28,10 +29,14 @@ use pinroute::policy::json::JsonObject;
 use pinroute::policy::rewrite::{
     DecodeBody, PREFILL_KV_TRANSFER_PARAMS, prefill_body, prefill_kv_transfer_params,
 };
+use std::collections::BTreeMap;
+
+use serde::Deserializer as _;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::{is_duplicate_key, violated};
+use crate::violated;
 
 const KV: &str = "kv_transfer_params";
 /// Members the prefill body sets to its own values.
@@ -182,7 +187,6 @@ fn check_decode_body(request: &JsonObject<'_>, held: &[u8], kv: Option<&RawValue
 /// Checks `prefill_kv_transfer_params` against `serde_json::Value`, and returns its answer.
 fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> {
     let answer = prefill_kv_transfer_params(response);
-    let parsed = JsonObject::parse(response);
     match (&answer, serde_json::from_slice::<Value>(response)) {
         (Ok(Some(params)), Ok(Value::Object(map))) => {
             assert_eq!(
@@ -195,13 +199,11 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
                 "kv_transfer_params {} is not an object",
                 params.get()
             );
-            let own = parsed
-                .as_ref()
+            let own = serde_json::from_slice::<BTreeMap<String, Box<RawValue>>>(response)
                 .ok()
-                .and_then(|o| o.get(KV))
-                .map(RawValue::get);
+                .and_then(|mut members| members.remove(KV));
             assert_eq!(
-                own,
+                own.as_deref().map(RawValue::get),
                 Some(params.get()),
                 "kv_transfer_params is not the response's own bytes"
             );
@@ -214,7 +216,7 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
             )
         }
         (Err(_), Ok(Value::Object(map))) => {
-            let duplicate = parsed.as_ref().is_err_and(|e| is_duplicate_key(e, None));
+            let duplicate = times_given(response, KV) > 1;
             let not_object = map
                 .get(KV)
                 .is_some_and(|kv| !kv.is_object() && !kv.is_null());
@@ -228,6 +230,28 @@ fn check_response(response: &[u8]) -> Result<Option<Box<RawValue>>, HopFailure> 
         (Ok(None) | Err(_), _) => {}
     }
     answer
+}
+
+/// How many times a JSON object gives the member `key` (0 for what is not an object).
+fn times_given(json: &[u8], key: &str) -> usize {
+    struct Counting<'k>(&'k str);
+    impl<'de> Visitor<'de> for Counting<'_> {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+            let mut times = 0;
+            while let Some(key) = map.next_key::<String>()? {
+                times += usize::from(key == self.0);
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(times)
+        }
+    }
+    serde_json::Deserializer::from_slice(json)
+        .deserialize_map(Counting(key))
+        .unwrap_or(0)
 }
 
 fn members<'a>(object: &JsonObject<'a>) -> Members<'a> {

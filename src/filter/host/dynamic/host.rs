@@ -756,7 +756,16 @@ pub unsafe fn with_call_answer(
     };
     // SAFETY: the caller's contract.
     let body_size = unsafe { answer.chunks() }.iter().map(|c| c.length).sum();
-    let lent_before = CALL_ANSWER.replace(Some(answer));
+    let _lent = Lending(CALL_ANSWER.replace(Some(answer)));
     deliver(body_size);
-    CALL_ANSWER.set(lent_before);
+}
+
+/// Withdraws a lent answer, giving back the one lent before it, even if the delivery unwinds:
+/// no pointer of Envoy's outlives its callback.
+struct Lending(Option<LentAnswer>);
+
+impl Drop for Lending {
+    fn drop(&mut self) {
+        CALL_ANSWER.set(self.0);
+    }
 }
