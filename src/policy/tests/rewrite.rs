@@ -167,10 +167,17 @@ fn the_prefill_answer_gives_its_kv_transfer_params() {
     );
     let deepest = format!(
         r#"{{"kv_transfer_params": {}{}}}"#,
-        "{\"a\":".repeat(126),
-        "1".to_owned() + &"}".repeat(126)
+        "{\"a\":".repeat(127),
+        "1".to_owned() + &"}".repeat(127)
     );
     assert!(prefill_kv_transfer_params(deepest.as_bytes()).is_ok());
+    let other_member_twice = br#"{"id": "a", "id": "b", "kv_transfer_params": {"k": 1}}"#;
+    assert_eq!(
+        prefill_kv_transfer_params(other_member_twice)
+            .unwrap()
+            .map(|params| params.get().to_owned()),
+        Some(r#"{"k": 1}"#.to_owned())
+    );
 }
 
 #[test]
