@@ -140,10 +140,10 @@ pub fn forwarded_headers(
             && !name.starts_with("content-")
             && !NOT_FORWARDED.contains(&name)
             && !headers::must_strip(name, upstream_header)
+            && (traceparent.is_none() || name != TRACEPARENT)
             && std::str::from_utf8(value).is_ok()
     });
     if let Some(traceparent) = traceparent {
-        forwarded.remove(TRACEPARENT);
         forwarded.push(TRACEPARENT.as_bytes(), traceparent.as_bytes());
     }
     forwarded

@@ -205,7 +205,7 @@ fn text(headers: &Headers, name: &str) -> Option<String> {
 }
 
 fn set(headers: &mut Headers, name: &str, value: Option<&str>) {
-    headers.remove(name);
+    *headers = headers.filtered(|n, _| n != name);
     if let Some(value) = value {
         headers.push(name.as_bytes(), value.as_bytes());
     }

@@ -705,21 +705,15 @@ impl LentAnswer {
     /// # Safety
     /// The callback that lent the answer still runs.
     unsafe fn headers<'a>(self) -> &'a [EnvoyHttpHeader] {
-        match self.headers.is_null() {
-            true => &[],
-            // SAFETY: the caller's contract: Envoy's `headers_size` headers.
-            false => unsafe { std::slice::from_raw_parts(self.headers, self.headers_size) },
-        }
+        // SAFETY: the caller's contract: Envoy's `headers_size` headers.
+        unsafe { lent(self.headers, self.headers_size) }
     }
 
     /// # Safety
     /// As [`Self::headers`]'.
     unsafe fn chunks<'a>(self) -> &'a [EnvoyBuffer] {
-        match self.chunks.is_null() {
-            true => &[],
-            // SAFETY: the caller's contract: Envoy's `chunks_size` body slices.
-            false => unsafe { std::slice::from_raw_parts(self.chunks, self.chunks_size) },
-        }
+        // SAFETY: the caller's contract: Envoy's `chunks_size` body slices.
+        unsafe { lent(self.chunks, self.chunks_size) }
     }
 
     /// A reset or an answer over the buffer limit: no response, as proxy-wasm tells it.
@@ -729,6 +723,18 @@ impl LentAnswer {
         chunks: std::ptr::null(),
         chunks_size: 0,
     };
+}
+
+/// The `size` entries Envoy lent at `at` (none if null).
+///
+/// # Safety
+/// A non-null `at` points to `size` entries, valid for `'a`.
+unsafe fn lent<'a, T>(at: *const T, size: usize) -> &'a [T] {
+    match at.is_null() {
+        true => &[],
+        // SAFETY: the caller's contract.
+        false => unsafe { std::slice::from_raw_parts(at, size) },
+    }
 }
 
 /// Lends a call's answer to the stream in [`CALL_ANSWER`] while `deliver` runs with its body's
