@@ -259,6 +259,11 @@ fn by_affinity(
             busy: settings.busy(),
             rotation: turn,
             outstanding: loads,
+            draw_key: prefix
+                .depths(settings.prefix_min_bytes)
+                .last()
+                .copied()
+                .unwrap_or(0),
         }),
         prompt: PromptFacts {
             bytes: raw.len(),

@@ -74,10 +74,12 @@ fn check_encoding(loads: &[metrics_text::RankLoad]) {
         scraped_at: 7,
         sent: 3,
         ranks: loads.to_vec(),
+        average_milli: 0,
     };
-    table.merge(vec![report.clone()], |_| true);
+    table.merge(vec![report.clone()], |_| true, 0);
+    let merged = table.report(42);
     let back = EngineTable::decode(&table.encode());
-    if back.report(42) != Some(&report) {
+    if merged.map(|r| &r.ranks) != Some(&report.ranks) || back.report(42) != merged {
         violated(format!("{report:?} read back as {:?}", back.report(42)));
     }
 }

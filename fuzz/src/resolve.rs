@@ -265,6 +265,11 @@ pub fn check(case: &Case) {
         busy: settings.busy(),
         rotation: request.rotation,
         outstanding: by_load,
+        draw_key: prefix
+            .depths(settings.prefix_min_bytes)
+            .last()
+            .copied()
+            .unwrap_or(0),
     });
     let last_turn = prompt.last_turn.filter(|_| hashed);
     let facts = PromptFacts {
@@ -273,6 +278,7 @@ pub fn check(case: &Case) {
             prefill: prefill.map(|p| p.id(&workers)),
             decode: decode.id(&workers),
             added_bytes: u64::from(added),
+            draw_key: 0,
         }),
     };
     let request = Request {
@@ -1262,7 +1268,8 @@ fn check_prompt_hashes(text: &[u8], more: &[u8], settings: &Settings) {
             .get(min.div_ceil(BLOCK_BYTES) - 1..)
             .unwrap_or_default()
     );
-    let Some(turn) = Turn::of(&base, text, min, (Some(1), 2), 10) else {
+    let draw_key = base.depths(min).last().copied().unwrap_or(0);
+    let Some(turn) = Turn::of(&base, text, min, (Some(1), 2), (10, draw_key)) else {
         return;
     };
     assert_eq!(
@@ -1288,6 +1295,12 @@ fn check_prompt_hashes(text: &[u8], more: &[u8], settings: &Settings) {
             added,
             "a continuation under a shared key is found with what it adds"
         );
+        if let Some(found) = found {
+            assert_eq!(
+                found.draw_key, draw_key,
+                "a continuation draws by its first turn"
+            );
+        }
     }
 }
 

@@ -100,6 +100,7 @@ impl EngineScraper {
                     scraped_at: host.now_nanos(),
                     sent: scrape.sent,
                     ranks,
+                    average_milli: 0,
                 });
             }
             Err(why) => {
@@ -114,19 +115,18 @@ impl EngineScraper {
         true
     }
 
-    /// Shares the round's reports once every scrape of it has its answer.
+    /// Shares the round's reports once every scrape of it has its answer. This thread takes
+    /// them at its next look, like every other thread (`docs/semantics.md` §5).
     fn finish_if_answered(&mut self, host: &impl Host, config: &Config) {
         if !self.in_flight.is_empty() || self.answered.is_empty() {
             return;
         }
         let reports = std::mem::take(&mut self.answered);
         let listed = |id| config.registry.get(id).is_some();
-        match shared::merge_engine_reports(host, reports, listed) {
-            Ok(table) => {
-                self.table = Rc::new(table);
-                self.version = None;
-            }
-            Err(status) => log::warn!("pinroute: the engines' load not shared: {status:?}"),
+        let source = config.settings.engine_load.as_ref();
+        let stale_nanos = source.map_or(0, |s| s.rule().stale_nanos);
+        if let Err(status) = shared::merge_engine_reports(host, reports, listed, stale_nanos) {
+            log::warn!("pinroute: the engines' load not shared: {status:?}");
         }
     }
 }

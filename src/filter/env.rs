@@ -38,6 +38,13 @@ impl RequestPrompt<'_> {
             .map(|turn| turn.prefill.into_iter().chain([turn.decode]).collect())
             .unwrap_or_default()
     }
+
+    /// What a graded bound draws by (`docs/semantics.md` §5): the conversation's, carried by
+    /// the turn memory, or this prompt's deepest hash.
+    fn draw_key(&self, min_bytes: usize) -> u64 {
+        let deepest = || self.prefix.depths(min_bytes).last().copied().unwrap_or(0);
+        self.last_turn.map_or_else(deepest, |turn| turn.draw_key)
+    }
 }
 
 pub struct Env<H: Host> {
@@ -273,6 +280,7 @@ impl<H: Host> Env<H> {
             busy: settings.busy(),
             rotation,
             outstanding: loads,
+            draw_key: p.draw_key(settings.prefix_min_bytes),
         });
         let session = hints.session.as_deref();
         let choice = select::unpinned_choice(session, affinity, rotation, loads);
@@ -342,7 +350,7 @@ impl<H: Host> Env<H> {
             prompt.raw,
             settings.prefix_min_bytes,
             workers,
-            now,
+            (now, prompt.draw_key(settings.prefix_min_bytes)),
         ) {
             shared::remember_turn(&self.host, &turn);
         }

@@ -13,6 +13,7 @@ use super::shared::{self, Slots};
 use super::span_export::SpanQueue;
 use super::stream::Stream;
 use crate::policy::config::Config;
+use crate::policy::engine_load::EngineLoadSource;
 use crate::policy::registry::Registry;
 
 /// The root's timer: the live registry's adoption, the export of the filter's own spans, and
@@ -117,6 +118,11 @@ impl<H: Host + Clone> Root<H> {
             }
             if let Some(source) = &config.settings.engine_load {
                 self.engine.tick(&self.host, config, source);
+                let look = source.look_period().min(TICK_PERIOD);
+                let next = EngineLoadSource::until_next_look(self.host.now_nanos(), look);
+                if let Err(error) = self.host.set_tick_period(next) {
+                    log::debug!("pinroute: the timer not aligned: {error}");
+                }
             }
         }
         let Some(source) = self

@@ -314,16 +314,17 @@ pub fn engine_table(host: &impl Host, known_version: Option<u32>) -> Option<(Eng
     Some((table, version))
 }
 
-/// Takes a scrape round's reports into the shared table, over older ones, forgetting the
-/// workers `listed` no longer names; the table as written.
+/// Takes a scrape round's reports into the shared table, over older ones (averaged with
+/// them unless `stale_nanos` older), forgetting the workers `listed` no longer names.
 pub fn merge_engine_reports(
     host: &impl Host,
     reports: Vec<EngineReport>,
     listed: impl Fn(WorkerId) -> bool,
-) -> Result<EngineTable, HostError> {
+    stale_nanos: u64,
+) -> Result<(), HostError> {
     rewrite(host, ENGINE_KEY, |bytes| {
         let mut table = bytes.map(EngineTable::decode).unwrap_or_default();
-        table.merge(reports.clone(), &listed);
-        Ok((table.encode(), table))
+        table.merge(reports.clone(), &listed, stale_nanos);
+        Ok((table.encode(), ()))
     })
 }

@@ -88,6 +88,14 @@ impl EngineLoadSource {
         (self.period() / 10).max(MIN_LOOK)
     }
 
+    /// The time from `now` (host clock, nanoseconds) to the next multiple of `look` (at
+    /// least a millisecond): threads that look then, on replicas whose clocks agree, scrape
+    /// at the same moment and take a round's figures at the same moment.
+    pub fn until_next_look(now: u64, look: Duration) -> Duration {
+        let look = u64::try_from(look.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Duration::from_nanos(look - now % look).max(Duration::from_millis(1))
+    }
+
     /// `cluster`, or the prefill hop's.
     pub fn cluster<'a>(&'a self, prefill_cluster: &'a str) -> &'a str {
         if self.cluster.is_empty() {
@@ -161,7 +169,13 @@ pub struct EngineReport {
     pub sent: u64,
     /// The ranks it reported, by rank.
     pub ranks: Vec<RankLoad>,
+    /// Its requests averaged over its scrapes, in thousandths: set by [`EngineTable::merge`].
+    pub average_milli: u64,
 }
+
+/// How much of a worker's average the newest scrape makes, in percent: the figures two
+/// replicas scrape moments apart differ, and their averages less.
+const NEWEST_WEIGHT_PERCENT: i128 = 25;
 
 impl EngineReport {
     /// Requests the engine holds over all its ranks.
@@ -174,7 +188,7 @@ impl EngineReport {
 }
 
 /// Every worker's last report, in the byte encoding threads share: one entry per rank of
-/// `[worker, rank, waiting, running, kv_permille, scraped_at, sent]`.
+/// `[worker, rank, waiting, running, kv_permille, scraped_at, sent, average_milli]`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EngineTable {
     /// Sorted by worker.
@@ -193,6 +207,7 @@ impl EngineTable {
             kv_permille,
             scraped_at,
             sent,
+            average_milli,
         ] in words::decode(bytes)
         {
             let Ok(rank) = u32::try_from(rank) else {
@@ -216,6 +231,7 @@ impl EngineTable {
                     scraped_at,
                     sent,
                     ranks: vec![load],
+                    average_milli,
                 }),
             }
         }
@@ -233,6 +249,7 @@ impl EngineTable {
                     r.kv_permille,
                     report.scraped_at,
                     report.sent,
+                    report.average_milli,
                 ]
             })
         }))
@@ -254,10 +271,18 @@ impl EngineTable {
         self.reports.is_empty()
     }
 
-    /// Takes `fresh` reports over older ones of the same workers, and forgets the workers
+    /// Takes `fresh` reports over older ones of the same workers, each averaged with the
+    /// one it replaces unless that one is `stale_nanos` older, and forgets the workers
     /// `listed` no longer names.
-    pub fn merge(&mut self, fresh: Vec<EngineReport>, listed: impl Fn(WorkerId) -> bool) {
-        for report in fresh {
+    pub fn merge(
+        &mut self,
+        fresh: Vec<EngineReport>,
+        listed: impl Fn(WorkerId) -> bool,
+        stale_nanos: u64,
+    ) {
+        for mut report in fresh {
+            let newest = u64::try_from(u128::from(report.requests()) * 1000).unwrap_or(u64::MAX);
+            report.average_milli = newest;
             match self
                 .reports
                 .binary_search_by_key(&report.worker, |r| r.worker)
@@ -266,6 +291,9 @@ impl EngineTable {
                     if let Some(old) = self.reports.get_mut(at)
                         && old.scraped_at <= report.scraped_at
                     {
+                        if report.scraped_at.saturating_sub(old.scraped_at) <= stale_nanos {
+                            report.average_milli = averaged(old.average_milli, newest);
+                        }
                         *old = report;
                     }
                 }
@@ -274,6 +302,13 @@ impl EngineTable {
         }
         self.reports.retain(|r| listed(r.worker));
     }
+}
+
+/// `average` moved towards `newest` by [`NEWEST_WEIGHT_PERCENT`].
+fn averaged(average: u64, newest: u64) -> u64 {
+    let (average, newest) = (i128::from(average), i128::from(newest));
+    let moved = average + (newest - average) * NEWEST_WEIGHT_PERCENT / 100;
+    u64::try_from(moved.max(0)).unwrap_or(u64::MAX)
 }
 
 /// The load a choice reads when the engines' figures are on: a worker with a fresh report
@@ -308,6 +343,20 @@ impl Loads for EngineLoads<'_> {
                 u64::try_from(load.max(0)).unwrap_or(u64::MAX)
             }
             None => sent,
+        }
+    }
+
+    fn sent_since(&self, worker: &Worker) -> u64 {
+        self.fresh(worker).map_or(0, |report| {
+            self.sent.outstanding(worker).saturating_sub(report.sent)
+        })
+    }
+
+    /// The engine's averaged figures where fresh, else this gateway's own count.
+    fn reported_milli(&self, worker: &Worker) -> u64 {
+        match self.fresh(worker) {
+            Some(report) => report.average_milli,
+            None => self.sent.outstanding(worker).saturating_mul(1000),
         }
     }
 

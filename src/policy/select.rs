@@ -17,6 +17,19 @@ pub trait Loads {
             .fold(0, u64::saturating_add)
     }
 
+    /// The load prefix affinity's graded share reads (`docs/semantics.md` §5), in thousandths
+    /// of a request: the engines' own figures where there are fresh ones, the same on every
+    /// replica reading them; by default what `outstanding` counts.
+    fn reported_milli(&self, worker: &Worker) -> u64 {
+        self.outstanding(worker).saturating_mul(1000)
+    }
+
+    /// Requests this gateway sent `worker` since its engine's figures were scraped, beyond
+    /// those that ended: none without figures.
+    fn sent_since(&self, _worker: &Worker) -> u64 {
+        0
+    }
+
     /// Whether the engine's own fresh figures say `worker` is full (`docs/semantics.md` §5):
     /// then it is busy for prefix affinity, whatever its share of the requests in flight.
     fn full(&self, _worker: &Worker) -> bool {
@@ -67,6 +80,9 @@ pub struct Affinity<'a> {
     pub busy: Busy,
     pub rotation: u64,
     pub outstanding: &'a dyn Loads,
+    /// What a graded bound draws by: the deepest hash of the conversation's first turn, which
+    /// the turn memory carries from turn to turn, or this prompt's own deepest hash.
+    pub draw_key: u64,
 }
 
 /// When a worker is too busy to be chosen for affinity: it has more requests in flight than
@@ -76,36 +92,62 @@ pub struct Affinity<'a> {
 pub struct Busy {
     pub excess: u64,
     pub percent: u64,
-    /// With the engines' figures (every replica counting the same requests): a share of the
-    /// prompts growing with the load over the bound goes past the worker, each prompt by its
-    /// own draw, rather than every prompt once the load is over it.
+    /// With the engines' figures: a share of the prompts growing with the engines' load over
+    /// the bound goes past the worker, each conversation by its own draw, rather than every
+    /// prompt once this replica's count is over it.
     pub graded: bool,
 }
 
+/// A worker's load and its pool's, as a busy judgement reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolLoad {
+    /// Requests in flight ([`Loads::outstanding`]): the worker's and its pool's.
+    pub load: u64,
+    pub total: u64,
+    /// The engines' figures in thousandths ([`Loads::reported_milli`]): the worker's and its
+    /// pool's.
+    pub reported: u64,
+    pub reported_total: u64,
+    /// [`Loads::sent_since`] the worker's figures.
+    pub sent_since: u64,
+    pub workers: usize,
+}
+
 impl Busy {
-    /// Whether `worker`, with `load` requests in flight by `loads`, is busy for a prompt whose
-    /// deepest hash is `deepest`, in a pool of `workers` with `total` in flight: its prompt is
-    /// among the share that goes past the worker, or the worker is full by its engine's own
-    /// figures.
+    /// Whether `worker` is busy for a prompt that draws by `draw_key`: its prompt is among
+    /// the share that goes past the worker, this gateway sent it more than its bound since
+    /// the scrape (a burst must not pile onto it until the next), or it is full by its
+    /// engine's own figures.
     fn worker_is_busy(
         &self,
         worker: &Worker,
         loads: &dyn Loads,
-        (load, total, workers): (u64, u64, usize),
-        deepest: u64,
+        pool: PoolLoad,
+        draw_key: u64,
     ) -> bool {
         let over = if self.graded {
-            let share = self.spill_share(load, total, workers);
-            share > 0 && spill_draw(deepest, worker) < share
+            let milli = self.in_thousandths();
+            let share = milli.spill_share(pool.reported, pool.reported_total, pool.workers);
+            let (_, bound) = milli.scaled(0, pool.reported_total, pool.workers);
+            let (burst, _) = milli.scaled(pool.sent_since.saturating_mul(1000), 0, pool.workers);
+            burst > bound || (share > 0 && spill_draw(draw_key, worker) < share)
         } else {
-            self.is_busy(load, total, workers)
+            self.is_busy(pool.load, pool.total, pool.workers)
         };
         over || loads.full(worker)
     }
 
+    /// The same bound over loads counted in thousandths of a request.
+    fn in_thousandths(&self) -> Busy {
+        Busy {
+            excess: self.excess.saturating_mul(1000),
+            ..*self
+        }
+    }
+
     /// The share of the prompts placed on a worker with `load` requests in flight that go
     /// past it, in parts of 2^32: none up to its bound, then growing with the load over the
-    /// bound until all of them at twice the bound.
+    /// bound until all of them at one and a half times the bound.
     pub fn spill_share(&self, load: u64, total: u64, workers: usize) -> u64 {
         let (scaled_load, bound) = self.scaled(load, total, workers);
         if scaled_load <= bound {
@@ -113,7 +155,7 @@ impl Busy {
         }
         // Both scaled down to at most 96 bits, so that the excess in parts of 2^32 fits.
         let shift = (u128::BITS - bound.leading_zeros()).saturating_sub(96);
-        let ramp = (bound >> shift).max(1);
+        let ramp = ((bound / 2) >> shift).max(1);
         let over = ((scaled_load - bound) >> shift).min(ramp);
         u64::try_from((over << 32) / ramp).unwrap_or(u64::MAX)
     }
@@ -347,11 +389,23 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     };
     let order = top(eligible(), limit.max(1), weigh);
     let count = count.get();
+    let reported_total = OnceCell::new();
     let over = |w: &Worker| {
-        let load = outstanding.outstanding(w);
-        affinity
-            .busy
-            .worker_is_busy(w, outstanding, (load, total, count), deepest)
+        let reported_total = *reported_total.get_or_init(|| {
+            eligible()
+                .map(|w| outstanding.reported_milli(w))
+                .fold(0, u64::saturating_add)
+        });
+        let pool = PoolLoad {
+            load: outstanding.outstanding(w),
+            total,
+            reported: outstanding.reported_milli(w),
+            reported_total,
+            sent_since: outstanding.sent_since(w),
+            workers: count,
+        };
+        let busy = &affinity.busy;
+        busy.worker_is_busy(w, outstanding, pool, affinity.draw_key)
     };
     // A pool whose every worker is busy has none: moving would lose the prefix for nothing.
     let all_busy = OnceCell::new();
@@ -435,21 +489,27 @@ fn rotate(pool: &mut [&Worker], rotation: u64) {
 /// one is not busy; else the first worker not busy in the deepest hash's order (the least
 /// loaded one always qualifies). The rest follow in the deepest hash's order.
 fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
-    let loads: Vec<u64> = pool
-        .iter()
-        .map(|w| affinity.outstanding.outstanding(w))
-        .collect();
-    let total = loads.iter().copied().fold(0u64, u64::saturating_add);
+    let loads = affinity.outstanding;
+    let sum =
+        |load: &dyn Fn(&Worker) -> u64| pool.iter().map(|w| load(w)).fold(0, u64::saturating_add);
+    let total = sum(&|w| loads.outstanding(w));
+    let reported_total = sum(&|w| loads.reported_milli(w));
     let deepest = affinity.depths.last().copied().unwrap_or(0);
     let busy: Vec<WorkerId> = pool
         .iter()
-        .zip(&loads)
-        .filter(|(w, load)| {
-            let loads = affinity.outstanding;
-            let pool_load = (**load, total, pool.len());
-            affinity.busy.worker_is_busy(w, loads, pool_load, deepest)
+        .filter(|w| {
+            let pool_load = PoolLoad {
+                load: loads.outstanding(w),
+                total,
+                reported: loads.reported_milli(w),
+                reported_total,
+                sent_since: loads.sent_since(w),
+                workers: pool.len(),
+            };
+            let busy = &affinity.busy;
+            busy.worker_is_busy(w, loads, pool_load, affinity.draw_key)
         })
-        .map(|(w, _)| w.id)
+        .map(|w| w.id)
         .collect();
     let busy = if busy.len() == pool.len() {
         Vec::new()
@@ -506,8 +566,8 @@ pub fn session_weight(key: &[u8], worker: &Worker) -> u64 {
 
 /// Where a prompt falls among a worker's prompts when some must go past it, in parts of
 /// 2^32: the same on every replica, independent of [`prefix_weight`].
-fn spill_draw(deepest: u64, worker: &Worker) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(&deepest.to_le_bytes(), !worker.id) >> 32
+fn spill_draw(draw_key: u64, worker: &Worker) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&draw_key.to_le_bytes(), !worker.id) >> 32
 }
 
 /// A worker's weight for one depth of a prompt's hashes, as stable as [`session_weight`].

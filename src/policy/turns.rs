@@ -19,6 +19,9 @@ pub struct Turn {
     pub decode: WorkerId,
     /// When it was routed, in host nanoseconds.
     pub at: u64,
+    /// What the conversation's graded draws are made by (`docs/semantics.md` §5): the
+    /// deepest hash of its first turn through this gateway, carried from turn to turn.
+    pub draw_key: u64,
 }
 
 /// What the last turn tells about a request that continues it.
@@ -28,11 +31,12 @@ pub struct LastTurn {
     pub decode: WorkerId,
     /// Bytes the request's prompt adds to the last turn's.
     pub added_bytes: u64,
+    pub draw_key: u64,
 }
 
 /// Memory slots: a key is kept in slot `key % SLOTS`, the newest turn winning.
 pub const SLOTS: u64 = 4096;
-const ENCODED_BYTES: usize = 56;
+const ENCODED_BYTES: usize = 64;
 
 impl Turn {
     /// The turn to remember for a request, when its prompt has a memory key.
@@ -41,7 +45,7 @@ impl Turn {
         prompt: &[u8],
         min_bytes: usize,
         workers: (Option<WorkerId>, WorkerId),
-        now: u64,
+        (now, draw_key): (u64, u64),
     ) -> Option<Turn> {
         let key = prefix.memory_keys(min_bytes).0?;
         Some(Turn {
@@ -51,6 +55,7 @@ impl Turn {
             prefill: workers.0,
             decode: workers.1,
             at: now,
+            draw_key,
         })
     }
 
@@ -77,6 +82,7 @@ impl Turn {
             prefill: self.prefill,
             decode: self.decode,
             added_bytes: prompt.len().saturating_sub(length) as u64,
+            draw_key: self.draw_key,
         })
     }
 
@@ -90,6 +96,7 @@ impl Turn {
             self.prefill.unwrap_or(0),
             self.decode,
             self.at,
+            self.draw_key,
         ];
         for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
             chunk.copy_from_slice(&field.to_le_bytes());
@@ -106,8 +113,16 @@ impl Turn {
             .chunks_exact(8)
             .map(|chunk| chunk.try_into().map(u64::from_le_bytes).unwrap_or(0));
         let mut next = || fields.next().unwrap_or(0);
-        let (key, prompt_bytes, tail, has_prefill, prefill, decode, at) =
-            (next(), next(), next(), next(), next(), next(), next());
+        let (key, prompt_bytes, tail, has_prefill, prefill, decode, at, draw_key) = (
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+        );
         Some(Turn {
             key,
             prompt_bytes,
@@ -115,6 +130,7 @@ impl Turn {
             prefill: (has_prefill == 1).then_some(prefill),
             decode,
             at,
+            draw_key,
         })
     }
 }

@@ -32,6 +32,7 @@ fn report(worker: WorkerId, scraped_at: u64, sent: u64, ranks: Vec<RankLoad>) ->
         scraped_at,
         sent,
         ranks,
+        average_milli: 0,
     }
 }
 
@@ -47,7 +48,7 @@ fn rule() -> FullRule {
 
 fn table(reports: Vec<EngineReport>) -> EngineTable {
     let mut table = EngineTable::default();
-    table.merge(reports, |_| true);
+    table.merge(reports, |_| true, 2 * SECOND);
     table
 }
 
@@ -60,7 +61,7 @@ fn reports_survive_encoding_and_torn_or_disordered_entries_are_dropped() {
     let mut bytes = written.encode();
     assert_eq!(EngineTable::decode(&bytes), written);
     assert_eq!(written.report(3).unwrap().requests(), 10);
-    bytes.extend_from_slice(&bytes.clone()[..56]);
+    bytes.extend_from_slice(&bytes.clone()[..64]);
     bytes.extend_from_slice(&[1, 2, 3]);
     assert_eq!(
         EngineTable::decode(&bytes),
@@ -82,6 +83,7 @@ fn a_newer_report_replaces_an_older_one_and_unlisted_workers_are_forgotten() {
             report(4, 30, 0, vec![rank(0, 4, 0, 0)]),
         ],
         |id| id != 4,
+        2 * SECOND,
     );
     assert_eq!(
         shared.report(1).unwrap().ranks[0].waiting,
@@ -267,6 +269,7 @@ fn affinity_passes_over_a_full_worker_unless_every_worker_is_full() {
             },
             rotation: 0,
             outstanding: &loads,
+            draw_key: 42,
         });
         let ranked = rank_candidates(pool.iter().collect(), choice);
         (ranked.order[0].id, ranked.placement)
@@ -287,5 +290,79 @@ fn affinity_passes_over_a_full_worker_unless_every_worker_is_full() {
         place(&waiting(&[1, 2, 3])),
         (home, Placement::Affinity),
         "every worker full: moving would lose the prefix for nothing"
+    );
+}
+
+#[test]
+fn an_average_moves_a_quarter_of_the_way_to_each_scrape_and_starts_again_after_a_stale_gap() {
+    let average = |table: &EngineTable| table.report(1).unwrap().average_milli;
+    let mut shared = table(vec![report(1, SECOND, 0, vec![rank(0, 2, 6, 0)])]);
+    assert_eq!(average(&shared), 8000, "a first scrape is its own average");
+    let next = |at, requests| vec![report(1, at, 0, vec![rank(0, 0, requests, 0)])];
+    shared.merge(next(2 * SECOND, 0), |_| true, 2 * SECOND);
+    assert_eq!(average(&shared), 6000);
+    shared.merge(next(3 * SECOND, 4), |_| true, 2 * SECOND);
+    assert_eq!(average(&shared), 5500);
+    shared.merge(next(6 * SECOND, 4), |_| true, 2 * SECOND);
+    assert_eq!(average(&shared), 4000, "3 s after the last: a new average");
+    assert_eq!(EngineTable::decode(&shared.encode()), shared);
+}
+
+#[test]
+fn the_graded_share_reads_the_engines_average_and_a_worker_without_fresh_figures_its_own_count() {
+    let mut sent = LoadTable::default();
+    sent.add(1, 5);
+    sent.add(2, 7);
+    let mut engine = table(vec![report(1, 10 * SECOND, 3, vec![rank(0, 0, 8, 0)])]);
+    engine.merge(
+        vec![report(1, 11 * SECOND, 3, vec![rank(0, 0, 4, 0)])],
+        |_| true,
+        2 * SECOND,
+    );
+    let loads = EngineLoads {
+        sent: &sent,
+        table: &engine,
+        rule: rule(),
+        now: 11 * SECOND,
+        rotation: 0,
+    };
+    assert_eq!(loads.reported_milli(&worker(1, 1)), 7000, "8 then 4");
+    assert_eq!(
+        loads.outstanding(&worker(1, 1)),
+        4 + 2,
+        "the last scrape, 2 sent since"
+    );
+    assert_eq!(loads.sent_since(&worker(1, 1)), 2);
+    assert_eq!(
+        loads.reported_milli(&worker(2, 1)),
+        7000,
+        "no report: own count"
+    );
+    assert_eq!(loads.sent_since(&worker(2, 1)), 0);
+    let stale = EngineLoads {
+        now: 14 * SECOND,
+        ..loads
+    };
+    assert_eq!(
+        stale.reported_milli(&worker(1, 1)),
+        5000,
+        "stale: own count"
+    );
+}
+
+#[test]
+fn every_thread_looks_on_the_clocks_multiples_of_its_look_period() {
+    let look = Duration::from_millis(50);
+    let until = |now| EngineLoadSource::until_next_look(now, look);
+    assert_eq!(until(SECOND), look, "on a multiple: the next one");
+    assert_eq!(until(SECOND + 30_000_000), Duration::from_millis(20));
+    assert_eq!(
+        until(SECOND + 49_999_999),
+        Duration::from_millis(1),
+        "at least 1 ms"
+    );
+    assert_eq!(
+        EngineLoadSource::until_next_look(u64::MAX, Duration::ZERO),
+        Duration::from_millis(1)
     );
 }

@@ -760,6 +760,7 @@ fn by_prefix<'a>(depths: &'a [u64], remembered: &'a [WorkerId]) -> Choice<'a> {
         busy: Settings::default().busy(),
         rotation: 0,
         outstanding: &idle,
+        draw_key: depths.last().copied().unwrap_or(0),
     })
 }
 
@@ -789,6 +790,7 @@ fn last_turn(decode: WorkerId, added_bytes: u64) -> Option<LastTurn> {
         prefill: Some(102),
         decode,
         added_bytes,
+        draw_key: 0,
     })
 }
 
@@ -825,6 +827,7 @@ fn unpinned_hops_report_how_their_worker_was_chosen() {
         busy: strict.busy(),
         rotation: 0,
         outstanding: &loads,
+        draw_key: hash,
     });
     let route = resolve_prompt(&strict, choice, PromptFacts::default(), &Pins::default());
     assert_eq!(prefill_ids(&route)[0], 103);

@@ -155,6 +155,7 @@ fn affinity(
             busy: BUSY,
             rotation: 0,
             outstanding: loads,
+            draw_key: depths.last().copied().unwrap_or(0),
         }),
     );
     (ids(&ranked.order), ranked.placement)
@@ -209,19 +210,19 @@ const GRADED: Busy = Busy {
 #[test]
 fn a_graded_bound_sends_past_a_worker_a_share_growing_with_its_load() {
     // 150 % of the mean plus 2: four workers with 40 in flight have a bound of 17, and every
-    // prompt goes past a worker at twice that.
+    // prompt goes past a worker at one and a half times that.
     let share = |load| GRADED.spill_share(load, 40, 4) as f64 / 4_294_967_296.0;
     assert_eq!(share(17), 0.0, "none up to the bound");
-    assert!((share(17 + 17 / 2) - 0.5).abs() < 0.04, "{}", share(25));
-    assert_eq!(share(34), 1.0);
+    assert!((share(21) - 0.47).abs() < 0.01, "{}", share(21));
+    assert_eq!(share(26), 1.0);
     assert_eq!(share(u64::MAX), 1.0);
     let huge = Busy {
         percent: u64::MAX,
         ..GRADED
     };
-    // A bound near 2^101 in the function's scale (load × 100 × workers), and a load half way
-    // over it.
-    let past_96_bits = huge.spill_share(u64::MAX, 100 * (1 << 31) * 2 / 3, 1 << 31);
+    // A bound near 2^101 in the function's scale (load × 100 × workers), and a load a quarter
+    // over it: half way to one and a half times it.
+    let past_96_bits = huge.spill_share(u64::MAX, 100 * (1 << 31) * 4 / 5, 1 << 31);
     assert!(
         (past_96_bits as f64 / 4_294_967_296.0 - 0.5).abs() < 0.01,
         "{past_96_bits}"
@@ -240,17 +241,24 @@ fn a_graded_bound_sends_past_a_worker_a_share_growing_with_its_load() {
 /// holds `home_load` requests and each other worker one.
 fn spilled(busy: Busy, pool: &[Worker], home: u64, home_load: u64) -> Vec<u64> {
     let loads = |w: &Worker| if w.id == home { home_load } else { 1 };
+    spilled_turns(busy, pool, home, &loads, 0)
+}
+
+/// [`spilled`] with these loads, for the conversations' turn `turn` (each turn a deeper hash,
+/// the draw key the first turn's).
+fn spilled_turns(busy: Busy, pool: &[Worker], home: u64, loads: &dyn Loads, turn: u64) -> Vec<u64> {
     (0..2000u64)
         .filter(|conversation| {
-            let depths = [7, 1000 + conversation];
+            let depths = [7, 1000 + conversation, 1_000_000 * turn + conversation];
             let ranked = rank_candidates(
                 pool.iter().collect(),
                 Choice::Prefix(Affinity {
-                    depths: &depths,
+                    depths: &depths[..if turn == 0 { 2 } else { 3 }],
                     remembered: &[],
                     busy,
                     rotation: 0,
-                    outstanding: &loads,
+                    outstanding: loads,
+                    draw_key: 1000 + conversation,
                 }),
             );
             ranked.order[0].id != home
@@ -258,23 +266,103 @@ fn spilled(busy: Busy, pool: &[Worker], home: u64, home_load: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Loads whose engines' figures and whose counts with this replica's own requests differ:
+/// `home` holds `reported` by the engines and `counted` with them, `since` of them sent since
+/// the scrape; every other worker one.
+struct Split {
+    home: u64,
+    reported: u64,
+    counted: u64,
+    since: u64,
+}
+
+impl Loads for Split {
+    fn outstanding(&self, worker: &Worker) -> u64 {
+        if worker.id == self.home {
+            self.counted
+        } else {
+            1
+        }
+    }
+
+    fn reported_milli(&self, worker: &Worker) -> u64 {
+        1000 * if worker.id == self.home {
+            self.reported
+        } else {
+            1
+        }
+    }
+
+    fn sent_since(&self, worker: &Worker) -> u64 {
+        if worker.id == self.home {
+            self.since
+        } else {
+            0
+        }
+    }
+}
+
+#[test]
+fn a_conversation_draws_once_for_all_its_turns() {
+    let pool = workers(4);
+    let home = top(&pool, 7, &[]);
+    let loads = |w: &Worker| if w.id == home { 7 } else { 1 };
+    let first = spilled_turns(GRADED, &pool, home, &loads, 0);
+    assert!((750..1000).contains(&first.len()), "{}", first.len());
+    for turn in 1..4 {
+        assert_eq!(
+            spilled_turns(GRADED, &pool, home, &loads, turn),
+            first,
+            "turn {turn}"
+        );
+    }
+}
+
+#[test]
+fn a_graded_share_reads_the_engines_figures_and_this_replicas_own_requests_only_in_a_burst() {
+    let pool = workers(4);
+    let home = top(&pool, 7, &[]);
+    let split = |counted, since| Split {
+        home,
+        reported: 7,
+        counted,
+        since,
+    };
+    // The engines report 7 of 10 (the bound 5.75): 43 % of the way to every prompt.
+    let engines = spilled_turns(GRADED, &pool, home, &split(7, 0), 0);
+    assert!((750..1000).contains(&engines.len()), "{}", engines.len());
+    for (counted, since) in [(0, 0), (5, 0), (12, 5)] {
+        let replica = spilled_turns(GRADED, &pool, home, &split(counted, since), 0);
+        assert_eq!(
+            replica, engines,
+            "this replica's count {counted}, {since} since"
+        );
+    }
+    let burst = spilled_turns(GRADED, &pool, home, &split(13, 6), 0);
+    assert_eq!(
+        burst.len(),
+        2000,
+        "6 sent since the scrape: more than the bound"
+    );
+}
+
 #[test]
 fn a_graded_bound_passes_over_a_busy_worker_for_a_share_of_its_conversations() {
     let pool = workers(4);
     let home = top(&pool, 7, &[]);
-    // 11 + 3 in flight: the bound is 150 % of 3.5 plus 2 (7.25), and 11 about half way to
-    // twice it.
-    let half = spilled(GRADED, &pool, home, 11);
-    assert!((900..1200).contains(&half.len()), "{}", half.len());
-    assert_eq!(half, spilled(GRADED, &pool, home, 11), "by its draw alone");
-    let more = spilled(GRADED, &pool, home, 12);
+    // 7 + 3 in flight: the bound is 150 % of 2.5 plus 2 (5.75), and 7 is 43 % of the way
+    // to one and a half times it.
+    let half = spilled(GRADED, &pool, home, 7);
+    assert!((750..1000).contains(&half.len()), "{}", half.len());
+    assert_eq!(half, spilled(GRADED, &pool, home, 7), "by its draw alone");
+    let more = spilled(GRADED, &pool, home, 8);
     assert!(more.len() > half.len());
     assert!(
         half.iter().all(|c| more.contains(c)),
         "a conversation that went past at a load goes past at a higher one"
     );
     assert_eq!(
-        spilled(BUSY, &pool, home, 11).len(),
+        spilled(BUSY, &pool, home, 7).len(),
         2000,
         "ungraded: all of them"
     );
@@ -415,6 +503,7 @@ fn a_session_beats_prefix_affinity_and_affinity_beats_load() {
         },
         rotation: 0,
         outstanding: &outstanding,
+        draw_key: 2,
     };
     let placed = |choice: Choice<'_>| match choice {
         Choice::Session(key) => format!("session {}", String::from_utf8_lossy(key)),
@@ -507,8 +596,9 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
                 running: 1,
                 kv_permille: 0,
             }],
+            average_milli: 0,
         });
-        engine.merge(reports.collect(), |_| true);
+        engine.merge(reports.collect(), |_| true, 0);
         let engine_loads = EngineLoads {
             sent: &table,
             table: &engine,
@@ -550,6 +640,7 @@ fn ranking_a_pool_is_ranking_its_workers_cut_to_the_limit() {
                 busy,
                 rotation,
                 outstanding: loads,
+                draw_key: depths.last().copied().unwrap_or(0),
             }),
         };
         let workers = registry

@@ -23,7 +23,7 @@ fn conversation(turns: usize) -> Vec<u8> {
 
 fn remembered(prompt: &[u8], at: u64) -> Turn {
     let prefix = PromptPrefix::new(prompt, WINDOW);
-    Turn::of(&prefix, prompt, MIN, (Some(101), 201), at).unwrap()
+    Turn::of(&prefix, prompt, MIN, (Some(101), 201), (at, 77)).unwrap()
 }
 
 fn key(prompt: &[u8]) -> (Option<u64>, Option<u64>) {
@@ -49,7 +49,8 @@ fn the_next_turn_continues_the_last_one() {
         LastTurn {
             prefill: Some(101),
             decode: 201,
-            added_bytes: (next.len() - last.len()) as u64
+            added_bytes: (next.len() - last.len()) as u64,
+            draw_key: 77,
         }
     );
 }
@@ -107,7 +108,7 @@ fn anything_else_is_not_a_continuation() {
 fn a_short_prompt_is_not_remembered() {
     let prompt = vec![b'x'; MIN - 1];
     let prefix = PromptPrefix::new(&prompt, WINDOW);
-    assert_eq!(Turn::of(&prefix, &prompt, MIN, (None, 201), 0), None);
+    assert_eq!(Turn::of(&prefix, &prompt, MIN, (None, 201), (0, 0)), None);
 }
 
 #[test]
@@ -119,6 +120,7 @@ fn turns_round_trip_and_garbage_is_none() {
         prefill: Some(u64::MAX),
         decode: 0,
         at: 99,
+        draw_key: u64::MAX - 1,
     };
     assert_eq!(Turn::decode(&turn.encode()), Some(turn));
     let without = Turn {

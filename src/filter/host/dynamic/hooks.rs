@@ -418,7 +418,7 @@ fn new_stream(config: &Arc<ModuleConfig>) -> Option<Stream<Dynamic>> {
     })
 }
 
-fn now_nanos() -> u64 {
+pub(super) fn now_nanos() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .ok()

@@ -20,6 +20,7 @@ use super::guard::guarded;
 use super::host::{Dynamic, ModuleConfig, with_call_answer};
 use crate::filter::root::Root;
 use crate::policy::config::Settings;
+use crate::policy::engine_load::EngineLoadSource;
 
 /// The shortest wait between two looks at whether a call is due.
 const MIN_TIMER_PERIOD: Duration = Duration::from_millis(50);
@@ -79,9 +80,11 @@ fn ask_for_fetches(config: &ModuleConfig, scheduler: &Scheduler, period: Duratio
         unsafe {
             abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler.0, 0)
         };
+        // On the clock's multiples of the period, like the proxy-wasm roots' timers.
+        let wait = EngineLoadSource::until_next_look(super::hooks::now_nanos(), period);
         let started = Instant::now();
-        while started.elapsed() < period && config.alive.load(Ordering::Acquire) {
-            std::thread::sleep(ALIVE_CHECK.min(period));
+        while started.elapsed() < wait && config.alive.load(Ordering::Acquire) {
+            std::thread::sleep(ALIVE_CHECK.min(wait - started.elapsed()));
         }
     }
     // SAFETY: made by `scheduler_new`, committed to by this thread alone, deleted once.
