@@ -94,19 +94,24 @@ fn a_newer_report_replaces_an_older_one_and_unlisted_workers_are_forgotten() {
     assert_eq!(shared.report(4), None);
 }
 
+/// The loads a choice reads at 11 s with these own counts and figures.
+fn loads_at_11_s<'a>(sent: &'a LoadTable, engine: &'a EngineTable) -> EngineLoads<'a> {
+    EngineLoads {
+        sent,
+        table: engine,
+        rule: rule(),
+        now: 11 * SECOND,
+        rotation: 0,
+    }
+}
+
 #[test]
 fn a_fresh_report_counts_the_engine_plus_what_was_sent_since() {
     let mut sent = LoadTable::default();
     sent.add(1, 5);
     sent.add(2, 5);
     let engine = table(vec![report(1, 10 * SECOND, 3, vec![rank(0, 4, 6, 0)])]);
-    let loads = EngineLoads {
-        sent: &sent,
-        table: &engine,
-        rule: rule(),
-        now: 11 * SECOND,
-        rotation: 0,
-    };
+    let loads = loads_at_11_s(&sent, &engine);
     assert_eq!(
         loads.outstanding(&worker(1, 1)),
         10 + 2,
@@ -319,13 +324,7 @@ fn the_graded_share_reads_the_engines_average_and_a_worker_without_fresh_figures
         |_| true,
         2 * SECOND,
     );
-    let loads = EngineLoads {
-        sent: &sent,
-        table: &engine,
-        rule: rule(),
-        now: 11 * SECOND,
-        rotation: 0,
-    };
+    let loads = loads_at_11_s(&sent, &engine);
     assert_eq!(loads.reported_milli(&worker(1, 1)), 7000, "8 then 4");
     assert_eq!(
         loads.outstanding(&worker(1, 1)),

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr};
 use super::guard::guarded;
 use super::host::{
-    CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, request_body_len, response_body_len,
-    tick_period, with_call_answer,
+    CURRENT, Dynamic, ModuleConfig, RESUME, define_metric, now_nanos, request_body_len,
+    response_body_len, tick_period, with_call_answer,
 };
 use super::poller;
 use super::spans;
@@ -416,14 +416,6 @@ fn new_stream(config: &Arc<ModuleConfig>) -> Option<Stream<Dynamic>> {
         let thread_root = roots.iter().find(|r| r.config.key == config.key)?;
         thread_root.root.new_stream()
     })
-}
-
-pub(super) fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| u64::try_from(d.as_nanos()).ok())
-        .unwrap_or(0)
 }
 
 /// Ticks this thread's root of configuration `key` if its period has passed: Envoy gives a

@@ -175,6 +175,15 @@ pub fn tick_period(key: u64) -> Option<Duration> {
     })
 }
 
+/// The host clock: nanoseconds since the Unix epoch.
+pub fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .unwrap_or(0)
+}
+
 /// The host of one filter configuration, on whatever thread uses it.
 #[derive(Debug, Clone)]
 pub struct Dynamic {
@@ -663,11 +672,7 @@ impl Host for Dynamic {
     }
 
     fn now_nanos(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .and_then(|d| u64::try_from(d.as_nanos()).ok())
-            .unwrap_or(0)
+        now_nanos()
     }
 
     fn plugin_configuration(&self) -> Option<Vec<u8>> {

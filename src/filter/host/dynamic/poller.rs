@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::abi::{self, EnvoyBuffer, EnvoyHttpHeader, FilterConfigEnvoyPtr};
 use super::guard::guarded;
-use super::host::{Dynamic, ModuleConfig, with_call_answer};
+use super::host::{Dynamic, ModuleConfig, now_nanos, with_call_answer};
 use crate::filter::root::Root;
 use crate::policy::config::Settings;
 use crate::policy::engine_load::EngineLoadSource;
@@ -81,7 +81,7 @@ fn ask_for_fetches(config: &ModuleConfig, scheduler: &Scheduler, period: Duratio
             abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler.0, 0)
         };
         // On the clock's multiples of the period, like the proxy-wasm roots' timers.
-        let wait = EngineLoadSource::until_next_look(super::hooks::now_nanos(), period);
+        let wait = EngineLoadSource::until_next_look(now_nanos(), period);
         let started = Instant::now();
         while started.elapsed() < wait && config.alive.load(Ordering::Acquire) {
             std::thread::sleep(ALIVE_CHECK.min(wait - started.elapsed()));
