@@ -98,41 +98,43 @@ pub struct Busy {
     pub graded: bool,
 }
 
-/// A worker's load and its pool's, as a busy judgement reads them.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolLoad {
-    /// Requests in flight ([`Loads::outstanding`]): the worker's and its pool's.
-    pub load: u64,
-    pub total: u64,
-    /// The engines' figures in thousandths ([`Loads::reported_milli`]): the worker's and its
-    /// pool's.
-    pub reported: u64,
-    pub reported_total: u64,
-    /// [`Loads::sent_since`] the worker's figures.
-    pub sent_since: u64,
-    pub workers: usize,
-}
-
 impl Busy {
-    /// Whether `worker` is busy for a prompt that draws by `draw_key`: its prompt is among
-    /// the share that goes past the worker, this gateway sent it more than its bound since
-    /// the scrape (a burst must not pile onto it until the next), or it is full by its
-    /// engine's own figures.
+    /// The load of `worker` this bound reads: graded, the engines' figures in thousandths
+    /// ([`Loads::reported_milli`]); else the requests in flight.
+    fn load_of(&self, loads: &dyn Loads, worker: &Worker) -> u64 {
+        if self.graded {
+            loads.reported_milli(worker)
+        } else {
+            loads.outstanding(worker)
+        }
+    }
+
+    /// [`Busy::load_of`] summed over `workers`.
+    fn total_of<'w>(&self, loads: &dyn Loads, workers: impl Iterator<Item = &'w Worker>) -> u64 {
+        workers
+            .map(|w| self.load_of(loads, w))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Whether `worker`, with `load` ([`Busy::load_of`]) in a pool of `workers` with `total`,
+    /// is busy for a prompt that draws by `draw_key`: its prompt is among the share that goes
+    /// past the worker, this gateway sent it more than its bound since the scrape (a burst
+    /// must not pile onto it until the next), or it is full by its engine's own figures.
     fn worker_is_busy(
         &self,
         worker: &Worker,
         loads: &dyn Loads,
-        pool: PoolLoad,
+        (load, total, workers): (u64, u64, usize),
         draw_key: u64,
     ) -> bool {
         let over = if self.graded {
             let milli = self.in_thousandths();
-            let share = milli.spill_share(pool.reported, pool.reported_total, pool.workers);
-            let (_, bound) = milli.scaled(0, pool.reported_total, pool.workers);
-            let (burst, _) = milli.scaled(pool.sent_since.saturating_mul(1000), 0, pool.workers);
-            burst > bound || (share > 0 && spill_draw(draw_key, worker) < share)
+            let share = milli.spill_share(load, total, workers);
+            let burst = loads.sent_since(worker).saturating_mul(1000);
+            milli.is_busy(burst, total, workers)
+                || (share > 0 && spill_draw(draw_key, worker) < share)
         } else {
-            self.is_busy(pool.load, pool.total, pool.workers)
+            self.is_busy(load, total, workers)
         };
         over || loads.full(worker)
     }
@@ -294,7 +296,11 @@ pub fn rank_pool<'w>(
                 .filter_map(|id| pool.get(pool.position(*id)?))
                 .filter(|w| !excluded.contains(&w.id))
                 .collect();
-            let total = affinity.outstanding.total(pool, excluded);
+            let total = if affinity.busy.graded {
+                affinity.busy.total_of(affinity.outstanding, eligible())
+            } else {
+                affinity.outstanding.total(pool, excluded)
+            };
             affinity_order(&eligible, &remembered, total, limit, &affinity)
         }
     };
@@ -370,9 +376,9 @@ fn least_loaded_of<'w>(
     order
 }
 
-/// [`by_affinity`]'s order of the workers `eligible` gives (with `total` requests in flight),
-/// the first `limit`: one weight per worker (two when the prompt has several depths), and one
-/// more pass per depth only when that depth's worker is busy.
+/// [`by_affinity`]'s order of the workers `eligible` gives (`total`: their load by
+/// [`Busy::total_of`]), the first `limit`: one weight per worker (two when the prompt has
+/// several depths), and one more pass per depth only when that depth's worker is busy.
 fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     eligible: &dyn Fn() -> I,
     remembered: &[&'w Worker],
@@ -389,23 +395,10 @@ fn affinity_order<'w, I: Iterator<Item = &'w Worker>>(
     };
     let order = top(eligible(), limit.max(1), weigh);
     let count = count.get();
-    let reported_total = OnceCell::new();
     let over = |w: &Worker| {
-        let reported_total = *reported_total.get_or_init(|| {
-            eligible()
-                .map(|w| outstanding.reported_milli(w))
-                .fold(0, u64::saturating_add)
-        });
-        let pool = PoolLoad {
-            load: outstanding.outstanding(w),
-            total,
-            reported: outstanding.reported_milli(w),
-            reported_total,
-            sent_since: outstanding.sent_since(w),
-            workers: count,
-        };
         let busy = &affinity.busy;
-        busy.worker_is_busy(w, outstanding, pool, affinity.draw_key)
+        let load = busy.load_of(outstanding, w);
+        busy.worker_is_busy(w, outstanding, (load, total, count), affinity.draw_key)
     };
     // A pool whose every worker is busy has none: moving would lose the prefix for nothing.
     let all_busy = OnceCell::new();
@@ -489,25 +482,14 @@ fn rotate(pool: &mut [&Worker], rotation: u64) {
 /// one is not busy; else the first worker not busy in the deepest hash's order (the least
 /// loaded one always qualifies). The rest follow in the deepest hash's order.
 fn by_affinity(pool: &mut Vec<&Worker>, affinity: &Affinity<'_>) -> Placement {
-    let loads = affinity.outstanding;
-    let sum =
-        |load: &dyn Fn(&Worker) -> u64| pool.iter().map(|w| load(w)).fold(0, u64::saturating_add);
-    let total = sum(&|w| loads.outstanding(w));
-    let reported_total = sum(&|w| loads.reported_milli(w));
+    let (loads, rule) = (affinity.outstanding, &affinity.busy);
+    let total = rule.total_of(loads, pool.iter().copied());
     let deepest = affinity.depths.last().copied().unwrap_or(0);
     let busy: Vec<WorkerId> = pool
         .iter()
         .filter(|w| {
-            let pool_load = PoolLoad {
-                load: loads.outstanding(w),
-                total,
-                reported: loads.reported_milli(w),
-                reported_total,
-                sent_since: loads.sent_since(w),
-                workers: pool.len(),
-            };
-            let busy = &affinity.busy;
-            busy.worker_is_busy(w, loads, pool_load, affinity.draw_key)
+            let pool_load = (rule.load_of(loads, w), total, pool.len());
+            rule.worker_is_busy(w, loads, pool_load, affinity.draw_key)
         })
         .map(|w| w.id)
         .collect();
